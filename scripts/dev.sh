@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Linux machine (Python 3.10+):
+#   scripts/dev.sh serve [verl-sf serve args...]   set up, then start the server on 127.0.0.1:8080
+#   scripts/dev.sh test  [pytest args...]          set up everything (verl, Ray, sandbox-fusion), run all tests
+# Setup is idempotent: a stamp keyed on setup.cfg skips pip when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${VERL_SF_VENV:-$ROOT/.venv}
+mode=${1:-}
+[ -n "$mode" ] && shift || true
+
+pick_python() {
+  for py in "${PYTHON:-}" python3.11 python3.12 python3.10 python3.13 python3; do
+    [ -n "$py" ] || continue
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+      echo "$py"; return 0
+    fi
+  done
+  echo "verl-sf: needs Python 3.10 or newer on PATH" >&2; exit 1
+}
+
+install_system_packages() {
+  # bubblewrap builds every sandbox; we are the ones to install it when we can.
+  if command -v bwrap >/dev/null 2>&1; then return 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "verl-sf: installing bubblewrap (apt-get)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "verl-sf: WARNING: bubblewrap (bwrap) is not installed and this user cannot install it." >&2
+    echo "verl-sf:          install it (e.g. 'sudo apt-get install bubblewrap') for isolated runs;" >&2
+    echo "verl-sf:          without it the server refuses to start unless given --isolation none." >&2
+  fi
+}
+
+setup_venv() {
+  local extras=$1
+  local py; py=$(pick_python)
+  [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
+  local stamp="$VENV/.verl-sf-$extras-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)"
+  if [ ! -f "$stamp" ]; then
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    if [ "$extras" = all ]; then
+      # verl needs torch; pin the CPU build so pip does not pull a multi-GB CUDA wheel.
+      "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+      "$VENV/bin/python" -m pip install -q -e ".[scientific,ray,verl,bench,test,daytona]"
+    else
+      "$VENV/bin/python" -m pip install -q -e ".[scientific]"
+    fi
+    touch "$stamp"
+  fi
+}
+
+case "$mode" in
+  serve)
+    install_system_packages
+    setup_venv serve
+    exec "$VENV/bin/verl-sf" serve "$@"
+    ;;
+  test)
+    install_system_packages
+    setup_venv all
+    exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+    ;;
+  *)
+    echo "usage: scripts/dev.sh serve|test [args...]" >&2; exit 2 ;;
+esac

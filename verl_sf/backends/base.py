@@ -1,0 +1,39 @@
+"""The one interface every backend (http, local, daytona) implements.
+
+The tool and the pool talk only to this, so a user switches backends with a config key
+and the rest of the stack does not notice.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox could not be reached or gave no usable answer (after any retries).
+
+    Distinct from a run that reached the sandbox and failed on its own terms, which is a
+    normal `RunCodeResponse` with status Failed or SandboxError.
+    """
+
+
+class SandboxBackend(abc.ABC):
+    """Runs one request and returns the Sandbox Fusion response.
+
+    Implementations must be cheap to call repeatedly (verl calls create/execute/release
+    around every single tool call) and safe to share between coroutines of one loop.
+    """
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+        """Run `request`; raise SandboxUnavailable when no answer could be had."""
+
+    async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
+        raise NotImplementedError(f"backend {self.name!r} does not support run_jupyter")
+
+    async def close(self) -> None:
+        """Release connections, sandboxes, processes.  Idempotent."""

@@ -1,0 +1,171 @@
+"""The Sandbox Fusion wire format, shared by every layer.
+
+Field names, defaults and enum values follow Sandbox Fusion's own models so that its
+PyPI client and verl's helpers work unchanged.  Extra response fields we add
+(`queue_wait`, `truncated`) are ignored by those clients.  Every layer imports these
+classes; none re-declares them.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Every language Sandbox Fusion names.  Which of them can run depends on the toolchains
+# present (see verl_sf.executor.languages); an unknown name is a 422 at the edge.
+SANDBOX_FUSION_LANGUAGES = (
+    "python", "python2", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash",
+    "typescript", "sql", "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia",
+    "pytest", "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift",
+    "racket", "gtest", "react",
+)
+Language = Literal[
+    "python", "python2", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash",
+    "typescript", "sql", "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia",
+    "pytest", "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift",
+    "racket", "gtest", "react",
+]
+
+# Bounds that keep a single request from pinning the server; absurd values are a 422.
+MAX_TIMEOUT_S = 3600.0
+
+
+class CommandRunStatus(str, Enum):
+    Finished = "Finished"
+    Error = "Error"
+    TimeLimitExceeded = "TimeLimitExceeded"
+
+
+class RunStatus(str, Enum):
+    Success = "Success"
+    Failed = "Failed"
+    SandboxError = "SandboxError"
+
+
+class CommandRunResult(BaseModel):
+    """One stage (compile or run) of one execution."""
+
+    status: CommandRunStatus
+    execution_time: Optional[float] = None
+    cpu_time: Optional[float] = None
+    return_code: Optional[int] = None
+    stdout: Optional[str] = None
+    stderr: Optional[str] = None
+
+
+class _Request(BaseModel):
+    # Unknown fields are ignored (Sandbox Fusion clients send a few we do not use),
+    # but wrong types are rejected instead of coerced from e.g. lists.
+    model_config = ConfigDict(extra="ignore")
+
+    files: dict[str, Optional[str]] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
+        for path in files:
+            _check_relative_path(path)
+        return files
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _relative_fetch(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            _check_relative_path(path)
+        return paths
+
+
+def _check_relative_path(path: str) -> None:
+    """Paths are resolved inside the run's working directory; '..' could name host files."""
+    parts = path.split("/")
+    if not path or ".." in parts or "\x00" in path:
+        raise ValueError(f"file path {path!r} must be non-empty and must not contain '..'")
+
+
+def _check_timeout(value: float) -> float:
+    if not (0 < value <= MAX_TIMEOUT_S):
+        raise ValueError(f"must be > 0 and <= {MAX_TIMEOUT_S:g} seconds, got {value!r}")
+    return value
+
+
+class RunCodeRequest(_Request):
+    """POST /run_code body."""
+
+    code: str
+    language: Language
+    compile_timeout: float = 10
+    run_timeout: float = 10
+    memory_limit_MB: int = -1
+    stdin: Optional[str] = None
+
+    _timeouts = field_validator("compile_timeout", "run_timeout")(classmethod(lambda cls, v: _check_timeout(v)))
+
+    @field_validator("memory_limit_MB")
+    @classmethod
+    def _memory(cls, value: int) -> int:
+        if value != -1 and not (16 <= value <= 1024 * 1024):
+            raise ValueError(f"must be -1 (server default) or between 16 and 1048576 MB, got {value}")
+        return value
+
+
+class RunCodeResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    compile_result: Optional[CommandRunResult] = None
+    run_result: Optional[CommandRunResult] = None
+    executor_pod_name: Optional[str] = None
+    files: dict[str, str] = Field(default_factory=dict)
+    # verl-sf additions, ignored by Sandbox Fusion clients.
+    queue_wait: Optional[float] = None
+    truncated: bool = False
+
+
+class RunJupyterRequest(_Request):
+    """POST /run_jupyter body.  Unlike Sandbox Fusion, both time-outs are enforced."""
+
+    cells: list[str]
+    cell_timeout: float = 0  # 0: no per-cell limit, only total_timeout
+    total_timeout: float = 45
+    kernel: Literal["python3"] = "python3"
+
+    @field_validator("cell_timeout")
+    @classmethod
+    def _cell_timeout(cls, value: float) -> float:
+        return value if value == 0 else _check_timeout(value)
+
+    @field_validator("total_timeout")
+    @classmethod
+    def _total_timeout(cls, value: float) -> float:
+        return _check_timeout(value)
+
+
+class CellRunResult(BaseModel):
+    stdout: str = ""
+    stderr: str = ""
+    display: list[dict[str, Any]] = Field(default_factory=list)
+    error: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RunJupyterResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    driver: Optional[CommandRunResult] = None
+    cells: list[CellRunResult] = Field(default_factory=list)
+    executor_pod_name: Optional[str] = None
+    files: dict[str, str] = Field(default_factory=dict)
+    queue_wait: Optional[float] = None
+    truncated: bool = False
+
+
+def summarize_status(compile_result: Optional[CommandRunResult], run_result: Optional[CommandRunResult]) -> RunStatus:
+    """Sandbox Fusion's rule: any Error stage is SandboxError, any time-out or non-zero exit Failed."""
+    stages = [r for r in (compile_result, run_result) if r is not None]
+    if any(r.status == CommandRunStatus.Error for r in stages):
+        return RunStatus.SandboxError
+    for r in stages:
+        if r.status == CommandRunStatus.TimeLimitExceeded or r.return_code != 0:
+            return RunStatus.Failed
+    return RunStatus.Success
