@@ -1,0 +1,1 @@
+pytest_plugins = ["tests.server_fixtures", "tests.ray_fixtures"]

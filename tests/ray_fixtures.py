@@ -1,0 +1,1 @@
+"""Ray fixtures (owned by the pool work)."""
