@@ -1,0 +1,517 @@
+"""The warm interpreter that runs inside one sandbox slot and forks a child per run.
+
+This file is executed as a standalone script (`python -I -c <source>`) inside the
+bubblewrap sandbox, so it imports only the standard library and never the `verl_sf`
+package: the sandbox does not see the server's files.  It never runs user code itself;
+every run gets a fresh child forked from this pristine, pre-imported interpreter, so
+Python state cannot leak from one run to the next and no per-run interpreter start or
+library import is paid.
+
+Per run (isolated mode) the child gets: a new PID namespace (it is PID 1 there, so every
+process it starts dies with it), a new mount namespace with its own /proc, the slot's
+size-capped /workdir and /tmp (wiped by this process after every job), a non-root uid with
+no capabilities and no_new_privs, and rlimits.  Network, IPC and UTS namespaces, the
+read-only filesystem view and the scrubbed environment come from the slot's bubblewrap.
+
+Protocol (one JSON object per line): requests on fd 0, replies on fd 1.
+"""
+
+import ast
+import base64
+import ctypes
+import gc
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import time
+import traceback
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP = 24
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+READ_CHUNK = 1 << 16
+TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _check(result, what):
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+class Zygote:
+    def __init__(self, config):
+        self.cfg = config
+        self.isolated = config["isolated"]
+        self.workdir = config["workdir"]
+        self.tmpdir = config["tmpdir"]
+        self.uid = config["uid"]
+        self.gid = config["gid"]
+        self.env = config["env"]
+        self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if self.isolated else -1
+        # Protocol fds move out of 0/1 so children can take those numbers for their stdio.
+        self.req = os.fdopen(os.dup(0), "rb", buffering=0)
+        self.rep = os.fdopen(os.dup(1), "wb", buffering=0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+        self.preloaded = self._preload(config.get("preload", []))
+        self._prepare_dirs()
+
+    # ---- start-up --------------------------------------------------------------------
+    def _preload(self, modules):
+        loaded = []
+        for name in modules:
+            try:
+                __import__(name)
+                loaded.append(name)
+            except Exception:  # a missing optional library just is not preloaded
+                pass
+        gc.collect()
+        gc.freeze()  # keeps the collector from dirtying shared pages in every child
+        self._collapse_heap()
+        return loaded
+
+    @staticmethod
+    def _collapse_heap():
+        """Back the imported heap with huge pages: fork then copies ~500x fewer page-table entries."""
+        huge = 1 << 21
+        try:
+            with open("/proc/self/maps") as maps:
+                regions = [line.split() for line in maps]
+        except OSError:
+            return
+        for parts in regions:
+            perms = parts[1]
+            path = parts[5] if len(parts) > 5 else ""
+            if "w" not in perms or "p" not in perms or path not in ("", "[heap]"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            start = (start + huge - 1) & ~(huge - 1)
+            end &= ~(huge - 1)
+            if end > start:
+                _libc.madvise(start, end - start, MADV_HUGEPAGE)
+                _libc.madvise(start, end - start, MADV_COLLAPSE)
+
+    def _prepare_dirs(self):
+        for path in (self.workdir, self.tmpdir):
+            os.makedirs(path, exist_ok=True)
+            if self.isolated:
+                os.chown(path, self.uid, self.gid)
+                os.chmod(path, 0o1777 if path == self.tmpdir else 0o755)
+
+    # ---- main loop -------------------------------------------------------------------
+    def serve(self):
+        self._reply({"ready": True, "preloaded": self.preloaded, "pid": os.getpid()})
+        while True:
+            line = self.req.readline()
+            if not line:
+                return
+            request = json.loads(line)
+            try:
+                reply = self.handle(request)
+            except Exception as exc:  # a bug here must not take the slot down silently
+                reply = {"status": "Error", "stderr": f"verl-sf zygote error: {exc!r}\n{traceback.format_exc()}",
+                         "stdout": "", "return_code": None, "execution_time": 0.0}
+            self._reply(reply)
+
+    def _reply(self, obj):
+        self.rep.write(json.dumps(obj).encode() + b"\n")
+
+    def handle(self, req):
+        if req["mode"] == "wipe":
+            self._wipe()
+            return {"status": "Finished"}
+        if req.get("files") is not None:
+            self._write_files(req["files"])
+        result = self.run(req)
+        if req.get("fetch_files") is not None:
+            result["files"] = self._fetch_files(req["fetch_files"])
+        if req.get("last", True):
+            self._wipe()
+        return result
+
+    # ---- files -----------------------------------------------------------------------
+    def _resolve(self, rel):
+        path = os.path.normpath(os.path.join(self.workdir, rel.lstrip("/")))
+        if not (path == self.workdir or path.startswith(self.workdir + "/")):
+            raise ValueError(f"path {rel!r} escapes the working directory")
+        return path
+
+    def _write_files(self, files):
+        for rel, content in files.items():
+            path = self._resolve(rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(base64.b64decode(content or ""))
+            if self.isolated:
+                os.chown(path, self.uid, self.gid)
+                parent = os.path.dirname(path)
+                while parent != self.workdir:
+                    os.chown(parent, self.uid, self.gid)
+                    parent = os.path.dirname(parent)
+
+    def _fetch_files(self, paths):
+        fetched = {}
+        limit = self.cfg["fetch_limit"]
+        for rel in paths:
+            try:
+                path = self._resolve(rel)
+                # O_NOFOLLOW: a symlink left by the run must not make us read outside /workdir.
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as fh:
+                    data = fh.read(limit + 1)
+                if len(data) <= limit:
+                    fetched[rel] = base64.b64encode(data).decode()
+            except (OSError, ValueError):
+                continue  # Sandbox Fusion leaves missing files out of the answer
+        return fetched
+
+    def _wipe(self):
+        for base in (self.workdir, self.tmpdir):
+            try:
+                entries = list(os.scandir(base))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
+                except OSError:
+                    pass
+
+    # ---- one run ---------------------------------------------------------------------
+    def run(self, req):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        meta_r, meta_w = os.pipe() if req["mode"] == "jupyter" else (-1, -1)
+        stdin_fd = os.memfd_create("stdin", 0)
+        os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        if self.isolated:
+            # Each run's first child becomes PID 1 of a brand-new PID namespace.
+            _check(_libc.setns(self.pidns_fd, CLONE_NEWPID), "setns")
+            _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        started = time.monotonic()
+        cpu_before = os.times()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(out_r)
+                os.close(err_r)
+                if meta_r >= 0:
+                    os.close(meta_r)
+                self._child(req, stdin_fd, out_w, err_w, meta_w)
+            except BaseException:
+                try:
+                    os.write(2, traceback.format_exc().encode())
+                finally:
+                    os._exit(126)
+        for fd in (out_w, err_w, meta_w, stdin_fd):
+            if fd >= 0:
+                os.close(fd)
+        status, code, out, err, meta, dropped = self._supervise(pid, out_r, err_r, meta_r, req, started)
+        cpu_after = os.times()
+        result = {
+            "status": status,
+            "return_code": code,
+            "execution_time": time.monotonic() - started,
+            "cpu_time": (cpu_after.children_user - cpu_before.children_user)
+            + (cpu_after.children_system - cpu_before.children_system),
+            "stdout": out,
+            "stderr": err,
+            "truncated": dropped > 0,
+        }
+        if meta is not None:
+            result["cells"] = meta
+        return result
+
+    def _supervise(self, pid, out_r, err_r, meta_r, req, started):
+        """Drain output while the run goes on (a full pipe must never stall it) and enforce the deadline."""
+        limit = req["output_limit"]
+        deadline = started + req["timeout"]
+        buffers = {out_r: bytearray(), err_r: bytearray()}
+        meta = bytearray()
+        dropped = 0
+        pidfd = os.pidfd_open(pid)
+        poller = select.poll()
+        for fd in (out_r, err_r) + ((meta_r,) if meta_r >= 0 else ()):
+            poller.register(fd, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        open_fds = {out_r, err_r} | ({meta_r} if meta_r >= 0 else set())
+        exited = False
+        timed_out = False
+        while open_fds:
+            now = time.monotonic()
+            if exited:
+                # The run (and with it its PID namespace) is gone: drain what is left, briefly.
+                wait_ms = max(0, int((min(deadline, exit_time + 1.0) - now) * 1000))
+            else:
+                wait_ms = max(0, int((deadline - now) * 1000))
+            events = poller.poll(wait_ms)
+            if not events:
+                if exited:
+                    break
+                timed_out = True
+                self._kill(pid)
+                exited, exit_time = True, time.monotonic()
+                deadline = exit_time + 1.0
+                continue
+            for fd, _ in events:
+                if fd == pidfd:
+                    if not exited:
+                        exited, exit_time = True, time.monotonic()
+                        if not self.isolated:
+                            self._kill(pid)  # no PID namespace: take the whole process group down
+                    poller.unregister(pidfd)
+                    continue
+                chunk = os.read(fd, READ_CHUNK)
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    os.close(fd)
+                    continue
+                if fd == meta_r:
+                    meta += chunk
+                    continue
+                buf = buffers[fd]
+                room = limit - len(buf)
+                if room > 0:
+                    buf += chunk[:room]
+                dropped += max(0, len(chunk) - max(room, 0))
+        for fd in open_fds:
+            os.close(fd)
+        if not exited or timed_out:
+            self._kill(pid)
+        _, wstatus = os.waitpid(pid, 0)
+        os.close(pidfd)
+        code = os.waitstatus_to_exitcode(wstatus)
+        status = "TimeLimitExceeded" if timed_out else "Finished"
+        out = buffers[out_r].decode("utf-8", "replace")
+        err = buffers[err_r].decode("utf-8", "replace")
+        if dropped:
+            marker = TRUNCATION_MARKER.format(dropped=dropped)
+            if len(buffers[out_r]) >= limit:
+                out += marker
+            if len(buffers[err_r]) >= limit:
+                err += marker
+        cells = None
+        if meta_r >= 0:
+            cells = [json.loads(line) for line in meta.decode("utf-8", "replace").splitlines() if line.strip()]
+        return status, code, out, err, cells, dropped
+
+    def _kill(self, pid):
+        try:
+            if self.isolated:
+                os.kill(pid, signal.SIGKILL)  # PID 1 of its namespace: the kernel kills the rest
+            else:
+                os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # ---- inside the child ------------------------------------------------------------
+    def _child(self, req, stdin_fd, out_w, err_w, meta_w):
+        if self.isolated:
+            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
+            _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        os.setsid()
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        if meta_w >= 0:
+            os.dup2(meta_w, 3)
+        os.closerange(4 if meta_w >= 0 else 3, 1 << 16)
+        self._limit(req)
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")  # under memory pressure the run dies, never the warm interpreter
+        if self.isolated:
+            self._drop_privileges()
+        os.chdir(self.workdir)
+        os.environ.clear()
+        os.environ.update(self.env)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        if req["mode"] == "exec":
+            argv = req["argv"]
+            os.execve(argv[0], argv, self.env)
+        if req["mode"] == "jupyter":
+            os._exit(_run_cells(req["cells"], req.get("cell_timeout") or 0, req["output_limit"]))
+        os._exit(_run_python(req["code"]))
+
+    def _limit(self, req):
+        cpu = int(req["timeout"]) + 2
+        limits = {
+            resource.RLIMIT_CPU: (cpu, cpu + 1),
+            resource.RLIMIT_FSIZE: (req["fsize"], req["fsize"]),
+            resource.RLIMIT_NOFILE: (req["nofile"], req["nofile"]),
+            resource.RLIMIT_NPROC: (req["nproc"], req["nproc"]),
+            resource.RLIMIT_CORE: (0, 0),
+        }
+        for which, value in limits.items():
+            resource.setrlimit(which, value)
+
+    def _drop_privileges(self):
+        for cap in range(64):
+            if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                break
+        os.setgroups([])
+        os.setresgid(self.gid, self.gid, self.gid)
+        os.setresuid(self.uid, self.uid, self.uid)
+        header = _CapHeader(0x20080522, 0)
+        data = (_CapData * 2)()
+        _check(_libc.capset(ctypes.byref(header), data), "capset")
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+# ---- code running in the forked child (user code starts here) ---------------------------
+def _fresh_stdio():
+    """Unbuffered text streams on the run's pipes: a killed run still shows its partial output."""
+    import io
+
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+
+
+def _main_namespace():
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv = ["main.py"]
+    sys.path[0:0] = [os.getcwd()]
+    return main.__dict__
+
+
+def _finish(code):
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # wait for non-daemon threads, as a normal interpreter exit would
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    return code
+
+
+def _exit_code(exc):
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run_python(code):
+    _fresh_stdio()
+    namespace = _main_namespace()
+    import linecache
+
+    linecache.cache["main.py"] = (len(code), None, code.splitlines(True), "main.py")
+    gc.unfreeze()
+    try:
+        exec(compile(code, "main.py", "exec"), namespace)
+    except SystemExit as exc:
+        return _finish(_exit_code(exc))
+    except BaseException:
+        traceback.print_exc()
+        return _finish(1)
+    return _finish(0)
+
+
+class _CellTimeout(Exception):
+    pass
+
+
+def _run_cells(cells, cell_timeout, output_limit):
+    """Cells share one namespace; each cell's output is captured apart and reported on fd 3.
+
+    Every cell writes into a memfd standing in for fds 1 and 2 (so output of subprocesses is
+    caught too); after the cell its content is read, capped, and the memfd is emptied.
+    """
+    captures = [os.memfd_create("cell-stdout"), os.memfd_create("cell-stderr")]
+    meta = os.fdopen(3, "w", buffering=1)
+    os.dup2(captures[0], 1)
+    os.dup2(captures[1], 2)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a flooding cell gets EFBIG, not death
+    _fresh_stdio()
+    namespace = _main_namespace()
+
+    def _alarm(signum, frame):
+        raise _CellTimeout(f"cell exceeded cell_timeout of {cell_timeout} s")
+
+    signal.signal(signal.SIGALRM, _alarm)
+    import linecache
+
+    for index, source in enumerate(cells):
+        name = f"<cell-{index}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        display, error = [], []
+        if cell_timeout:
+            signal.setitimer(signal.ITIMER_REAL, cell_timeout)
+        try:
+            tree = ast.parse(source, name, "exec")
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            exec(compile(tree, name, "exec"), namespace)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
+                if value is not None:
+                    display.append({"text/plain": repr(value)})
+        except BaseException as exc:  # noqa: B036 - a cell's SystemExit/KeyboardInterrupt is its own error
+            error.append({"ename": type(exc).__name__, "evalue": str(exc),
+                          "traceback": traceback.format_exception(type(exc), exc, exc.__traceback__)})
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        texts = []
+        for stream, fd in ((sys.stdout, captures[0]), (sys.stderr, captures[1])):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, output_limit, 0)
+            text = data.decode("utf-8", "replace")
+            if size > output_limit:
+                text += TRUNCATION_MARKER.format(dropped=size - output_limit)
+            texts.append(text)
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+        meta.write(json.dumps({"stdout": texts[0], "stderr": texts[1], "display": display, "error": error}) + "\n")
+        meta.flush()
+    return _finish(0)
+
+
+if __name__ == "__main__":
+    Zygote(json.loads(sys.argv[1])).serve()
