@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Benchmark code-execution backends for RL tool calls (compatible with the Daytona
+verl-retool guide's benchmark_tool_backends.py: same flags, scenarios and CSV columns).
+
+Load model (the guide's): at concurrency C, each iteration is one batch of C calls started
+together, and the next batch starts when the whole batch has answered.  --warmup batches run
+first, unmeasured; then --iterations measured batches, i.e. C x iterations measured calls per
+level (iterations = calls per virtual client).  Throughput = measured calls / summed batch
+wall time.  Every run is bounded: fixed call counts, and a deadline per call.
+
+Examples:
+  # naive baseline vs verl-sf (server started and stopped by the script), all scenarios
+  python scripts/benchmark_tool_backends.py --backend subprocess verl-sf
+  # a running server, or the official Sandbox Fusion image
+  python scripts/benchmark_tool_backends.py --backend sandbox_fusion --url http://127.0.0.1:8080
+  # verl-sf with the fast path off (any `verl-sf serve` flag passes through)
+  python scripts/benchmark_tool_backends.py --backend verl-sf --server-arg=--no-fast-path
+  # one chart over earlier runs
+  python scripts/benchmark_tool_backends.py --compare outputs/subprocess/2025... outputs/verl-sf/2025...
+
+Outputs: <output-root>/<backend>/<UTC time>/{summary.json,results.csv,throughput.png}
+(+ server.log for a server the script started); with several backends, or --compare,
+also <output-root>/compare/<UTC time>/{comparison.csv,throughput.png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from bench.backends import ALIASES, BACKENDS, BackendSkipped, BenchBackend, make_backend
+from bench.memory import tree_memory_mb
+from bench.report import CSV_COLUMNS, BadOutputDir, compare, load_run, plot_throughput, write_csv, write_json
+from bench.runner import Settings, measure_level
+from bench.scenarios import SCENARIOS
+
+DEFAULT_CONCURRENCY = [1, 4, 8, 16, 32, 64, 128]
+DEFAULT_WARMUP, DEFAULT_ITERATIONS = 3, 20
+QUICK_CONCURRENCY, QUICK_WARMUP, QUICK_ITERATIONS = [1, 8, 32], 1, 3
+EXIT_ALL_SKIPPED = 3
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", nargs="+", default=["verl-sf"], metavar="NAME",
+                        help=f"one or several of: {', '.join(BACKENDS)} (default: verl-sf)")
+    parser.add_argument("--url", help="verl-sf: a running server (else the script starts one); "
+                                      "sandbox_fusion: the server, e.g. http://127.0.0.1:8080 (/run_code optional)")
+    parser.add_argument("--sandbox-fusion-url", help="sandbox_fusion's address when --url names a verl-sf server")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="extra `verl-sf serve` argument for the server the script starts; repeat, "
+                             "e.g. --server-arg=--no-fast-path")
+    parser.add_argument("--concurrency", nargs="+", type=int, metavar="C",
+                        help=f"concurrent calls per batch (default: {' '.join(map(str, DEFAULT_CONCURRENCY))})")
+    parser.add_argument("--warmup", "--warmups", type=int, dest="warmup",
+                        help=f"unmeasured batches before each level (default: {DEFAULT_WARMUP})")
+    parser.add_argument("--iterations", type=int,
+                        help=f"measured batches of C simultaneous calls per level = calls per virtual client "
+                             f"(default: {DEFAULT_ITERATIONS})")
+    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS),
+                        help="default: all")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run: concurrency {' '.join(map(str, QUICK_CONCURRENCY))}, warmup {QUICK_WARMUP}, "
+                             f"iterations {QUICK_ITERATIONS} (explicit flags still win)")
+    parser.add_argument("--run-timeout", "--default-timeout", type=float, default=30.0, dest="run_timeout",
+                        help="run_timeout sent with every call, seconds (default: 30, as the guide)")
+    parser.add_argument("--client-timeout", type=float,
+                        help="the benchmark's own deadline per call incl. any queueing; a miss counts in "
+                             "client_timeout_count (default: max(120, 4 x run-timeout))")
+    parser.add_argument("--memory-limit-mb", type=int, default=-1, help="memory_limit_MB per call (default: -1, "
+                                                                         "the server's default)")
+    parser.add_argument("--memory-interval", type=float, default=0.5,
+                        help="seconds between memory samples of the backend's process tree; 0: off")
+    parser.add_argument("--output-root", type=Path, default=Path("outputs"))
+    parser.add_argument("--compare", nargs="+", type=Path, metavar="DIR",
+                        help="do not run: plot and tabulate earlier output directories together")
+    parser.add_argument("--baseline", default="subprocess", help="backend the comparison's ratios are against")
+    parser.add_argument("--docker-image", default="python:3.11-slim")
+    parser.add_argument("--docker-memory", default="256m")
+    args = parser.parse_args(argv)
+
+    args.backend = list(dict.fromkeys(ALIASES.get(name, name) for name in args.backend))
+    unknown = [name for name in args.backend if name not in BACKENDS]
+    if unknown:
+        parser.error(f"--backend: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(BACKENDS)}")
+    args.concurrency = args.concurrency or (QUICK_CONCURRENCY if args.quick else DEFAULT_CONCURRENCY)
+    args.warmup = (QUICK_WARMUP if args.quick else DEFAULT_WARMUP) if args.warmup is None else args.warmup
+    if args.iterations is None:
+        args.iterations = QUICK_ITERATIONS if args.quick else DEFAULT_ITERATIONS
+    if any(c < 1 for c in args.concurrency):
+        parser.error(f"--concurrency: every level must be >= 1, got {args.concurrency}")
+    if args.iterations < 1 or args.warmup < 0:
+        parser.error(f"--iterations must be >= 1 and --warmup >= 0, got {args.iterations} and {args.warmup}")
+    if args.run_timeout <= 0:
+        parser.error(f"--run-timeout must be > 0, got {args.run_timeout}")
+    if args.client_timeout is None:
+        args.client_timeout = max(120.0, 4 * args.run_timeout)
+    if args.client_timeout <= 0:
+        parser.error(f"--client-timeout must be > 0, got {args.client_timeout}")
+    if args.server_arg and "verl-sf" not in args.backend:
+        parser.error("--server-arg only applies to --backend verl-sf")
+    if args.server_arg and args.url and "sandbox_fusion" not in args.backend:
+        parser.error("--server-arg needs a server the script starts; drop --url")
+    if "sandbox_fusion" in args.backend and not (args.url or args.sandbox_fusion_url):
+        parser.error("--backend sandbox_fusion needs the server's address: --url or --sandbox-fusion-url")
+    if "sandbox_fusion" in args.backend and "verl-sf" in args.backend and args.url and not args.sandbox_fusion_url:
+        parser.error("--url is ambiguous with both verl-sf and sandbox_fusion; give sandbox_fusion's address "
+                     "as --sandbox-fusion-url")
+    return args
+
+
+def backend_url(args: argparse.Namespace, name: str) -> Optional[str]:
+    if name == "sandbox_fusion":
+        return args.sandbox_fusion_url or args.url
+    return args.url if name == "verl-sf" else None
+
+
+def new_output_dir(root: Path, name: str, stamp: str) -> Path:
+    directory = root / name / stamp
+    suffix = 1
+    while directory.exists():  # two runs in one second: keep both
+        directory = root / name / f"{stamp}-{suffix}"
+        suffix += 1
+    directory.mkdir(parents=True)
+    return directory
+
+
+def remove_if_empty(directory: Path) -> None:
+    """A backend that was skipped or failed before measuring leaves no empty directories
+    behind (a failed server start keeps its server.log)."""
+    for path in (directory, directory.parent):
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+def terminal_table(label: str, rows: list[dict]) -> str:
+    header = f"{'scenario':>16} {'conc':>5} {'p50 (s)':>8} {'p95 (s)':>8} {'calls/s':>9} {'ok':>6} {'fail':>5} {'t/o':>4}"
+    lines = [f"\n{label}", header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r['scenario']:>16} {r['concurrency']:>5} {r['p50_s']:>8.4f} {r['p95_s']:>8.4f} "
+                     f"{r['throughput_calls_per_s']:>9.1f} {r['success_count']:>6} {r['failure_count']:>5} "
+                     f"{r['timeout_count'] + r['client_timeout_count']:>4}")
+    return "\n".join(lines)
+
+
+async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Optional[Path]:
+    """Benchmark one backend; returns its output directory, or None when it was skipped."""
+    out_dir = new_output_dir(args.output_root, name, stamp)
+    backend: BenchBackend = make_backend(name, url=backend_url(args, name), server_args=args.server_arg,
+                                         log_dir=out_dir, docker_image=args.docker_image,
+                                         docker_memory=args.docker_memory)
+    settings = Settings(args.warmup, args.iterations, args.run_timeout, args.client_timeout,
+                        args.memory_limit_mb, args.memory_interval)
+    label = " ".join([name, *args.server_arg])
+    summary = {
+        "backend": name, "label": label, "created_at": datetime.now(timezone.utc).isoformat(),
+        "host": platform.platform(), "python_version": platform.python_version(), "cpu_count": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+        "load_model": "iterations = measured batches of `concurrency` simultaneous calls per level",
+        "config": {"concurrency": args.concurrency, "warmup": args.warmup, "iterations": args.iterations,
+                   "scenarios": args.scenarios, "run_timeout": args.run_timeout,
+                   "client_timeout": args.client_timeout, "memory_limit_MB": args.memory_limit_mb,
+                   "url": backend_url(args, name), "server_args": args.server_arg},
+        "memory": {"measure": "Pss summed over the process tree, MiB"},
+        "results": [],
+    }
+    try:
+        try:
+            await backend.start(max(args.concurrency))
+        except BackendSkipped as exc:
+            print(f"SKIPPED {exc}", file=sys.stderr)
+            return None
+        root = backend.memory_root_pid
+        summary["memory"]["root_pid"] = root
+        summary["memory"]["root_pid_is_benchmark_process"] = root == os.getpid()
+        summary["memory"]["idle_after_start_mb"] = tree_memory_mb(root) if root else None
+        total = sum((args.warmup + args.iterations) * c for c in args.concurrency) * len(args.scenarios)
+        with tqdm(total=total, desc=label, unit="call", dynamic_ncols=True) as bar:
+            for scenario_name in args.scenarios:
+                for concurrency in args.concurrency:
+                    bar.set_postfix_str(f"{scenario_name} c={concurrency}")
+                    row = await measure_level(backend, SCENARIOS[scenario_name], concurrency, settings,
+                                              lambda: bar.update(1))
+                    summary["results"].append(row)
+                    bar.write(f"{label} {scenario_name} c={concurrency}: p50={row['p50_s']:.4f}s "
+                              f"{row['throughput_calls_per_s']:.1f} calls/s "
+                              f"{row['success_count']}/{row['measured_call_count']} ok")
+                    # Written after every level, so an interrupted run keeps what it measured.
+                    write_json(out_dir / "summary.json", summary)
+                    write_csv(out_dir / "results.csv", summary["results"], CSV_COLUMNS)
+        summary["memory"]["idle_after_run_mb"] = tree_memory_mb(root) if root else None
+    finally:
+        await backend.close()
+        if summary["results"]:
+            write_json(out_dir / "summary.json", summary)
+            plot_throughput([(label, summary["results"])], out_dir / "throughput.png", f"{label} throughput")
+        else:
+            remove_if_empty(out_dir)
+    print(terminal_table(label, summary["results"]))
+    print(f"saved {out_dir}")
+    return out_dir
+
+
+async def run_all(args: argparse.Namespace) -> int:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    ran: list[Path] = []
+    failed: list[str] = []
+    for name in args.backend:
+        try:
+            out_dir = await run_backend(args, name, stamp)
+        except (RuntimeError, ValueError) as exc:  # a backend that cannot start must not cost the others
+            print(f"FAILED {name}: {exc}", file=sys.stderr)
+            failed.append(name)
+            continue
+        if out_dir is not None:
+            ran.append(out_dir)
+    if len(ran) > 1:
+        out = new_output_dir(args.output_root, "compare", stamp)
+        compare([load_run(d) for d in ran], out, args.baseline)
+        print(f"comparison saved {out}")
+    if failed:
+        return 1
+    return 0 if ran else EXIT_ALL_SKIPPED
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.compare:
+        try:
+            summaries = [load_run(d) for d in args.compare]
+        except BadOutputDir as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        out = new_output_dir(args.output_root, "compare", datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+        compare(summaries, out, args.baseline)
+        print(f"comparison saved {out}")
+        return 0
+    return asyncio.run(run_all(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

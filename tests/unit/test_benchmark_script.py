@@ -1,0 +1,182 @@
+"""scripts/benchmark_tool_backends.py, run for real with tiny settings.
+
+The script is run as users run it (a subprocess), against the naive subprocess baseline and a
+`verl-sf serve` it starts and stops itself; the tests check what it leaves behind (columns,
+counts, plots, comparisons), that it cleans up its server, and how it refuses bad input.
+No numbers are asserted: benchmarks carry numbers, tests carry behaviour.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "benchmark_tool_backends.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+from bench.report import CSV_COLUMNS  # noqa: E402
+from bench.runner import percentile  # noqa: E402
+from bench.scenarios import SCENARIOS, Outcome, classify  # noqa: E402
+
+from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus  # noqa: E402
+
+GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",
+                 "success_count", "failure_count"]
+TINY = ["--concurrency", "1", "2", "--iterations", "2", "--warmup", "1",
+        "--scenarios", "simple_stdout", "runtime_error"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_script(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or os.environ.copy(), cwd=ROOT)
+
+
+def only_subdir(path: Path) -> Path:
+    children = list(path.iterdir())
+    assert len(children) == 1, children
+    return children[0]
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames or []), list(reader)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """One real run: subprocess baseline and a script-started verl-sf server, two scenarios."""
+    out = tmp_path_factory.mktemp("bench")
+    result = run_script("--backend", "subprocess", "verl-sf", *TINY, "--output-root", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+@pytest.mark.parametrize("backend", ["subprocess", "verl-sf"])
+def test_run_writes_guide_columns_and_counts(tiny_run: Path, backend: str) -> None:
+    run_dir = only_subdir(tiny_run / backend)
+    assert {p.name for p in run_dir.iterdir()} >= {"summary.json", "results.csv", "throughput.png"}
+    assert (run_dir / "throughput.png").read_bytes()[:8] == PNG_MAGIC
+
+    columns, rows = read_csv(run_dir / "results.csv")
+    assert columns[:9] == GUIDE_COLUMNS
+    assert columns == CSV_COLUMNS
+    assert [(r["scenario"], int(r["concurrency"])) for r in rows] == [
+        ("simple_stdout", 1), ("simple_stdout", 2), ("runtime_error", 1), ("runtime_error", 2)]
+    for row in rows:
+        measured = 2 * int(row["concurrency"])  # iterations x concurrency
+        assert int(row["measured_call_count"]) == measured
+        # Real runs of trivial code on a working backend: every call must succeed
+        # (for runtime_error: fail with the expected ValueError).
+        assert (int(row["success_count"]), int(row["failure_count"])) == (measured, 0), row
+        assert int(row["timeout_count"]) == int(row["client_timeout_count"]) == int(row["error_count"]) == 0
+        assert 0 < float(row["p50_s"]) <= float(row["p95_s"]) <= float(row["max_s"])
+        assert float(row["throughput_calls_per_s"]) > 0
+        assert float(row["peak_memory_mb"]) > 0
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["backend"] == backend
+    assert summary["config"]["concurrency"] == [1, 2]
+    assert (summary["config"]["warmup"], summary["config"]["iterations"]) == (1, 2)
+    assert len(summary["results"]) == 4
+    assert summary["memory"]["idle_after_start_mb"] > 0
+
+
+def test_server_started_by_the_script_is_stopped(tiny_run: Path) -> None:
+    run_dir = only_subdir(tiny_run / "verl-sf")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "listening on http://127.0.0.1:" in (run_dir / "server.log").read_text()
+    # verl-sf answers with its queue wait; the benchmark reports it.
+    _, rows = read_csv(run_dir / "results.csv")
+    assert all(row["p50_queue_wait_s"] != "" for row in rows)
+    with pytest.raises(ProcessLookupError):
+        os.kill(summary["memory"]["root_pid"], 0)
+
+
+def test_several_backends_are_compared_against_the_baseline(tiny_run: Path) -> None:
+    compare_dir = only_subdir(tiny_run / "compare")
+    assert (compare_dir / "throughput.png").read_bytes()[:8] == PNG_MAGIC
+    _, rows = read_csv(compare_dir / "comparison.csv")
+    assert {r["backend"] for r in rows} == {"subprocess", "verl-sf"}
+    assert len(rows) == 8
+    for row in rows:
+        ratio = float(row["throughput_ratio_vs_baseline"])
+        if row["backend"] == "subprocess":
+            assert ratio == 1.0
+        else:
+            assert ratio > 0
+
+
+def test_compare_replots_earlier_runs(tiny_run: Path, tmp_path: Path) -> None:
+    dirs = [str(only_subdir(tiny_run / name)) for name in ("subprocess", "verl-sf")]
+    result = run_script("--compare", *dirs, "--output-root", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    compare_dir = only_subdir(tmp_path / "compare")
+    assert (compare_dir / "throughput.png").read_bytes()[:8] == PNG_MAGIC
+    _, rows = read_csv(compare_dir / "comparison.csv")
+    assert len(rows) == 8
+
+
+def test_compare_rejects_a_directory_it_did_not_write(tmp_path: Path) -> None:
+    result = run_script("--compare", str(tmp_path), "--output-root", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert f"--compare {tmp_path}: no summary.json" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "nosuch"], "--backend: unknown 'nosuch'"),
+    (["--concurrency", "0"], "--concurrency: every level must be >= 1"),
+    (["--iterations", "0"], "--iterations must be >= 1"),
+    (["--backend", "sandbox_fusion"], "sandbox_fusion needs the server's address"),
+    (["--backend", "subprocess", "--server-arg=--no-fast-path"], "--server-arg only applies to --backend verl-sf"),
+    (["--scenarios", "nosuch"], "invalid choice: 'nosuch'"),
+])
+def test_bad_arguments_are_named(args: list[str], message: str, tmp_path: Path) -> None:
+    result = run_script(*args, "--output-root", str(tmp_path))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_unavailable_backends_are_skipped_with_a_reason(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN")}
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker-engine.sock"  # whether or not a docker CLI exists
+    result = run_script("--backend", "daytona", "docker", *TINY, "--output-root", str(tmp_path), env=env)
+    assert result.returncode == 3, result.stderr
+    assert "SKIPPED daytona: DAYTONA_API_KEY is not set" in result.stderr
+    assert "SKIPPED docker:" in result.stderr
+    assert not any(tmp_path.glob("*/*"))  # no output directories for backends that did not run
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([3.0], 0.95) == 3.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
+    assert percentile([float(v) for v in range(1, 101)], 0.95) == pytest.approx(95.05)
+
+
+def _response(status: RunStatus, run_status: CommandRunStatus, rc: int, stdout: str = "", stderr: str = "") -> RunCodeResponse:
+    return RunCodeResponse(status=status, run_result=CommandRunResult(status=run_status, return_code=rc,
+                                                                      stdout=stdout, stderr=stderr))
+
+
+def test_classify_judges_each_scenario_by_status_and_output() -> None:
+    simple, error = SCENARIOS["simple_stdout"], SCENARIOS["runtime_error"]
+    finished, tle = CommandRunStatus.Finished, CommandRunStatus.TimeLimitExceeded
+    assert classify(simple, _response(RunStatus.Success, finished, 0, "4\n")) == Outcome.ok
+    assert classify(simple, _response(RunStatus.Success, finished, 0, "5\n")) == Outcome.wrong
+    assert classify(simple, _response(RunStatus.Failed, tle, -9)) == Outcome.timeout
+    assert classify(simple, RunCodeResponse(status=RunStatus.SandboxError, message="boom")) == Outcome.error
+    traceback = "Traceback (most recent call last):\nValueError: boom\n"
+    assert classify(error, _response(RunStatus.Failed, finished, 1, "", traceback)) == Outcome.ok
+    # An error that was swallowed (status Success) or another exception is a failure.
+    assert classify(error, _response(RunStatus.Success, finished, 0, "", traceback)) == Outcome.wrong
+    assert classify(error, _response(RunStatus.Failed, finished, 1, "", "KeyError: 1")) == Outcome.wrong
