@@ -35,7 +35,7 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("cuda", "main.cu", ("./main",), ("nvcc", "main.cu", "-o", "main"), needs=("nvcc",)),
     LanguageSpec("gtest", "main.cpp", ("./main",),
                  ("g++", "-std=c++17", "-O2", "main.cpp", "-o", "main", "-lgtest", "-lgtest_main", "-lpthread"),
-                 needs=("g++",)),
+                 needs=("g++", "/usr/include/gtest/gtest.h")),
     LanguageSpec("go", "main.go", ("./main",), ("go", "build", "-o", "main", "main.go"), needs=("go",)),
     LanguageSpec("go_test", "main_test.go", ("go", "test", "-v", "main_test.go"), needs=("go",)),
     LanguageSpec("java", "Main.java", ("java", "-cp", ".", "Main"), ("javac", "-encoding", "utf8", "Main.java"),
@@ -109,8 +109,12 @@ def detect_toolchains(python: str) -> Toolchains:
         for tool in spec.needs:
             if tool in executables:
                 continue
+            if tool.startswith("/"):  # a header or library the toolchain needs
+                if not os.path.exists(tool):
+                    absent.append(tool)
+                continue
             path = shutil.which(tool)
-            if path is None:
+            if path is None or "/shims/" in path:  # pyenv/rbenv shims need their manager, absent inside
                 absent.append(tool)
                 continue
             if tool == "rustc":

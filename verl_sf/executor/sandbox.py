@@ -77,6 +77,11 @@ def _runtime_dirs(python: str) -> list[str]:
     return sorted(d for d in dirs if not d.startswith("/usr"))
 
 
+def _ancestors(path: str) -> list[str]:
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 class SandboxLauncher:
     """Builds the argv for a slot and spawns it; one per executor."""
 
@@ -134,6 +139,9 @@ class SandboxLauncher:
                  "--ro-bind", os.path.join(self._state_dir, "passwd"), "/etc/passwd",
                  "--ro-bind", os.path.join(self._state_dir, "group"), "/etc/group"]
         for extra in _runtime_dirs(cfg.python) + list(self.toolchains.extra_dirs):
+            # Parents such as /root are made traverse-only: the runtime is reachable, nothing else is listed.
+            for parent in _ancestors(extra):
+                args += ["--perms", "0711", "--dir", parent]
             args += ["--ro-bind", extra, extra]
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(cfg.tmp_size_mb << 20), "--perms", "1777", "--tmpfs", SANDBOX_TMP,

@@ -445,10 +445,18 @@ def _run_python(code):
         exec(compile(code, "main.py", "exec"), namespace)
     except SystemExit as exc:
         return _finish(_exit_code(exc))
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        sys.stderr.write("".join(_user_traceback(exc, "main.py")))
         return _finish(1)
     return _finish(0)
+
+
+def _user_traceback(exc, filename_prefix):
+    """The traceback as `python main.py` would print it: without this file's frames."""
+    tb = exc.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(filename_prefix):
+        tb = tb.tb_next
+    return traceback.format_exception(type(exc), exc, tb)
 
 
 class _CellTimeout(Exception):
@@ -491,7 +499,7 @@ def _run_cells(cells, cell_timeout, output_limit):
                     display.append({"text/plain": repr(value)})
         except BaseException as exc:  # noqa: B036 - a cell's SystemExit/KeyboardInterrupt is its own error
             error.append({"ename": type(exc).__name__, "evalue": str(exc),
-                          "traceback": traceback.format_exception(type(exc), exc, exc.__traceback__)})
+                          "traceback": _user_traceback(exc, "<cell-")})
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         texts = []

@@ -1,0 +1,169 @@
+"""aiohttp application: /run_code, /run_jupyter, /v1/ping, /health, /metrics.
+
+Error bodies follow FastAPI's shape (`{"detail": ...}`) because Sandbox Fusion is a
+FastAPI app and its users' tooling already parses that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+import time
+from typing import Any, Awaitable, Callable, Optional, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from verl_sf import __version__
+from verl_sf.executor import Executor, ExecutorConfig, Overloaded
+from verl_sf.models import RunCodeRequest, RunJupyterRequest
+from verl_sf.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+EXECUTOR_KEY = web.AppKey("executor", Executor)
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_mb: int = 64
+    """Larger request bodies get 413 before any of them is parsed."""
+    retry_after_s: int = 1
+    executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
+
+
+def _error(status: int, detail: Any) -> web.Response:
+    return web.json_response({"detail": detail}, status=status)
+
+
+def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in exc.errors()]
+
+
+async def _parse(request: web.Request, model: type[RequestT]) -> RequestT | web.Response:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        get_metrics(request).rejections.labels("body_too_large").inc()
+        return _error(413, f"request body larger than {exc.max_size} bytes")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        get_metrics(request).rejections.labels("malformed").inc()
+        return _error(400, f"request body is not valid JSON: {exc}")
+    if not isinstance(body, dict):
+        get_metrics(request).rejections.labels("malformed").inc()
+        return _error(422, [{"loc": ["body"], "msg": "request body must be a JSON object", "type": "type_error"}])
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        get_metrics(request).rejections.labels("invalid").inc()
+        return _error(422, _validation_detail(exc))
+
+
+def get_executor(request: web.Request) -> Executor:
+    return request.app[EXECUTOR_KEY]
+
+
+def get_metrics(request: web.Request) -> ServerMetrics:
+    return request.app[METRICS_KEY]
+
+
+async def _execute(request: web.Request, model: type[RequestT], endpoint: str, language: Callable[[RequestT], str],
+                   run: Callable[[RequestT], Awaitable[BaseModel]]) -> web.Response:
+    parsed = await _parse(request, model)
+    if isinstance(parsed, web.Response):
+        return parsed
+    metrics = get_metrics(request)
+    started = time.monotonic()
+    try:
+        response = await run(parsed)
+    except Overloaded as exc:
+        metrics.rejections.labels("overloaded").inc()
+        retry_after = str(request.app["retry_after_s"])
+        return web.json_response({"detail": f"server overloaded: {exc}"}, status=503, headers={"Retry-After": retry_after})
+    lang = language(parsed)
+    metrics.runs.labels(endpoint, lang, response.status.value).inc()  # type: ignore[attr-defined]
+    metrics.latency.labels(endpoint, lang).observe(time.monotonic() - started)
+    queue_wait = getattr(response, "queue_wait", None)
+    if queue_wait is not None:
+        metrics.queue_wait.observe(queue_wait)
+    return web.Response(body=response.model_dump_json(), content_type="application/json")
+
+
+async def run_code(request: web.Request) -> web.Response:
+    return await _execute(request, RunCodeRequest, "run_code", lambda r: r.language, get_executor(request).run_code)
+
+
+async def run_jupyter(request: web.Request) -> web.Response:
+    return await _execute(request, RunJupyterRequest, "run_jupyter", lambda r: "python",
+                          get_executor(request).run_jupyter)
+
+
+async def ping(request: web.Request) -> web.Response:
+    return web.json_response("pong")
+
+
+async def health(request: web.Request) -> web.Response:
+    executor = get_executor(request)
+    return web.json_response({
+        "status": "ok",
+        "version": __version__,
+        "isolation": executor.isolation,
+        "cgroups": executor.cgroups_status(),
+        "fast_path": executor.config.fast_path,
+        "preloaded": executor.preloaded(),
+        "languages": executor.languages(),
+        "workers": executor.config.workers,
+        "in_flight": executor.stats.in_flight,
+        "queued": executor.stats.queued,
+        "max_queue": executor.config.max_queue,
+    })
+
+
+async def metrics(request: web.Request) -> web.Response:
+    registry = get_metrics(request)
+    return web.Response(body=registry.render(), headers={"Content-Type": registry.content_type})
+
+
+def build_app(config: ServerConfig, executor: Executor) -> web.Application:
+    """The app around a started executor (the caller owns the executor's lifecycle)."""
+    app = web.Application(client_max_size=config.max_body_mb << 20)
+    app[EXECUTOR_KEY] = executor
+    app[METRICS_KEY] = ServerMetrics(executor)
+    app["retry_after_s"] = config.retry_after_s
+    app.router.add_post("/run_code", run_code)
+    app.router.add_post("/run_jupyter", run_jupyter)
+    app.router.add_get("/v1/ping", ping)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = None) -> None:
+    """Run until SIGTERM/SIGINT; `ready` gets the base URL once the port is bound."""
+    executor = Executor(config.executor)
+    await executor.start()
+    runner = web.AppRunner(build_app(config, executor), access_log=None, handle_signals=False)
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://{config.host}:{port}"
+        if ready:
+            ready(url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await executor.close()
