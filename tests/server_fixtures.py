@@ -12,6 +12,7 @@ import time
 from typing import Iterator
 
 import pytest
+import requests
 
 LISTEN_RE = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 
@@ -54,9 +55,20 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+# The shared server holds this in its environment, as a real one would hold an API key.
+SERVER_SECRET = "verl-sf-test-secret-7f3a9c"
+
+
 @pytest.fixture(scope="session")
 def sf_server() -> Iterator[ServerHandle]:
     """One shared server for the whole session, default (isolated) configuration."""
-    handle = start_server()
+    handle = start_server(env={**os.environ, "VERL_SF_TEST_SECRET": SERVER_SECRET})
     yield handle
     stop_server(handle.process)
+
+
+def run_code(server: ServerHandle, code: str, language: str = "python", **fields) -> dict:
+    """POST /run_code and return the JSON answer (asserting HTTP 200)."""
+    response = requests.post(server.run_code_url, json={"code": code, "language": language, **fields}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()

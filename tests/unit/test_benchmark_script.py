@@ -115,6 +115,17 @@ def test_several_backends_are_compared_against_the_baseline(tiny_run: Path) -> N
             assert ratio > 0
 
 
+def test_any_sandbox_fusion_url(sf_server, tmp_path: Path) -> None:
+    """The sandbox_fusion backend drives whatever speaks the API at --url (here: a verl-sf server)."""
+    result = run_script("--backend", "sandbox_fusion", "--url", sf_server.run_code_url, "--concurrency", "2",
+                        "--iterations", "1", "--warmup", "0", "--scenarios", "numpy", "--output-root", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    _, rows = read_csv(only_subdir(tmp_path / "sandbox_fusion") / "results.csv")
+    assert [(r["scenario"], r["concurrency"], r["success_count"], r["failure_count"]) for r in rows] == [
+        ("numpy", "2", "2", "0")]
+    assert rows[0]["peak_memory_mb"] == ""  # a server elsewhere: no process tree to watch
+
+
 def test_compare_replots_earlier_runs(tiny_run: Path, tmp_path: Path) -> None:
     dirs = [str(only_subdir(tiny_run / name)) for name in ("subprocess", "verl-sf")]
     result = run_script("--compare", *dirs, "--output-root", str(tmp_path))

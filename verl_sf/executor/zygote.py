@@ -303,8 +303,12 @@ class Zygote:
                 dropped += max(0, len(chunk) - max(room, 0))
         for fd in open_fds:
             os.close(fd)
-        if not exited or timed_out:
-            self._kill(pid)
+        if not exited:
+            # Its pipes are closed (by exit or on purpose) but the run goes on: wait, within the deadline.
+            remaining = max(0.0, deadline - time.monotonic())
+            if not select.select([pidfd], [], [], remaining)[0]:
+                timed_out = True
+                self._kill(pid)
         _, wstatus = os.waitpid(pid, 0)
         os.close(pidfd)
         code = os.waitstatus_to_exitcode(wstatus)
@@ -446,21 +450,16 @@ def _run_python(code):
     except SystemExit as exc:
         return _finish(_exit_code(exc))
     except BaseException as exc:
-        sys.stderr.write("".join(_user_traceback(exc, "main.py")))
+        sys.stderr.write("".join(_user_traceback(exc)))
         return _finish(1)
     return _finish(0)
 
 
-def _user_traceback(exc, filename_prefix):
-    """The traceback as `python main.py` would print it: without this file's frames."""
-    tb = exc.__traceback__
-    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(filename_prefix):
-        tb = tb.tb_next
-    return traceback.format_exception(type(exc), exc, tb)
-
-
-class _CellTimeout(Exception):
-    pass
+def _user_traceback(exc):
+    """The traceback as `python main.py` would print it: without this file's frames (named "<string>")."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename != "<string>"]
+    head = ["Traceback (most recent call last):\n"] + traceback.StackSummary.from_list(frames).format() if frames else []
+    return head + traceback.format_exception_only(type(exc), exc)
 
 
 def _run_cells(cells, cell_timeout, output_limit):
@@ -478,7 +477,7 @@ def _run_cells(cells, cell_timeout, output_limit):
     namespace = _main_namespace()
 
     def _alarm(signum, frame):
-        raise _CellTimeout(f"cell exceeded cell_timeout of {cell_timeout} s")
+        raise TimeoutError(f"cell exceeded cell_timeout of {cell_timeout} s")
 
     signal.signal(signal.SIGALRM, _alarm)
     import linecache
@@ -499,7 +498,7 @@ def _run_cells(cells, cell_timeout, output_limit):
                     display.append({"text/plain": repr(value)})
         except BaseException as exc:  # noqa: B036 - a cell's SystemExit/KeyboardInterrupt is its own error
             error.append({"ename": type(exc).__name__, "evalue": str(exc),
-                          "traceback": _user_traceback(exc, "<cell-")})
+                          "traceback": _user_traceback(exc)})
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         texts = []

@@ -49,9 +49,9 @@ def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
 async def _parse(request: web.Request, model: type[RequestT]) -> RequestT | web.Response:
     try:
         raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
+    except web.HTTPRequestEntityTooLarge:
         get_metrics(request).rejections.labels("body_too_large").inc()
-        return _error(413, f"request body larger than {exc.max_size} bytes")
+        return _error(413, f"request body larger than {request.app['max_body_bytes']} bytes")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -138,6 +138,7 @@ def build_app(config: ServerConfig, executor: Executor) -> web.Application:
     app[EXECUTOR_KEY] = executor
     app[METRICS_KEY] = ServerMetrics(executor)
     app["retry_after_s"] = config.retry_after_s
+    app["max_body_bytes"] = config.max_body_mb << 20
     app.router.add_post("/run_code", run_code)
     app.router.add_post("/run_jupyter", run_jupyter)
     app.router.add_get("/v1/ping", ping)

@@ -1,0 +1,78 @@
+"""`backend: local`: our executor inside the calling process, no server to start.
+
+For one-box users and tests: the same isolation and runners as `verl-sf serve`, minus the
+HTTP hop.  The executor (its warm sandbox slots) is started on first use, not at
+construction, so building a tool or a pool that never runs code costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Optional
+
+from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.executor import Executor, ExecutorConfig, IsolationMode, IsolationUnavailable, Overloaded
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+
+def executor_config_from(options: dict[str, Any]) -> ExecutorConfig:
+    """ExecutorConfig from a yaml `local:` block; unknown keys raise ValueError naming them."""
+    known = {f.name for f in dataclasses.fields(ExecutorConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown local executor option(s) {unknown}; known: {sorted(known)}")
+    values = dict(options)
+    if "isolation" in values:
+        try:
+            values["isolation"] = IsolationMode(values["isolation"])
+        except ValueError:
+            raise ValueError(f"local.isolation must be one of {[m.value for m in IsolationMode]}, "
+                             f"got {values['isolation']!r}") from None
+    if "preload" in values:
+        values["preload"] = tuple(values["preload"])
+    return ExecutorConfig(**values)
+
+
+class LocalSandboxBackend(SandboxBackend):
+    """Runs requests on an in-process `Executor`, started lazily and at most once."""
+
+    name = "local"
+
+    def __init__(self, options: Optional[dict[str, Any]] = None):
+        self.config = executor_config_from(options or {})
+        self._executor: Optional[Executor] = None
+        self._start_lock = asyncio.Lock()
+
+    async def _ready(self) -> Executor:
+        if self._executor is not None:
+            return self._executor
+        async with self._start_lock:
+            if self._executor is None:
+                executor = Executor(self.config)
+                try:
+                    await executor.start()
+                except IsolationUnavailable as exc:
+                    await executor.close()
+                    raise SandboxUnavailable(f"local executor cannot isolate runs: {exc}") from exc
+                self._executor = executor
+        return self._executor
+
+    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+        executor = await self._ready()
+        try:
+            return await executor.run_code(request)
+        except Overloaded as exc:
+            raise SandboxUnavailable(f"local executor overloaded: {exc}") from exc
+
+    async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
+        executor = await self._ready()
+        try:
+            return await executor.run_jupyter(request)
+        except Overloaded as exc:
+            raise SandboxUnavailable(f"local executor overloaded: {exc}") from exc
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await executor.close()

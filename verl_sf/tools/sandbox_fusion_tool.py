@@ -1,0 +1,205 @@
+"""`SandboxFusionTool`: verl's `code_interpreter` tool, on our pool and any backend.
+
+verl 0.9's ToolAgentLoop calls `create -> execute(instance_id, args, agent_data=...) ->
+release` around every single tool call and never calls `calc_reward`, so create and
+release are dictionary operations, and the pool and backend are built once per tool
+object, on first use.  Callers that keep an instance across calls (`create(ground_truth=
+...)`, `calc_reward`, `release`) get verl's old per-instance behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import weakref
+from typing import Any, Optional
+from uuid import uuid4
+
+from verl_sf.backends.base import SandboxUnavailable
+from verl_sf.backends.local import executor_config_from
+from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
+from verl_sf.tools import render
+from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
+from verl_sf.tools.code import extract_python_block, print_last_expression
+from verl_sf.tools.config import ToolConfig, ToolConfigError
+from verl_sf.tools.pools import make_pool
+from verl_sf.tools.runner import BackendSpec, close_backend, end_session, run_request
+from verl_sf.tools.schema import code_interpreter_schema
+
+log = logging.getLogger(__name__)
+
+
+class ToolArgumentError(ValueError):
+    """The model's arguments cannot be run (missing code, bad timeout or language)."""
+
+
+@dataclasses.dataclass
+class _Instance:
+    ground_truth: Any = None
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    session: Optional[str] = None  # a Daytona session keyed on this instance (no trajectory given)
+
+
+class SandboxFusionTool(BaseTool):
+    """Runs the model's code in a sandbox and returns what it printed.
+
+    Config (the tool yaml's `config:`): verl's `type`, `num_workers`, `rate_limit`,
+    `enable_global_rate_limit`, `default_timeout`, `default_language`, `sandbox_fusion_url`,
+    `memory_limit_mb`, plus `backend` (http | local | daytona), the ReTool switches
+    `extract_code_block` and `print_last_expression`, `max_output_chars` and `pool`.
+    See docs/verl.md.
+    """
+
+    def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema] = None):
+        self.settings = ToolConfig.parse(config)
+        if self.settings.resolved_backend == "local":
+            try:
+                executor_config_from(self.settings.local)
+            except (TypeError, ValueError) as exc:
+                raise ToolConfigError(f"invalid SandboxFusionTool config: local: {exc}") from None
+        super().__init__(config, tool_schema or code_interpreter_schema())
+        self.backend_name = self.settings.resolved_backend
+        options = {"local": self.settings.local,
+                   "daytona": self.settings.daytona.model_dump()}.get(self.backend_name, {})
+        self.spec = BackendSpec(self.backend_name, self.settings.sandbox_fusion_url,
+                                json.dumps(options, sort_keys=True))
+        self._pool: Any = None
+        self._instances: dict[str, _Instance] = {}
+        self._trajectories: dict[str, weakref.finalize] = {}  # Daytona sessions keyed on agent_data
+        self._background: set[asyncio.Task] = set()
+
+    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
+        return self.tool_schema
+
+    @property
+    def pool(self) -> Any:
+        if self._pool is None:
+            s = self.settings
+            self._pool = make_pool(s.pool, s.num_workers, s.rate_limit, s.enable_global_rate_limit)
+        return self._pool
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def create(self, instance_id: Optional[str] = None, ground_truth: Any = None,
+                     **kwargs: Any) -> tuple[str, ToolResponse]:
+        """Register an instance.  verl 0.9 passes `create_kwargs={...}` (which may hold ground_truth)."""
+        if ground_truth is None:
+            ground_truth = (kwargs.get("create_kwargs") or {}).get("ground_truth")
+        instance_id = instance_id or uuid4().hex
+        self._instances[instance_id] = _Instance(ground_truth=ground_truth)
+        return instance_id, ToolResponse()
+
+    @rollout_trace_op
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+                      ) -> tuple[ToolResponse, Optional[float], dict]:
+        """Run `parameters["code"]`; returns (text for the model, None reward, metrics).
+
+        Never raises for anything the model or the sandbox did: bad arguments, errors,
+        time-outs and an unreachable sandbox all come back as text the model can act on.
+        """
+        try:
+            request = self._request(parameters)
+        except ToolArgumentError as exc:
+            return ToolResponse(text=f"Invalid arguments: {exc}"), None, render.metrics(
+                None, self.backend_name, truncated=False, outcome="invalid_arguments")
+        session = self._session(instance_id, kwargs.get("agent_data"))
+        submitted = time.time()
+        try:
+            execution = await self.pool.run(run_request, self.spec, request, session)
+        except SandboxUnavailable as exc:
+            log.warning("code_interpreter: sandbox unavailable: %s", exc)
+            return ToolResponse(text=render.render_unavailable(exc)), None, render.metrics(
+                None, self.backend_name, truncated=False)
+        response = execution.response
+        text, cut = render.render(response, request.run_timeout, self.settings.max_output_chars)
+        metrics = render.metrics(response, self.backend_name, truncated=cut)
+        metrics["pool_wait"] = max(0.0, execution.started_at - submitted)
+        metrics["queue_wait"] = metrics["pool_wait"] + (response.queue_wait or 0.0)
+        return ToolResponse(text=text), None, metrics
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """verl's old per-instance reward slot: the sum of rewards recorded (none by default)."""
+        instance = self._instances.get(instance_id)
+        return float(sum(instance.rewards)) if instance else 0.0
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        instance = self._instances.pop(instance_id, None)
+        if instance is not None and instance.session is not None:
+            await self.pool.run(end_session, self.spec, instance.session)
+
+    async def close(self) -> None:
+        """End every session, close the backend and the pool (not needed for verl; tidy for tests)."""
+        for finalizer in list(self._trajectories.values()):
+            finalizer.detach()
+        sessions = list(self._trajectories) + [i.session for i in self._instances.values() if i.session]
+        self._trajectories.clear()
+        self._instances.clear()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._pool is not None:
+            closers = [(end_session, (self.spec, s)) for s in sessions] + [(close_backend, (self.spec,))]
+            pool, self._pool = self._pool, None
+            await pool.close(*closers)
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _request(self, parameters: dict[str, Any]) -> RunCodeRequest:
+        if not isinstance(parameters, dict):
+            raise ToolArgumentError(f"expected a JSON object with a 'code' string, got {type(parameters).__name__}")
+        code = parameters.get("code")
+        if code is None or (isinstance(code, str) and not code.strip()):
+            raise ToolArgumentError("'code' is required and must be a non-empty string")
+        code = code if isinstance(code, str) else str(code)
+        language = parameters.get("language") or self.settings.default_language
+        if language not in SANDBOX_FUSION_LANGUAGES:
+            raise ToolArgumentError(f"unknown language {language!r}")
+        timeout = parameters.get("timeout", self.settings.default_timeout)
+        try:
+            timeout = float(timeout)
+        except (TypeError, ValueError):
+            raise ToolArgumentError(f"'timeout' must be a number of seconds, got {timeout!r}") from None
+        if not 0 < timeout <= MAX_TIMEOUT_S:
+            raise ToolArgumentError(f"'timeout' must be > 0 and <= {MAX_TIMEOUT_S:g} seconds, got {timeout:g}")
+        if language == "python":
+            if self.settings.extract_code_block:
+                code = extract_python_block(code)
+            if self.settings.print_last_expression:
+                code = print_last_expression(code)
+        return RunCodeRequest(code=code, language=language, run_timeout=timeout, compile_timeout=timeout,
+                              memory_limit_MB=self.settings.memory_limit_mb)
+
+    def _session(self, instance_id: str, agent_data: Any) -> Optional[str]:
+        """The Daytona session a call runs in: its trajectory's, else its instance's."""
+        if self.backend_name != "daytona":
+            return None
+        request_id = getattr(agent_data, "request_id", None)
+        if request_id:
+            session = f"traj-{request_id}"
+            if session not in self._trajectories:
+                # verl never tells a tool that a trajectory ended; its AgentData going away does.
+                loop = asyncio.get_running_loop()
+                self._trajectories[session] = weakref.finalize(agent_data, self._trajectory_ended, loop, session)
+            return session
+        instance = self._instances.setdefault(instance_id, _Instance())
+        instance.session = instance.session or f"inst-{instance_id}"
+        return instance.session
+
+    def _trajectory_ended(self, loop: asyncio.AbstractEventLoop, session: str) -> None:
+        """Called when the trajectory's AgentData is collected, from whatever thread did it."""
+        if loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._spawn_end_session, session)
+
+    def _spawn_end_session(self, session: str) -> None:
+        if self._trajectories.pop(session, None) is None:
+            return  # already ended by close()
+        task = asyncio.ensure_future(self._end_session_quietly(session))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _end_session_quietly(self, session: str) -> None:
+        try:
+            await self.pool.run(end_session, self.spec, session)
+        except Exception as exc:  # a background cleanup must not crash the loop; the reaper is the backstop
+            log.warning("code_interpreter: could not end session %s: %s", session, exc)
