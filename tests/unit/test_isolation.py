@@ -1,0 +1,252 @@
+"""Hostile code against a real server: each attack is contained and the server keeps serving.
+
+Host-side checks look at the host itself (its files, its process table), not at what the
+sandbox reports, so a test cannot pass because the sandbox lied.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.server_fixtures import SERVER_SECRET, ServerHandle, run_code, start_server, stop_server
+
+SANDBOX_HOST_UID = 65534  # the host uid that sandboxed code runs as
+
+
+def sandbox_processes() -> list[str]:
+    """Host processes owned by the sandbox uid (besides nothing: no run is in flight)."""
+    out = subprocess.run(["ps", "-o", "pid=,args=", "-u", str(SANDBOX_HOST_UID)], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def assert_alive(server: ServerHandle) -> None:
+    assert server.process.poll() is None, "server died"
+    assert run_code(server, "print('alive')")["run_result"]["stdout"] == "alive\n"
+
+
+@pytest.fixture(scope="module")
+def one_slot_server() -> Iterator[ServerHandle]:
+    """A single sandbox slot, so consecutive runs are guaranteed to share it."""
+    server = start_server("--workers", "1", "--preload", "")
+    yield server
+    stop_server(server.process)
+
+
+def test_code_runs_as_unprivileged_uid_without_capabilities(sf_server: ServerHandle) -> None:
+    body = run_code(sf_server, "import os\nprint(os.getuid(), os.geteuid(), os.getgid())\n"
+                               "print(open('/proc/self/status').read())")
+    lines = body["run_result"]["stdout"].splitlines()
+    assert lines[0] == "1000 1000 1000"
+    status = dict(line.split(":\t", 1) for line in lines[1:] if ":\t" in line)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[cap], 16) == 0, (cap, status[cap])
+    assert status["NoNewPrivs"].strip() == "1"
+
+
+def test_no_network_not_even_the_servers_own_port(sf_server: ServerHandle) -> None:
+    port = int(sf_server.url.rsplit(":", 1)[1])
+    code = (f"import socket\nprint(sorted(n for _, n in socket.if_nameindex()))\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('CONNECTED')\n"
+            f"except OSError as e:\n    print('refused', type(e).__name__)\n")
+    out = run_code(sf_server, code)["run_result"]["stdout"]
+    assert out.splitlines()[0] == "['lo']"
+    assert "CONNECTED" not in out and "refused" in out
+    assert_alive(sf_server)
+
+
+def test_server_environment_is_not_visible(sf_server: ServerHandle) -> None:
+    pid = sf_server.process.pid
+    code = (f"import os\nprint(dict(os.environ))\n"
+            f"for path in ['/proc/{pid}/environ', '/proc/1/environ', '/proc/self/environ']:\n"
+            f"    try:\n        print(path, open(path, 'rb').read())\n    except OSError as e:\n        print(path, e)\n")
+    out = run_code(sf_server, code)["run_result"]["stdout"]
+    assert SERVER_SECRET not in out
+    assert "VERL_SF_TEST_SECRET" not in out
+    assert f"/proc/{pid}/environ [Errno 2]" in out  # the server is not even in the sandbox's process table
+
+
+@pytest.fixture
+def secret_file() -> Iterator[Path]:
+    path = Path("/root") / f"verl_sf_secret_{secrets.token_hex(4)}.txt"
+    path.write_text("TOP-SECRET-CONTENT")
+    path.chmod(0o600)
+    yield path
+    path.unlink()
+
+
+def test_host_files_and_home_are_not_readable(sf_server: ServerHandle, secret_file: Path) -> None:
+    code = (f"import os\n"
+            f"for action in [lambda: open('{secret_file}').read(), lambda: os.listdir('/root'),\n"
+            f"               lambda: os.listdir('/home'), lambda: os.listdir('/tmp'), lambda: open('/etc/shadow').read()]:\n"
+            f"    try:\n        print('GOT', action())\n    except OSError as e:\n        print('denied', e.errno)\n")
+    out = run_code(sf_server, code)["run_result"]["stdout"]
+    assert "TOP-SECRET-CONTENT" not in out and secret_file.name not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("denied") and lines[1].startswith("denied")  # secret file, /root listing
+    assert lines[3] == "GOT []"  # the sandbox's own empty /tmp, not the host's
+    assert lines[4].startswith("denied")
+
+
+def test_server_files_are_not_visible(sf_server: ServerHandle) -> None:
+    import verl_sf
+
+    package_dir = os.path.dirname(verl_sf.__file__)
+    out = run_code(sf_server, f"import os\nprint(os.path.exists({package_dir!r}), os.path.exists('/work/main/tests'))")
+    assert out["run_result"]["stdout"] == "False False\n"
+
+
+def test_writes_outside_the_workdir_never_reach_the_host(sf_server: ServerHandle) -> None:
+    token = secrets.token_hex(6)
+    targets = [f"/tmp/verl_sf_{token}", f"/root/verl_sf_{token}", f"/usr/verl_sf_{token}", f"/etc/verl_sf_{token}"]
+    code = (f"for path in {targets!r}:\n    try:\n        open(path, 'w').write('x')\n        print('wrote', path)\n"
+            f"    except OSError as e:\n        print('denied', path, e.errno)\n")
+    run_code(sf_server, code)
+    for path in targets:
+        assert not os.path.exists(path), path
+
+
+def test_nothing_of_one_run_is_visible_to_the_next(one_slot_server: ServerHandle) -> None:
+    first = ("import os, sys, math, builtins\n"
+             "open('left_behind.txt', 'w').write('x'); open('/tmp/tmp_left.txt', 'w').write('x')\n"
+             "math.pi = 3; builtins.LEAK = 1; sys.modules['json'] = None; globals()['g'] = 1\n"
+             "import subprocess; subprocess.Popen(['sleep', '300'])\n"
+             "print('planted')")
+    assert run_code(one_slot_server, first)["run_result"]["stdout"] == "planted\n"
+    second = ("import os, math, builtins, json\n"
+              "print(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))\n"
+              "print(math.pi, hasattr(builtins, 'LEAK'), 'g' in globals())\n"
+              "print([p for p in os.listdir('/proc') if p.isdigit()])")
+    lines = run_code(one_slot_server, second)["run_result"]["stdout"].splitlines()
+    assert lines[0] == "[] []"
+    assert lines[1] == "3.141592653589793 False False"
+    assert lines[2] == "['1']"  # only this run's own process
+    assert sandbox_processes() == []
+
+
+def test_signals_cannot_reach_the_server_or_the_sandbox_supervisor(sf_server: ServerHandle) -> None:
+    pid = sf_server.process.pid
+    code = (f"import os, signal\n"
+            f"for target in [{pid}, os.getppid(), 2, -1]:\n"
+            f"    try:\n        os.kill(target, signal.SIGKILL)\n        print('sent', target)\n"
+            f"    except OSError as e:\n        print('failed', target, e.errno)\n"
+            f"print('ppid', os.getppid())\n")
+    body = run_code(sf_server, code)
+    assert f"sent {pid}" not in body["run_result"]["stdout"]
+    assert_alive(sf_server)
+    assert_alive(sf_server)  # every slot still works: run a couple more
+    assert sf_server.process.poll() is None
+
+
+def test_ptrace_of_anything_outside_is_impossible(sf_server: ServerHandle) -> None:
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.ptrace(16, 2, 0, 0)\nprint(r, ctypes.get_errno())\n")  # PTRACE_ATTACH pid 2
+    out = run_code(sf_server, code)["run_result"]["stdout"].split()
+    assert out[0] == "-1"
+    assert_alive(sf_server)
+
+
+def test_fork_bomb_is_contained(sf_server: ServerHandle) -> None:
+    code = ("import os\ncount = 0\nfor _ in range(100000):\n    try:\n        if os.fork() == 0:\n"
+            "            import time; time.sleep(60); os._exit(0)\n        count += 1\n"
+            "    except OSError:\n        break\nprint('forked', count)\n")
+    body = run_code(sf_server, code, run_timeout=10)
+    forked = int(body["run_result"]["stdout"].split()[1])
+    assert forked < 300  # the per-run process cap (256) stopped it
+    time.sleep(0.5)
+    assert sandbox_processes() == []
+    assert_alive(sf_server)
+
+
+def test_setsid_double_fork_daemon_does_not_survive(sf_server: ServerHandle) -> None:
+    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        time.sleep(300)\n    os._exit(0)\ntime.sleep(0.2)\nprint('parent done')\n")
+    assert run_code(sf_server, code)["run_result"]["stdout"] == "parent done\n"
+    time.sleep(0.5)
+    assert sandbox_processes() == []
+
+
+def test_memory_bomb_without_limit_hits_the_default_cap(sf_server: ServerHandle) -> None:
+    body = run_code(sf_server, "x = bytearray(16 << 30)\nprint('allocated')", run_timeout=30)
+    assert body["status"] == "Failed"
+    assert "allocated" not in body["run_result"]["stdout"]
+    assert_alive(sf_server)
+
+
+def test_filling_the_workdir_is_capped(sf_server: ServerHandle) -> None:
+    code = ("chunk = b'z' * (1 << 20)\nwritten = 0\ntry:\n    with open('big.bin', 'wb') as f:\n"
+            "        for _ in range(4096):\n            f.write(chunk); written += 1\nexcept OSError as e:\n"
+            "    print('stopped', e.errno)\nprint('MB', written)\n")
+    body = run_code(sf_server, code, run_timeout=30)
+    out = body["run_result"]["stdout"]
+    assert "MB 4096" not in out
+    assert body["run_result"]["return_code"] != 0 or "stopped" in out
+    assert_alive(sf_server)
+
+
+def test_thousands_of_threads_are_refused(sf_server: ServerHandle) -> None:
+    code = ("import threading, time\nstarted = 0\ntry:\n    for _ in range(5000):\n"
+            "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); started += 1\n"
+            "except RuntimeError as e:\n    print('refused', e)\nprint('started', started)\n")
+    body = run_code(sf_server, code, run_timeout=20)
+    out = body["run_result"]["stdout"]
+    assert "refused" in out and int(out.split("started")[-1]) < 300
+    assert_alive(sf_server)
+
+
+def test_segfault_is_reported(sf_server: ServerHandle) -> None:
+    body = run_code(sf_server, "import ctypes\nctypes.string_at(0)")
+    assert body["status"] == "Failed"
+    assert body["run_result"]["return_code"] == -11
+    assert_alive(sf_server)
+
+
+def test_cpu_spin_is_stopped_at_the_timeout(sf_server: ServerHandle) -> None:
+    body = run_code(sf_server, "while True:\n    pass", run_timeout=1)
+    assert body["run_result"]["status"] == "TimeLimitExceeded"
+    assert_alive(sf_server)
+
+
+def test_closing_its_own_stdio_does_not_escape_the_timeout(sf_server: ServerHandle) -> None:
+    body = run_code(sf_server, "import os, time\nos.close(1); os.close(2)\ntime.sleep(30)", run_timeout=1)
+    assert body["run_result"]["status"] == "TimeLimitExceeded"
+    assert body["run_result"]["execution_time"] < 5
+
+
+def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir() -> None:
+    before_tmp = set(Path("/tmp").glob("verl-sf-*"))
+    server = start_server("--workers", "2", "--preload", "")
+    pid = server.process.pid
+    run_code(server, "import subprocess; subprocess.Popen(['sleep', '100']); print(1)")
+    cgroups = list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
+    assert cgroups, "the server should have made cgroups"
+    stop_server(server.process)
+    assert server.process.returncode == 0
+    time.sleep(0.5)
+    assert set(Path("/tmp").glob("verl-sf-*")) == before_tmp
+    assert not list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
+    assert not list(Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{pid}-*"))
+    assert sandbox_processes() == []
+    leftover = subprocess.run(["pgrep", "-f", "bwrap"], capture_output=True, text=True).stdout.split()
+    children = [p for p in leftover if Path(f"/proc/{p}/status").exists()
+                and f"PPid:\t{pid}\n" in Path(f"/proc/{p}/status").read_text()]
+    assert children == []
+
+
+def test_isolation_none_works_and_says_so() -> None:
+    server = start_server("--isolation", "none", "--workers", "1", "--preload", "")
+    try:
+        import requests
+
+        assert requests.get(server.url + "/health").json()["isolation"] == "none"
+        assert run_code(server, "print(6 * 7)")["run_result"]["stdout"] == "42\n"
+        body = run_code(server, "import time; time.sleep(10)", run_timeout=1)
+        assert body["run_result"]["status"] == "TimeLimitExceeded"
+    finally:
+        stop_server(server.process)
