@@ -1,4 +1,4 @@
-"""Entry point of a ProcessMode pool process: `python -m verl_sf.pool._child`.
+"""Entry point of a ProcessMode pool process: `python .../verl_sf/pool/_child.py`.
 
 Reads length-prefixed cloudpickled `(fn, args, kwargs)` frames on stdin and answers each
 with `("ok", result)` or `("err", exception)`.  The protocol keeps private duplicates of
@@ -64,6 +64,10 @@ def die_with_parent() -> None:
 
 
 def main() -> None:
+    # Run as a script, Python put this directory first on sys.path, where our module
+    # names (client, worker, ...) would shadow the ones `fn` imports.
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
     die_with_parent()
     # Buffered streams: read(n) returns n bytes unless the pipe closed.
     protocol_in = os.fdopen(os.dup(0), "rb")

@@ -3,8 +3,8 @@
 Not `concurrent.futures.ProcessPoolExecutor`: there a child that crashes breaks the whole
 pool (every other call in flight fails too), and a running call cannot be stopped.  Here a
 crash costs exactly the call that caused it, a cancelled call kills its child, and lost
-children are replaced on demand.  Children are plain subprocesses (`python -m
-verl_sf.pool._child`), not forks of the Ray worker, whose threads make fork unsafe.
+children are replaced on demand.  Children are plain subprocesses (`python
+verl_sf/pool/_child.py`), not forks of the Ray worker, whose threads make fork unsafe.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from verl_sf.pool._child import HEADER
+from verl_sf.pool import _child
 
 
 class ExecutionCrashed(RuntimeError):
@@ -34,10 +34,18 @@ class _Child:
 
     async def call(self, payload: bytes) -> Any:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(HEADER.pack(len(payload)) + payload)
+        self.proc.stdin.write(_child.HEADER.pack(len(payload)) + payload)
         await self.proc.stdin.drain()
-        (size,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
+        (size,) = _child.HEADER.unpack(await self.proc.stdout.readexactly(_child.HEADER.size))
         return cloudpickle.loads(await self.proc.stdout.readexactly(size))
+
+    async def reap(self) -> None:
+        """Collect a child whose pipe closed.  Not kill(): Popen.send_signal polls first
+        and would steal the exit status from asyncio's child watcher."""
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout=5)
+        except asyncio.TimeoutError:
+            await self.kill()
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
@@ -70,7 +78,7 @@ class ProcessRunner:
         try:
             outcome, value = await child.call(payload)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            await child.kill()
+            await child.reap()
             await self._discard(child)
             raise ExecutionCrashed(
                 f"pool process {child.pid} running {_name(fn)} exited with "
@@ -141,8 +149,10 @@ async def _spawn() -> asyncio.subprocess.Process:
     # The child must import whatever `fn` was pickled by reference from (the driver's
     # modules reach Ray workers through sys.path, not through the environment).
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
+    # Run by path, not `-m verl_sf.pool._child`: that would import this package (and Ray)
+    # into every child first.
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "verl_sf.pool._child",
+        sys.executable, _child.__file__,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
 
 

@@ -86,20 +86,21 @@ class ExecutionWorker:
         if not callable(fn):
             raise TypeError(f"execute() needs a callable as its first argument, got {type(fn).__name__}")
         self._counts["waiting"] += 1
+        waiting = True
         try:
             async with self._slot(), self._permit():
                 self._counts["waiting"] -= 1
+                waiting = False
                 self._counts["running"] += 1
                 try:
                     result = await self._run(fn, fn_args, fn_kwargs)
-                except BaseException:
-                    self._counts["failed"] += 1
-                    raise
                 finally:
                     self._counts["running"] -= 1
         except BaseException:
-            if self._counts["running"] + self._counts["waiting"] and not _entered(self._counts):
-                pass
+            if waiting:  # cancelled before it ran
+                self._counts["waiting"] -= 1
+            else:
+                self._counts["failed"] += 1
             raise
         self._counts["succeeded"] += 1
         return result

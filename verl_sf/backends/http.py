@@ -1,0 +1,197 @@
+"""`HttpSandboxBackend`: any Sandbox Fusion compatible server over HTTP (ours or theirs).
+
+verl <= 0.7 posted with `requests` from a pool thread and retried only on 504.  This client
+is async (aiohttp, pooled keep-alive connections) and retries what is worth retrying:
+
+* connection failures (refused, reset, dropped before a complete answer, connect time-out)
+  and HTTP 429, 502, 503, 504 — with bounded, jittered exponential backoff, waiting at
+  least as long as a `Retry-After` header asks;
+* never a run that reached the sandbox and failed on its own terms: a 200 whose status is
+  Failed or SandboxError is returned as is (re-running it would give the same verdict and
+  double the load);
+* never a request the server rejected (other 4xx: `SandboxRequestRejected`, naming the
+  status and the server's message), nor a read time-out (the code may still be running).
+
+When no usable answer comes, `SandboxUnavailable` says why.  The object holds only its
+configuration — the aiohttp session lives in a per-process, per-event-loop registry — so
+it pickles cheaply into Ray pool actors and every copy in a process shares connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import time
+import urllib.parse
+import weakref
+from typing import Optional, TypeVar
+
+import aiohttp
+from pydantic import BaseModel, ValidationError
+
+from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Time the server may spend beyond the request's own time-outs (queueing, sandbox start).
+DEFAULT_SERVER_MARGIN_S = 60.0
+
+ResponseT = TypeVar("ResponseT", bound=BaseModel)
+
+
+class SandboxRequestRejected(ValueError):
+    """The server refused the request itself (HTTP 4xx other than 429): retrying cannot help."""
+
+    def __init__(self, url: str, status: int, body: str):
+        super().__init__(f"{url} rejected the request with HTTP {status}: {body}")
+        self.url = url
+        self.status = status
+        self.body = body
+
+
+# loop -> {session key -> session}.  Weak on the loop: a session is bound to the loop it
+# was created on and must never be used from another one.
+_SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aiohttp.ClientSession]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def normalize_base_url(url: str) -> str:
+    """`http://host:port`, `.../run_code` (verl's `sandbox_fusion_url`) or `.../run_jupyter`
+    -> the base URL the endpoints hang off.  Raises ValueError for anything else."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"sandbox URL must be a non-empty string, got {url!r}")
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"sandbox URL must look like http(s)://host[:port][/run_code], got {url!r}")
+    path = parts.path.rstrip("/")
+    for endpoint in ("/run_code", "/run_jupyter"):
+        if path.endswith(endpoint):
+            path = path[: -len(endpoint)]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+class HttpSandboxBackend(SandboxBackend):
+    """Sandbox Fusion HTTP API client with pooled connections and bounded retries."""
+
+    name = "http"
+
+    def __init__(self, url: str, *, max_retries: int = 5, backoff_base_s: float = 0.5,
+                 backoff_max_s: float = 10.0, max_retry_after_s: float = 60.0,
+                 connect_timeout_s: float = 10.0, server_margin_s: float = DEFAULT_SERVER_MARGIN_S,
+                 connection_limit: int = 256):
+        for field, value, low in (("max_retries", max_retries, 0), ("connection_limit", connection_limit, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{field} must be an integer >= {low}, got {value!r}")
+        for field, value in (("backoff_base_s", backoff_base_s), ("backoff_max_s", backoff_max_s),
+                             ("max_retry_after_s", max_retry_after_s), ("connect_timeout_s", connect_timeout_s),
+                             ("server_margin_s", server_margin_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{field} must be a number >= 0, got {value!r}")
+        self.base_url = normalize_base_url(url)
+        self.max_retries = max_retries
+        self.backoff_base_s = float(backoff_base_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.max_retry_after_s = float(max_retry_after_s)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.server_margin_s = float(server_margin_s)
+        self.connection_limit = connection_limit
+
+    def __repr__(self) -> str:
+        return f"HttpSandboxBackend({self.base_url!r})"
+
+    @property
+    def run_code_url(self) -> str:
+        return self.base_url + "/run_code"
+
+    @property
+    def run_jupyter_url(self) -> str:
+        return self.base_url + "/run_jupyter"
+
+    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+        budget = request.compile_timeout + request.run_timeout + self.server_margin_s
+        return await self._post(self.run_code_url, request, RunCodeResponse, budget)
+
+    async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
+        return await self._post(self.run_jupyter_url, request, RunJupyterResponse,
+                                request.total_timeout + self.server_margin_s)
+
+    async def close(self) -> None:
+        """Close this configuration's session on the running loop (shared by every copy of
+        this backend in the process; the next call opens a new one).  Idempotent."""
+        per_loop = _SESSIONS.get(asyncio.get_running_loop(), {})
+        session = per_loop.pop(self._session_key(), None)
+        if session is not None:
+            await session.close()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _session_key(self) -> tuple:
+        return (self.connection_limit, self.connect_timeout_s)
+
+    def _session(self) -> aiohttp.ClientSession:
+        per_loop = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
+        session = per_loop.get(self._session_key())
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(limit=self.connection_limit, limit_per_host=0)
+            session = aiohttp.ClientSession(connector=connector)
+            per_loop[self._session_key()] = session
+        return session
+
+    async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float) -> ResponseT:
+        payload = request.model_dump(mode="json")
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s, sock_read=budget_s)
+        attempts = self.max_retries + 1
+        reason = "no attempt made"
+        for attempt in range(attempts):
+            retry_after = 0.0
+            try:
+                async with self._session().post(url, json=payload, timeout=timeout) as response:
+                    if response.status == 200:
+                        return _parse(url, await response.read(), response_type)
+                    body = (await response.text(errors="replace"))[:500]
+                    if response.status not in RETRY_STATUSES:
+                        if 400 <= response.status < 500:
+                            raise SandboxRequestRejected(url, response.status, body)
+                        raise SandboxUnavailable(f"{url} answered HTTP {response.status}: {body}")
+                    reason = f"HTTP {response.status}"
+                    retry_after = _retry_after_s(response.headers.get("Retry-After"))
+                    if retry_after > self.max_retry_after_s:
+                        raise SandboxUnavailable(f"{url} answered {reason} with Retry-After {retry_after:g} s, "
+                                                 f"more than max_retry_after_s={self.max_retry_after_s:g}")
+            except aiohttp.SocketTimeoutError as exc:
+                raise SandboxUnavailable(f"{url} sent no answer within {budget_s:g} s; not retried because "
+                                         f"the run may still be executing") from exc
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if attempt + 1 < attempts:
+                await asyncio.sleep(max(retry_after, self._backoff_s(attempt)))
+        raise SandboxUnavailable(f"{url}: no usable answer after {attempts} attempt(s); last: {reason}")
+
+    def _backoff_s(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(max, base * 2**attempt)] spreads retrying clients out."""
+        return random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt))
+
+
+def _parse(url: str, body: bytes, response_type: type[ResponseT]) -> ResponseT:
+    try:
+        return response_type.model_validate(json.loads(body))
+    except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
+        raise SandboxUnavailable(f"{url} answered 200 with a body that is not a "
+                                 f"{response_type.__name__}: {str(exc)[:300]}") from exc
+
+
+def _retry_after_s(value: Optional[str]) -> float:
+    """Retry-After is either delta-seconds or an HTTP date; anything unparsable counts as 0."""
+    if not value:
+        return 0.0
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return max(0.0, when.timestamp() - time.time())
+
