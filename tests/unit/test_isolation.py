@@ -219,9 +219,8 @@ def test_closing_its_own_stdio_does_not_escape_the_timeout(sf_server: ServerHand
     assert body["run_result"]["execution_time"] < 5
 
 
-def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir() -> None:
-    before_tmp = set(Path("/tmp").glob("verl-sf-*"))
-    server = start_server("--workers", "2", "--preload", "")
+def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir(tmp_path: Path) -> None:
+    server = start_server("--workers", "2", "--preload", "", env={**os.environ, "TMPDIR": str(tmp_path)})
     pid = server.process.pid
     run_code(server, "import subprocess; subprocess.Popen(['sleep', '100']); print(1)")
     cgroups = list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
@@ -229,7 +228,7 @@ def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir() -> None:
     stop_server(server.process)
     assert server.process.returncode == 0
     time.sleep(0.5)
-    assert set(Path("/tmp").glob("verl-sf-*")) == before_tmp
+    assert list(tmp_path.iterdir()) == []
     assert not list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
     assert not list(Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{pid}-*"))
     assert sandbox_processes() == []

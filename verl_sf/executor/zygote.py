@@ -206,7 +206,7 @@ class Zygote:
     def run(self, req):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        meta_r, meta_w = os.pipe() if req["mode"] == "jupyter" else (-1, -1)
+        meta_r, meta_w = os.pipe() if req["mode"] in ("jupyter", "exec") else (-1, -1)
         stdin_fd = os.memfd_create("stdin", 0)
         os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
         os.lseek(stdin_fd, 0, os.SEEK_SET)
@@ -244,7 +244,10 @@ class Zygote:
             "stderr": err,
             "truncated": dropped > 0,
         }
-        if meta is not None:
+        if req["mode"] == "exec":
+            if meta:  # absent when PID 1 itself was killed (time-out, memory)
+                result["return_code"] = meta[0]["return_code"]
+        elif meta is not None:
             result["cells"] = meta
         return result
 
@@ -357,8 +360,7 @@ class Zygote:
         os.environ.update(self.env)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if req["mode"] == "exec":
-            argv = req["argv"]
-            os.execve(argv[0], argv, self.env)
+            os._exit(_exec_as_child(req["argv"], self.env))
         if req["mode"] == "jupyter":
             os._exit(_run_cells(req["cells"], req.get("cell_timeout") or 0, req["output_limit"]))
         os._exit(_run_python(req["code"]))
@@ -389,6 +391,19 @@ class Zygote:
 
 
 # ---- code running in the forked child (user code starts here) ---------------------------
+def _exec_as_child(argv, env):
+    """Run a program below us, so it is not PID 1: the kernel shields PID 1 from its own
+    signals, which would turn abort() into a crash and ignore `kill $$`.  We report its
+    exact wait status on fd 3, since PID 1 cannot die of a signal it sends itself."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(3)
+        os.execve(argv[0], argv, env)
+    _, status = os.waitpid(pid, 0)
+    os.write(3, json.dumps({"return_code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    return 0
+
+
 def _fresh_stdio():
     """Unbuffered text streams on the run's pipes: a killed run still shows its partial output."""
     import io
@@ -407,7 +422,8 @@ def _main_namespace():
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    sys.argv = ["main.py"]
+    sys.argv = [os.path.join(os.getcwd(), "main.py")]
+    main.__dict__["__file__"] = sys.argv[0]
     sys.path[0:0] = [os.getcwd()]
     return main.__dict__
 
@@ -443,10 +459,11 @@ def _run_python(code):
     namespace = _main_namespace()
     import linecache
 
-    linecache.cache["main.py"] = (len(code), None, code.splitlines(True), "main.py")
+    filename = sys.argv[0]  # absolute, as `python main.py` shows it in tracebacks
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     gc.unfreeze()
     try:
-        exec(compile(code, "main.py", "exec"), namespace)
+        exec(compile(code, filename, "exec"), namespace)
     except SystemExit as exc:
         return _finish(_exit_code(exc))
     except BaseException as exc:

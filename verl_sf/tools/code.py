@@ -12,8 +12,8 @@ import re
 
 _PYTHON_FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
-# Name bound to the trailing expression's value.  Chosen so it cannot shadow user code.
-_RESULT_NAME = "_verl_sf_last_value"
+# The REPL's own name for the last value; assigned after all user code has run.
+_RESULT_NAME = "_"
 
 
 def extract_python_block(text: str) -> str:
@@ -27,8 +27,8 @@ def print_last_expression(code: str) -> str:
 
     Only the last top-level statement is touched, in place (same line numbers, so
     tracebacks still point at the model's lines), and only when it is an expression:
-    `x` becomes "print x unless it is None", so `print(...)` or `f()` returning None adds
-    nothing.  Code that does not parse is returned unchanged: running it shows the model
+    `x` becomes `_ = (x); _ is None or print(_)`, so `print(...)` or `f()` returning None
+    adds nothing.  Code that does not parse is returned unchanged: running it shows the model
     its SyntaxError.
     """
     try:
@@ -47,11 +47,10 @@ def print_last_expression(code: str) -> str:
         expression = expression[start_col:end_col]
     else:
         expression = lines[start][start_col:] + "".join(lines[start + 1:end]) + lines[end][:end_col]
-    replacement = (f"{_RESULT_NAME} = ({expression})\n"
-                   f"if {_RESULT_NAME} is not None: print({_RESULT_NAME})")
+    # One line, so a traceback quotes something close to what the model wrote.
+    replacement = f"{_RESULT_NAME} = ({expression}); {_RESULT_NAME} is None or print({_RESULT_NAME})"
     # Keep what precedes the expression on its first line (e.g. `x = 1; x`) and what
-    # follows it on its last line (a comment); the inserted newline only ever comes
-    # after the last statement, so earlier line numbers are unchanged.
+    # follows it on its last line (a comment).
     head = lines[start][:start_col]
     tail = lines[end][end_col:]
     return "".join(lines[:start]) + head + replacement + tail

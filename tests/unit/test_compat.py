@@ -1,0 +1,51 @@
+"""Existing Sandbox Fusion clients work against our server unchanged."""
+
+from __future__ import annotations
+
+import sandbox_fusion
+from sandbox_fusion import RunCodeRequest, RunJupyterRequest, RunStatus
+from verl.utils.reward_score.sandbox_fusion.utils import _process_single_case, call_sandbox_api
+
+from tests.server_fixtures import ServerHandle
+
+
+def test_sandbox_fusion_client_run_code_and_run_jupyter(sf_server: ServerHandle) -> None:
+    sandbox_fusion.set_endpoint(sf_server.url)
+    result = sandbox_fusion.run_code(RunCodeRequest(code="print(input()[::-1])", language="python", stdin="abc"))
+    assert result.status == RunStatus.Success
+    assert result.run_result.stdout == "cba\n"
+
+    failed = sandbox_fusion.run_code(RunCodeRequest(code="int('x')", language="python"))
+    assert failed.status == RunStatus.Failed and "ValueError" in failed.run_result.stderr
+
+    compiled = sandbox_fusion.run_code(RunCodeRequest(
+        code="#include <iostream>\nint main(){int a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}",
+        language="cpp", stdin="2 3"))
+    assert compiled.status == RunStatus.Success and compiled.run_result.stdout == "5\n"
+    assert compiled.compile_result.return_code == 0
+
+    notebook = sandbox_fusion.run_jupyter(RunJupyterRequest(cells=["x = 20", "x + 22", "print(x)"]))
+    assert notebook.status == RunStatus.Success
+    assert notebook.cells[1].display == [{"text/plain": "42"}]
+    assert notebook.cells[2].stdout == "20\n"
+
+
+def test_verl_call_sandbox_api(sf_server: ServerHandle) -> None:
+    response, error = call_sandbox_api(sf_server.run_code_url, "print(sum(range(10)))", None, 10, 10, 256, "python")
+    assert error is None
+    assert response["status"] == "Success" and response["run_result"]["stdout"] == "45\n"
+
+    response, error = call_sandbox_api(sf_server.run_code_url, "import time; time.sleep(5)", None, 10, 1, 256, "python")
+    assert error is None
+    assert response["status"] == "Failed" and response["run_result"]["status"] == "TimeLimitExceeded"
+
+
+def test_verl_process_single_case(sf_server: ServerHandle) -> None:
+    solution = "a, b = map(int, input().split())\nprint(a * b)"
+    # verl returns (passed: True | False | -1 for errors, metadata)
+    passed, meta = _process_single_case(0, "6 7", "42", sf_server.run_code_url, solution, 10, 256, "python")
+    assert passed is True and meta["status"] == "success", meta
+    passed, meta = _process_single_case(1, "6 7", "41", sf_server.run_code_url, solution, 10, 256, "python")
+    assert passed is False and meta["status"] == "wrong_answer", meta
+    passed, meta = _process_single_case(2, "", "", sf_server.run_code_url, "while True: pass", 1, 256, "python")
+    assert meta["status"] == "timeout", meta
