@@ -8,6 +8,11 @@ vLLM, generate data, or load the sandbox with real traffic, all without a traine
 The response-length budget is counted in the server's own tokens (`usage`): what verl
 calls the response is everything after the prompt, i.e. assistant turns plus tool turns,
 which is `prompt_tokens + completion_tokens - first_prompt_tokens` of the latest request.
+Each turn may generate what is left of the budget as known before the request; the tokens
+of the tool turn just appended are only learned from the reply's usage, so a trajectory can
+end past the budget by at most that one tool turn (verl, holding the token ids, stops
+exactly). A reply whose prompt alone was already over budget is dropped, as verl would
+never have generated it.
 """
 
 from __future__ import annotations
@@ -193,18 +198,18 @@ async def run_rollouts(
     server, the tools (e.g. the Ray pool's cluster-wide limit) bound the sandbox."""
     start = time.perf_counter()
     bar = tqdm(total=len(samples) * config.n, desc="rollout", unit="traj", disable=not progress)
-    correct = 0
+    done = correct = 0
 
     async def one(sample: Sample, k: int) -> Trajectory:
-        nonlocal correct
+        nonlocal done, correct
         t0 = time.perf_counter()
         traj = await run_trajectory(sample, client, runner, config, uid=str(sample.index), request_id=f"{sample.index}_{k}")
         if reward_fn is not None:
             await score_trajectory(traj, reward_fn)
         traj.wall_seconds = time.perf_counter() - t0
-        correct += traj.score > 0
+        done, correct = done + 1, correct + (traj.score > 0)
         bar.update(1)
-        bar.set_postfix(acc=f"{correct / bar.n:.3f}", refresh=False)
+        bar.set_postfix(acc=f"{correct / done:.3f}", refresh=False)
         return traj
 
     try:
