@@ -461,7 +461,6 @@ def _run_python(code):
 
     filename = sys.argv[0]  # absolute, as `python main.py` shows it in tracebacks
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    gc.unfreeze()
     try:
         exec(compile(code, filename, "exec"), namespace)
     except SystemExit as exc:
