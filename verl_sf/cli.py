@@ -77,10 +77,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--version", action="version", version=f"verl-sf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
-    try:
-        _add_rollout(sub)
-    except ImportError:
-        pass
+    _add_rollout(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return args.func(args)
