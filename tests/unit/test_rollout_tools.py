@@ -18,7 +18,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_sf.rollout.parsing import ToolCall
-from verl_sf.rollout.tools import ErrorKind, ToolConfigLoadError, ToolRunner, load_tools
+from verl_sf.rollout.tools import AgentContext, ErrorKind, ToolConfigLoadError, ToolRunner, load_tools
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.Pow: operator.pow, ast.USub: operator.neg}
@@ -93,27 +93,33 @@ def _call(name: str, arguments: str, error: Optional[str] = None) -> ToolCall:
     return ToolCall("id1", name, arguments, error)
 
 
+def _agent(tools_kwargs: Optional[dict] = None) -> AgentContext:
+    return AgentContext("req-1", [], tools_kwargs or {})
+
+
 async def test_successful_call_and_lifecycle() -> None:
     calc = CalculatorTool({})
     runner = ToolRunner([calc])
     kwargs = {"calculator": {"create_kwargs": {"ground_truth": "7"}}}
-    record = await runner.call(_call("calculator", '{"expression": "3 + 4"}'), kwargs)
+    record = await runner.call(_call("calculator", '{"expression": "3 + 4"}'), _agent(kwargs))
     assert (record.text, record.error_kind, record.reward, record.metrics) == ("7", None, 0.5, {"status": "success"})
     assert calc.created == 1 and calc.live == {}  # released
     assert runner.schemas[0]["function"]["name"] == "calculator"
 
 
-async def test_create_receives_verl_style_create_kwargs() -> None:
-    seen = {}
+async def test_create_and_execute_get_verls_keyword_arguments() -> None:
+    seen: dict = {}
 
     class Spy(CalculatorTool):
         async def execute(self, instance_id, parameters, **kwargs):
-            seen.update(self.live[instance_id])
+            seen.update(self.live[instance_id], agent=kwargs["agent_data"])
             return await super().execute(instance_id, parameters)
 
-    await ToolRunner([Spy({})]).call(_call("calculator", '{"expression": "1"}'),
-                                     {"calculator": {"create_kwargs": {"ground_truth": "1"}}})
-    assert seen == {"create_kwargs": {"ground_truth": "1"}}  # verl calls create(create_kwargs=...)
+    agent = _agent({"calculator": {"create_kwargs": {"ground_truth": "1"}}})
+    await ToolRunner([Spy({})]).call(_call("calculator", '{"expression": "1"}'), agent)
+    # verl's calls: create(create_kwargs=...), execute(id, args, agent_data=...)
+    assert seen == {"create_kwargs": {"ground_truth": "1"}, "agent": agent}
+    assert agent.request_id == "req-1"
 
 
 @pytest.mark.parametrize("call, kind, text", [
@@ -127,7 +133,7 @@ async def test_create_receives_verl_style_create_kwargs() -> None:
 async def test_failures_become_messages_for_the_model(call: ToolCall, kind: str, text: str) -> None:
     broken = RaisingTool({})
     runner = ToolRunner([CalculatorTool({}), broken])
-    record = await runner.call(call, {})
+    record = await runner.call(call, _agent())
     assert record.error_kind == kind
     assert text in record.text
     if call.name == "broken":
@@ -136,7 +142,7 @@ async def test_failures_become_messages_for_the_model(call: ToolCall, kind: str,
 
 async def test_truncation_applies_to_tool_output() -> None:
     runner = ToolRunner([CalculatorTool({})], max_tool_response_length=10, truncate_side="right")
-    record = await runner.call(_call("calculator", '{"expression": "repeat:ab"}'), {})
+    record = await runner.call(_call("calculator", '{"expression": "repeat:ab"}'), _agent())
     assert record.text == "ababababab...(truncated)" and record.truncated
 
 
@@ -153,7 +159,7 @@ async def test_calls_of_one_turn_run_concurrently() -> None:
 
     runner = ToolRunner([Slow({})])
     records = await runner.run([ToolCall("a", "calculator", '{"expression": "1"}'),
-                                ToolCall("b", "calculator", '{"expression": "2"}')], {})
+                                ToolCall("b", "calculator", '{"expression": "2"}')], _agent())
     assert [r.call_id for r in records] == ["a", "b"] and [r.text for r in records] == ["1", "2"]
     assert overlap == [2, 2]  # both had started before either finished
 
@@ -212,3 +218,14 @@ def test_load_tools_without_verl_reads_the_same_yaml(tmp_path) -> None:
         path.write_text(body)
         with pytest.raises(ToolConfigLoadError, match=error):
             _load_tools_without_verl(str(path))
+
+
+async def test_close_reaches_tools_that_have_it() -> None:
+    closed = []
+
+    class Closable(CalculatorTool):
+        async def close(self) -> None:
+            closed.append(self.name)
+
+    await ToolRunner([Closable({}), RaisingTool({})]).close()  # RaisingTool has no close(): skipped
+    assert closed == ["calculator"]

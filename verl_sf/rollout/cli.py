@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {"enable_thinking": false}}\'')
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per model request")
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
+    parser.add_argument("--ray-address",
+                        help="join a Ray cluster first ('auto', host:port, or 'local' to start one), so tools "
+                             "use the Ray execution pool and its cluster-wide rate limit")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -60,7 +63,7 @@ def _reward_fn(name: str) -> Optional[RewardFn]:
     if name == "auto":
         return compute_score
     scorer = SCORERS[name]
-    return lambda data_source, solution_str, ground_truth, extra_info=None: scorer(solution_str, ground_truth)
+    return lambda data_source, solution_str, ground_truth, extra_info=None, **kwargs: scorer(solution_str, ground_truth)
 
 
 def _check_reward(name: str, data_sources: set[str]) -> None:
@@ -83,13 +86,20 @@ async def _run(args: argparse.Namespace) -> int:
         max_parallel_calls=args.max_parallel_calls, max_tool_response_length=args.max_tool_response_length,
         tool_response_truncate_side=args.tool_response_truncate_side, n=args.n,
     )
+    if args.ray_address:
+        import ray
+
+        ray.init(address=None if args.ray_address == "local" else args.ray_address, include_dashboard=False)
     tools = load_tools(args.tool_config) if args.tool_config else []
     runner = ToolRunner(tools, config.max_tool_response_length, config.tool_response_truncate_side)
     sampling: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, **extra_body}
-    async with ChatClient(args.server, model=args.model, concurrency=args.concurrency,
-                          request_timeout=args.request_timeout, sampling=sampling) as client:
-        result = await run_rollouts(samples, client, runner, config, _reward_fn(args.reward),
-                                    progress=not args.no_progress)
+    try:
+        async with ChatClient(args.server, model=args.model, concurrency=args.concurrency,
+                              request_timeout=args.request_timeout, sampling=sampling) as client:
+            result = await run_rollouts(samples, client, runner, config, _reward_fn(args.reward),
+                                        progress=not args.no_progress)
+    finally:
+        await runner.close()
     summary = RolloutSummary.of(result.trajectories, result.wall_seconds)
     print(summary.format())
     if args.rollout_data_dir:

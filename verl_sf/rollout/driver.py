@@ -29,7 +29,7 @@ from verl_sf.rollout.client import ChatClient, ModelServerError
 from verl_sf.rollout.data import Sample
 from verl_sf.rollout.parsing import ToolCall, parse_hermes, parse_openai_tool_calls
 from verl_sf.rollout.render import render_prompt, render_response
-from verl_sf.rollout.tools import ToolCallRecord, ToolRunner
+from verl_sf.rollout.tools import AgentContext, ToolCallRecord, ToolRunner
 
 RewardFn = Callable[..., Any]  # verl's compute_score(data_source, solution_str, ground_truth, extra_info)
 
@@ -109,6 +109,7 @@ async def run_trajectory(
 ) -> Trajectory:
     """One conversation to its end; never raises for model or tool failures (they are recorded)."""
     traj = Trajectory(sample=sample, uid=uid, request_id=request_id, messages=[dict(m) for m in sample.messages])
+    agent = AgentContext(request_id, traj.messages, sample.tools_kwargs)
     first_prompt_tokens: Optional[int] = None
     while True:
         remaining = config.response_length - traj.response_tokens
@@ -141,7 +142,7 @@ async def run_trajectory(
             traj.stop_reason = StopReason.max_turns
             break
         start = time.perf_counter()
-        records = await runner.run(calls, traj.sample.tools_kwargs)
+        records = await runner.run(calls, agent)
         traj.tool_seconds += time.perf_counter() - start
         traj.tool_calls += records
         traj.tool_turns += 1

@@ -108,6 +108,22 @@ def truncate_tool_text(text: str, max_length: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[len(text) - half:]
 
 
+class AgentContext:
+    """What verl passes a tool as `execute(..., agent_data=...)`: the trajectory's id and state.
+
+    The driver drops it when the trajectory ends; tools that keep per-trajectory resources
+    (SandboxFusionTool's Daytona sandboxes) release them when it is collected, as with
+    verl's AgentData.
+    """
+
+    def __init__(self, request_id: str, messages: list[dict[str, Any]], tools_kwargs: dict[str, Any]) -> None:
+        self.request_id = request_id
+        self.messages = messages
+        self.tools_kwargs = tools_kwargs
+        self.metrics: dict[str, Any] = {}
+        self.extra_fields: dict[str, Any] = {}
+
+
 @dataclasses.dataclass
 class ToolCallRecord:
     """One call as executed: what the model sent, what it read back, how it went."""
@@ -137,13 +153,13 @@ class ToolRunner:
         self.max_tool_response_length = max_tool_response_length
         self.truncate_side = truncate_side
 
-    async def run(self, calls: Sequence[ToolCall], tools_kwargs: dict[str, Any]) -> list[ToolCallRecord]:
+    async def run(self, calls: Sequence[ToolCall], agent: AgentContext) -> list[ToolCallRecord]:
         """Run `calls` concurrently (one turn's calls), results in call order."""
-        return list(await asyncio.gather(*(self.call(call, tools_kwargs) for call in calls)))
+        return list(await asyncio.gather(*(self.call(call, agent) for call in calls)))
 
-    async def call(self, call: ToolCall, tools_kwargs: dict[str, Any]) -> ToolCallRecord:
+    async def call(self, call: ToolCall, agent: AgentContext) -> ToolCallRecord:
         start = time.perf_counter()
-        text, kind, reward, metrics = await self._execute(call, tools_kwargs)
+        text, kind, reward, metrics = await self._execute(call, agent)
         truncated_text = truncate_tool_text(text, self.max_tool_response_length, self.truncate_side)
         return ToolCallRecord(
             call_id=call.id, name=call.name, arguments=call.arguments, text=truncated_text, error_kind=kind,
@@ -151,7 +167,14 @@ class ToolRunner:
             truncated=truncated_text != text,
         )
 
-    async def _execute(self, call: ToolCall, tools_kwargs: dict[str, Any]) -> tuple[str, Optional[str], Optional[float], dict]:
+    async def close(self) -> None:
+        """Let tools that hold pools or connections (an optional `close()`) release them."""
+        for tool in self.tools.values():
+            close = getattr(tool, "close", None)
+            if close is not None and asyncio.iscoroutinefunction(close):
+                await close()
+
+    async def _execute(self, call: ToolCall, agent: AgentContext) -> tuple[str, Optional[str], Optional[float], dict]:
         if call.error is not None:
             hint = '<tool_call>\n{"name": <function name>, "arguments": <JSON object>}\n</tool_call>'
             return f"Failed to decode tool call: {call.error}. Expected: {hint}", ErrorKind.malformed_call, None, {}
@@ -162,10 +185,10 @@ class ToolRunner:
         if problem is not None:
             return problem, ErrorKind.invalid_arguments, None, {}
         try:
-            create_kwargs = (tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+            create_kwargs = (agent.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
             instance_id, _ = await tool.create(create_kwargs=create_kwargs)
             try:
-                response, reward, metrics = await tool.execute(instance_id, arguments)
+                response, reward, metrics = await tool.execute(instance_id, arguments, agent_data=agent)
             finally:
                 await tool.release(instance_id)
         except Exception as exc:  # a tool bug must cost one call, not the whole rollout
