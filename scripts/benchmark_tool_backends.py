@@ -155,7 +155,8 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
     """Benchmark one backend; returns its output directory, or None when it was skipped."""
     out_dir = new_output_dir(args.output_root, name, stamp)
     backend: BenchBackend = make_backend(name, url=backend_url(args, name), server_args=args.server_arg,
-                                         log_dir=out_dir, docker_image=args.docker_image,
+                                         log_dir=out_dir, max_concurrency=max(args.concurrency),
+                                         client_timeout=args.client_timeout, docker_image=args.docker_image,
                                          docker_memory=args.docker_memory)
     settings = Settings(args.warmup, args.iterations, args.run_timeout, args.client_timeout,
                         args.memory_limit_mb, args.memory_interval)

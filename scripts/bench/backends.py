@@ -9,7 +9,6 @@ benchmark moves on to the next backend.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import shutil
 import signal
@@ -20,9 +19,10 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-import aiohttp
-
-from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.base import SandboxBackend
+from verl_sf.backends.daytona import DaytonaSandboxBackend
+from verl_sf.backends.http import HttpSandboxBackend
+from verl_sf.backends.local import LocalSandboxBackend
 from verl_sf.models import (
     CommandRunResult,
     CommandRunStatus,
@@ -146,52 +146,42 @@ class DockerBackend(BenchBackend):
         return await _run_process(argv, request.run_timeout, on_timeout=["docker", "rm", "-f", name])
 
 
-class HttpBackend(BenchBackend):
-    """Any server speaking the Sandbox Fusion API: POST {url}/run_code over one shared session."""
+class Adapter(BenchBackend):
+    """One of verl-sf's own backends (what users run) plus the benchmark's start/memory hooks."""
 
-    def __init__(self, name: str, url: str) -> None:
-        self.name = name
-        self.base_url = url.rstrip("/").removesuffix("/run_code")
-        self._session: Optional[aiohttp.ClientSession] = None
-
-    async def start(self, max_concurrency: int) -> None:
-        # One connection per concurrent call: a smaller pool would queue calls in the client
-        # and the benchmark would measure aiohttp instead of the server.
-        connector = aiohttp.TCPConnector(limit=max_concurrency, limit_per_host=max_concurrency)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+    def __init__(self, name: str, inner: SandboxBackend) -> None:
+        self.name, self.inner = name, inner
 
     async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        assert self._session is not None, "start() first"
-        try:
-            async with self._session.post(self.base_url + "/run_code",
-                                          json=request.model_dump(mode="json", exclude_none=True)) as resp:
-                body = await resp.read()
-        except aiohttp.ClientError as exc:
-            raise SandboxUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
-        if resp.status != 200:
-            raise SandboxUnavailable(f"{self.name}: HTTP {resp.status}: {body[:300].decode(errors='replace')}")
-        return RunCodeResponse.model_validate_json(body)
+        return await self.inner.run_code(request)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.inner.close()
 
 
-class VerlSfServerBackend(HttpBackend):
+def http_backend(name: str, url: str, max_concurrency: int, client_timeout: float) -> Adapter:
+    """verl-sf's HTTP client with retries off (a benchmark must see every 503 and reset, not
+    hide them behind a retry), one connection per concurrent call (a smaller pool would queue
+    calls in the client), and the benchmark's own deadline as the only read limit."""
+    return Adapter(name, HttpSandboxBackend(url, max_retries=0, connection_limit=max_concurrency,
+                                            server_margin_s=client_timeout))
+
+
+class VerlSfServerBackend(BenchBackend):
     """`verl-sf serve --port 0` started for the run (and stopped after it), then driven over HTTP.
 
     The server's output goes to `log_path`, so the progress bar stays readable and a failed
     start can be diagnosed.
     """
 
+    name = "verl-sf"
     START_TIMEOUT_S = 180.0
 
-    def __init__(self, server_args: list[str], log_path: Path) -> None:
-        super().__init__("verl-sf", "http://127.0.0.1:0")
-        self.server_args, self.log_path = server_args, log_path
+    def __init__(self, server_args: list[str], log_path: Path, client_timeout: float) -> None:
+        self.server_args, self.log_path, self.client_timeout = server_args, log_path, client_timeout
         self._proc: Optional[asyncio.subprocess.Process] = None
         self._drain: Optional[asyncio.Task] = None
+        self._http: Optional[Adapter] = None
 
     async def start(self, max_concurrency: int) -> None:
         cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -200,7 +190,7 @@ class VerlSfServerBackend(HttpBackend):
             *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         log = self.log_path.open("w", encoding="utf-8")
         try:
-            self.base_url = await asyncio.wait_for(self._read_until_listening(log), self.START_TIMEOUT_S)
+            url = await asyncio.wait_for(self._read_until_listening(log), self.START_TIMEOUT_S)
         except BaseException as exc:
             log.close()
             await self._stop()
@@ -212,7 +202,7 @@ class VerlSfServerBackend(HttpBackend):
             raise RuntimeError(f"verl-sf serve {reason} (log: {self.log_path}); last output:\n{tail}") from None
         # Keep reading: a full pipe would block the server's next write.
         self._drain = asyncio.create_task(self._copy_rest(log))
-        await super().start(max_concurrency)
+        self._http = http_backend(self.name, url, max_concurrency, self.client_timeout)
 
     async def _read_until_listening(self, log) -> str:
         assert self._proc is not None and self._proc.stdout is not None
@@ -224,13 +214,17 @@ class VerlSfServerBackend(HttpBackend):
             log.flush()
             marker = line.find("listening on http://")
             if marker >= 0:
-                return line[marker + len("listening on "):].split()[0].rstrip("/")
+                return line[marker + len("listening on "):].split()[0]
 
     async def _copy_rest(self, log) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         with log:
             async for line in self._proc.stdout:
                 log.write(line.decode(errors="replace"))
+
+    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+        assert self._http is not None, "start() first"
+        return await self._http.run_code(request)
 
     @property
     def memory_root_pid(self) -> Optional[int]:
@@ -248,113 +242,69 @@ class VerlSfServerBackend(HttpBackend):
             await proc.wait()
 
     async def close(self) -> None:
-        await super().close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         await self._stop()
         if self._drain is not None:
             await self._drain
             self._drain = None
 
 
-class LocalBackend(BenchBackend):
-    """verl-sf's executor in this process: the server's work without HTTP."""
-
-    name = "local"
+class LocalBackend(Adapter):
+    """verl-sf's executor in this process (`backend: local`): the server's work without HTTP."""
 
     def __init__(self) -> None:
-        self._executor = None
+        super().__init__("local", LocalSandboxBackend())
 
     async def start(self, max_concurrency: int) -> None:
-        from verl_sf.executor import Executor, ExecutorConfig
-
-        self._executor = Executor(ExecutorConfig())
-        await self._executor.start()
-
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        assert self._executor is not None, "start() first"
-        return await self._executor.run_code(request)
+        # The backend starts its executor on first use; do that now, outside the measurement.
+        await self.inner.run_code(RunCodeRequest(code="pass", language="python"))
 
     @property
     def memory_root_pid(self) -> int:
         return os.getpid()
 
-    async def close(self) -> None:
-        if self._executor is not None:
-            await self._executor.close()
-            self._executor = None
 
-
-class DaytonaBackend(BenchBackend):
-    """Daytona cloud sandboxes via the `daytona` SDK, one sandbox per concurrent call (as the guide).
-
-    Sandboxes are created for the highest concurrency up front and deleted at the end, so
-    creation time is not part of the measured calls.
-    """
-
-    name = "daytona"
+class DaytonaBackend(Adapter):
+    """Daytona cloud sandboxes through verl-sf's daytona backend, as the guide measures them:
+    one sandbox per concurrent call, all created up front (outside the measurement), reused
+    round-robin, deleted at the end."""
 
     def __init__(self) -> None:
-        self._client = None
-        self._sandboxes: list = []
+        super().__init__("daytona", DaytonaSandboxBackend())
         self._free: Optional[asyncio.Queue] = None
 
     async def start(self, max_concurrency: int) -> None:
-        if not (os.environ.get("DAYTONA_API_KEY") or os.environ.get("DAYTONA_JWT_TOKEN")):
+        if not os.environ.get("DAYTONA_API_KEY"):
             raise BackendSkipped("daytona: DAYTONA_API_KEY is not set; export it to benchmark Daytona")
-        from daytona import AsyncDaytona
-
-        self._client = AsyncDaytona()
-        results = await asyncio.gather(*(self._client.create() for _ in range(max_concurrency)),
-                                       return_exceptions=True)
-        self._sandboxes = [r for r in results if not isinstance(r, BaseException)]
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await self.close()
-            raise RuntimeError(f"daytona: {len(errors)} of {max_concurrency} sandboxes failed to start: {errors[0]}")
+        sessions = [f"bench-{i}" for i in range(max_concurrency)]
+        probe = RunCodeRequest(code="pass", language="python")
+        await asyncio.gather(*(self.inner.run_code(probe, session=s) for s in sessions))
         self._free = asyncio.Queue()
-        for sandbox in self._sandboxes:
-            self._free.put_nowait(sandbox)
+        for session in sessions:
+            self._free.put_nowait(session)
 
     async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         assert self._free is not None, "start() first"
-        sandbox = await self._free.get()
-        started = time.perf_counter()
+        session = await self._free.get()
         try:
-            # The SDK's own limit stops the run in the sandbox; wait_for bounds the round trip.
-            result = await asyncio.wait_for(
-                sandbox.process.code_run(request.code, timeout=math.ceil(request.run_timeout)),
-                request.run_timeout + 30)
-        except asyncio.TimeoutError:
-            run = CommandRunResult(status=CommandRunStatus.TimeLimitExceeded,
-                                   execution_time=time.perf_counter() - started)
-            return RunCodeResponse(status=summarize_status(None, run), run_result=run)
-        except Exception as exc:  # the SDK's own error types vary between versions
-            raise SandboxUnavailable(f"daytona: {type(exc).__name__}: {exc}") from exc
+            return await self.inner.run_code(request, session=session)
         finally:
-            self._free.put_nowait(sandbox)
-        # code_run merges the streams into `result`; a traceback lands there too.
-        output = result.result or ""
-        run = CommandRunResult(status=CommandRunStatus.Finished, execution_time=time.perf_counter() - started,
-                               return_code=result.exit_code, stdout=output,
-                               stderr=output if result.exit_code else "")
-        return RunCodeResponse(status=summarize_status(None, run), run_result=run)
-
-    async def close(self) -> None:
-        sandboxes, self._sandboxes = self._sandboxes, []
-        if self._client is not None:
-            await asyncio.gather(*(self._client.delete(s) for s in sandboxes), return_exceptions=True)
-            await self._client.close()
-            self._client = None
+            self._free.put_nowait(session)
 
 
 def make_backend(name: str, *, url: Optional[str], server_args: list[str], log_dir: Path,
-                 docker_image: str, docker_memory: str) -> BenchBackend:
+                 max_concurrency: int, client_timeout: float, docker_image: str, docker_memory: str) -> BenchBackend:
     """Build the adapter for one `--backend` value (already validated and de-aliased)."""
     if name == "verl-sf":
-        return HttpBackend(name, url) if url else VerlSfServerBackend(server_args, log_dir / "server.log")
+        if url:
+            return http_backend(name, url, max_concurrency, client_timeout)
+        return VerlSfServerBackend(server_args, log_dir / "server.log", client_timeout)
     if name == "sandbox_fusion":
         if not url:
             raise ValueError("--backend sandbox_fusion needs the server's address: --url or --sandbox-fusion-url")
-        return HttpBackend(name, url)
+        return http_backend(name, url, max_concurrency, client_timeout)
     if name == "local":
         return LocalBackend()
     if name == "subprocess":
