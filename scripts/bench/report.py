@@ -14,7 +14,7 @@ from typing import Any, Optional
 GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",
                  "success_count", "failure_count"]
 EXTRA_COLUMNS = ["measured_call_count", "timeout_count", "client_timeout_count", "error_count",
-                 "p50_queue_wait_s", "p95_queue_wait_s", "peak_memory_mb"]
+                 "p50_queue_wait_s", "p95_queue_wait_s", "peak_memory_mb", "client_cpu_ms_per_call"]
 CSV_COLUMNS = GUIDE_COLUMNS + EXTRA_COLUMNS
 COMPARE_COLUMNS = ["label", "backend", "scenario", "concurrency", "throughput_calls_per_s", "p50_s", "p95_s",
                    "success_count", "failure_count", "throughput_ratio_vs_baseline"]

@@ -52,9 +52,8 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-async def one_call(backend: BenchBackend, scenario: Scenario, settings: Settings) -> Call:
-    request = RunCodeRequest(code=scenario.code, language="python", run_timeout=settings.run_timeout,
-                             memory_limit_MB=settings.memory_limit_mb)
+async def one_call(backend: BenchBackend, scenario: Scenario, request: RunCodeRequest,
+                   settings: Settings) -> Call:
     started = time.perf_counter()
     response: Optional[RunCodeResponse] = None
     error: Optional[str] = None
@@ -74,8 +73,13 @@ async def measure_level(backend: BenchBackend, scenario: Scenario, concurrency: 
                         on_call_done: Callable[[], None]) -> dict:
     """Warm up, then measure one (scenario, concurrency) level; returns one results row."""
 
+    # Built once: the load generator shares two cores with the server, so it does no
+    # per-call work it can avoid.
+    request = RunCodeRequest(code=scenario.code, language="python", run_timeout=settings.run_timeout,
+                             memory_limit_MB=settings.memory_limit_mb)
+
     async def tracked() -> Call:
-        call = await one_call(backend, scenario, settings)
+        call = await one_call(backend, scenario, request, settings)
         on_call_done()
         return call
 
@@ -84,16 +88,18 @@ async def measure_level(backend: BenchBackend, scenario: Scenario, concurrency: 
 
     calls: list[Call] = []
     measured_wall = 0.0
+    cpu_started = time.process_time()
     async with PeakSampler(backend.memory_root_pid, settings.memory_interval) as memory:
         for _ in range(settings.iterations):
             started = time.perf_counter()
             calls.extend(await asyncio.gather(*(tracked() for _ in range(concurrency))))
             measured_wall += time.perf_counter() - started
-    return summarize_level(scenario.name, concurrency, calls, measured_wall, memory.peak_mb)
+    client_cpu = time.process_time() - cpu_started
+    return summarize_level(scenario.name, concurrency, calls, measured_wall, memory.peak_mb, client_cpu)
 
 
 def summarize_level(scenario: str, concurrency: int, calls: list[Call], measured_wall: float,
-                    peak_memory_mb: Optional[float]) -> dict:
+                    peak_memory_mb: Optional[float], client_cpu_s: float) -> dict:
     """The guide's columns first, then ours (counts by failure kind, queue wait, memory)."""
     latencies = [c.latency_s for c in calls]
     waits = [c.queue_wait_s for c in calls if c.queue_wait_s is not None]
@@ -115,6 +121,10 @@ def summarize_level(scenario: str, concurrency: int, calls: list[Call], measured
         "p50_queue_wait_s": percentile(waits, 0.50) if waits else None,
         "p95_queue_wait_s": percentile(waits, 0.95) if waits else None,
         "peak_memory_mb": peak_memory_mb,
+        # CPU the benchmark process itself spent per measured call (for `local` this includes
+        # the in-process executor): on a small machine the load generator competes with the
+        # system under test, and this says by how much.
+        "client_cpu_ms_per_call": 1000 * client_cpu_s / len(calls),
         "measured_wall_s": measured_wall,
         "failure_samples": [c.detail for c in calls if c.detail][:MAX_FAILURE_SAMPLES],
     }

@@ -81,6 +81,7 @@ def test_run_writes_guide_columns_and_counts(tiny_run: Path, backend: str) -> No
         assert 0 < float(row["p50_s"]) <= float(row["p95_s"]) <= float(row["max_s"])
         assert float(row["throughput_calls_per_s"]) > 0
         assert float(row["peak_memory_mb"]) > 0
+        assert float(row["client_cpu_ms_per_call"]) > 0
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["backend"] == backend
