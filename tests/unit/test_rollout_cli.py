@@ -109,28 +109,34 @@ async def test_failed_trajectories_exit_1(files) -> None:
     assert failed["stop_reason"] == "model_error" and "HTTP 400" in failed["error"]
 
 
+NOTHING_LISTENS = "http://127.0.0.1:9"  # the discard port: connection refused
+
+
 @pytest.mark.parametrize("make_args, error", [
-    (lambda d, t, url: ["--data", str(d) + ".missing", "--tool-config", str(t)], "does not exist"),
-    (lambda d, t, url: ["--data", str(d), "--tool-config", str(t) + ".missing"], "tool config"),
-    (lambda d, t, url: ["--data", str(d), "--tool-config", str(t), "--max-turns", "0"], "max_turns must be >= 1"),
-    (lambda d, t, url: ["--data", str(d), "--extra-body", "[1]"], "--extra-body must be a JSON object"),
-    (lambda d, t, url: ["--data", str(d), "--server", "127.0.0.1:1"], "must start with http://"),
-    (lambda d, t, url: ["--data", str(d), "--server", "http://127.0.0.1:9"], "/v1/models"),  # nothing listens
+    (lambda d, t: ["--data", f"{d}.missing", "--tool-config", str(t)], "does not exist"),
+    (lambda d, t: ["--data", str(d), "--tool-config", f"{t}.missing"], "tool config"),
+    (lambda d, t: ["--data", str(d), "--tool-config", str(t), "--max-turns", "0"], "max_turns must be >= 1"),
+    (lambda d, t: ["--data", str(d), "--extra-body", "[1]"], "--extra-body must be a JSON object"),
+    (lambda d, t: ["--data", str(d), "--server", "127.0.0.1:1"], "must start with http://"),
+    (lambda d, t: ["--data", str(d)], f"{NOTHING_LISTENS}/v1/models"),
 ])
-async def test_bad_input_exits_2_with_a_message(files, make_args, error: str) -> None:
+def test_bad_input_exits_2_with_a_message(files, capsys, make_args, error: str) -> None:
+    """Checked before any model request (in process: these never reach a server)."""
+    from verl_sf.rollout.cli import main
+
     data, tools, _ = files
-    async with PolicyServer(SCRIPTS) as server:
-        args = make_args(data, tools, server.url)
-        if "--server" not in args:
-            args += ["--server", server.url]
-        code, _, stderr = await run_cli(*args, "--no-progress")
-    assert code == 2 and error in stderr, stderr
+    args = make_args(data, tools)
+    if "--server" not in args:
+        args += ["--server", NOTHING_LISTENS]
+    assert main([*args, "--no-progress"]) == 2
+    assert error in capsys.readouterr().err
 
 
-async def test_unknown_data_source_fails_before_any_request(tmp_path) -> None:
+def test_unknown_data_source_fails_before_any_request(tmp_path, capsys) -> None:
+    from verl_sf.rollout.cli import main
+
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps(row("Q-right", "1", source="codecontests")) + "\n")
-    async with PolicyServer(SCRIPTS) as server:
-        code, _, stderr = await run_cli("--server", server.url, "--data", str(data), "--no-progress")
-        assert server.requests == []
-    assert code == 2 and "no reward for data_source 'codecontests'" in stderr
+    # Had it contacted the server first, the error would be about the refused connection.
+    assert main(["--server", NOTHING_LISTENS, "--data", str(data), "--no-progress"]) == 2
+    assert "no reward for data_source 'codecontests'" in capsys.readouterr().err

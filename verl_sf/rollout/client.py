@@ -69,7 +69,11 @@ class ChatClient:
             connector=aiohttp.TCPConnector(limit=self.concurrency), timeout=self._timeout
         )
         if self.model is None:
-            self.model = await self._first_model()
+            try:
+                self.model = await self._first_model()
+            except BaseException:
+                await self.__aexit__(None, None, None)
+                raise
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
