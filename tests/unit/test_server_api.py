@@ -39,7 +39,7 @@ def test_exception_is_failed_with_traceback(sf_server: ServerHandle) -> None:
     assert body["status"] == "Failed"
     run = body["run_result"]
     assert run["status"] == "Finished" and run["return_code"] == 1
-    assert 'File "main.py", line 2, in f' in run["stderr"]
+    assert 'File "/workdir/main.py", line 2, in f' in run["stderr"]
     assert run["stderr"].rstrip().endswith("ValueError: boom")
     assert "zygote" not in run["stderr"] and "<string>" not in run["stderr"]
 

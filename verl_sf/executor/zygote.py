@@ -76,6 +76,8 @@ class Zygote:
         os.dup2(devnull, 1)
         os.close(devnull)
         self.preloaded = self._preload(config.get("preload", []))
+        self.ready_child = None
+        self.unreaped = None
         self._prepare_dirs()
 
     # ---- start-up --------------------------------------------------------------------
@@ -122,6 +124,7 @@ class Zygote:
 
     # ---- main loop -------------------------------------------------------------------
     def serve(self):
+        self.prepare()
         self._reply({"ready": True, "preloaded": self.preloaded, "pid": os.getpid()})
         while True:
             line = self.req.readline()
@@ -134,6 +137,11 @@ class Zygote:
                 reply = {"status": "Error", "stderr": f"verl-sf zygote error: {exc!r}\n{traceback.format_exc()}",
                          "stdout": "", "return_code": None, "execution_time": 0.0}
             self._reply(reply)
+            # Clean-up is off the answer's path, but always before the next job is read.
+            self.reap()
+            if request.get("last", True):
+                self._wipe()
+            self.prepare()
 
     def _reply(self, obj):
         self.rep.write(json.dumps(obj).encode() + b"\n")
@@ -147,8 +155,6 @@ class Zygote:
         result = self.run(req)
         if req.get("fetch_files") is not None:
             result["files"] = self._fetch_files(req["fetch_files"])
-        if req.get("last", True):
-            self._wipe()
         return result
 
     # ---- files -----------------------------------------------------------------------
@@ -203,53 +209,69 @@ class Zygote:
                     pass
 
     # ---- one run ---------------------------------------------------------------------
-    def run(self, req):
+    def prepare(self):
+        """Fork the next run's child ahead of time, namespaces and all, so a request only pays
+        for handing it the job.  It waits on a pipe; the zygote closing that pipe ends it."""
+        if self.ready_child is not None:
+            return
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        meta_r, meta_w = os.pipe() if req["mode"] in ("jupyter", "exec") else (-1, -1)
-        stdin_fd = os.memfd_create("stdin", 0)
-        os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        meta_r, meta_w = os.pipe()
+        job_r, job_w = os.pipe()
         if self.isolated:
-            # Each run's first child becomes PID 1 of a brand-new PID namespace.
+            # The child becomes PID 1 of a brand-new PID namespace.
             _check(_libc.setns(self.pidns_fd, CLONE_NEWPID), "setns")
             _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
-        started = time.monotonic()
-        cpu_before = os.times()
         pid = os.fork()
         if pid == 0:
             try:
-                os.close(out_r)
-                os.close(err_r)
-                if meta_r >= 0:
-                    os.close(meta_r)
-                self._child(req, stdin_fd, out_w, err_w, meta_w)
+                for fd in (out_r, err_r, meta_r, job_w, self.req.fileno(), self.rep.fileno()):
+                    os.close(fd)
+                self._child(job_r, out_w, err_w, meta_w)
             except BaseException:
                 try:
-                    os.write(2, traceback.format_exc().encode())
+                    os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
                 finally:
                     os._exit(126)
-        for fd in (out_w, err_w, meta_w, stdin_fd):
-            if fd >= 0:
-                os.close(fd)
-        status, code, out, err, meta, dropped = self._supervise(pid, out_r, err_r, meta_r, req, started)
-        cpu_after = os.times()
+        for fd in (out_w, err_w, meta_w, job_r):
+            os.close(fd)
+        self.ready_child = (pid, out_r, err_r, meta_r, job_w)
+
+    def run(self, req):
+        self.prepare()
+        pid, out_r, err_r, meta_r, job_w = self.ready_child
+        self.ready_child = None
+        job = {key: req.get(key) for key in ("mode", "code", "argv", "cells", "stdin", "cell_timeout", "output_limit",
+                                             "timeout", "fsize", "nofile", "nproc")}
+        started = time.monotonic()
+        try:
+            os.write(job_w, json.dumps(job).encode())
+        except BrokenPipeError:
+            pass  # the child died before its job (e.g. killed from outside): reported below
+        os.close(job_w)
+        status, code, out, err, records, dropped, cpu_time = self._supervise(pid, out_r, err_r, meta_r, req, started)
         result = {
             "status": status,
             "return_code": code,
             "execution_time": time.monotonic() - started,
-            "cpu_time": (cpu_after.children_user - cpu_before.children_user)
-            + (cpu_after.children_system - cpu_before.children_system),
+            "cpu_time": cpu_time,
             "stdout": out,
             "stderr": err,
             "truncated": dropped > 0,
         }
-        if req["mode"] == "exec":
-            if meta:  # absent when PID 1 itself was killed (time-out, memory)
-                result["return_code"] = meta[0]["return_code"]
-        elif meta is not None:
-            result["cells"] = meta
+        if req["mode"] == "jupyter":
+            result["cells"] = [r for r in records if "done" not in r]
         return result
+
+    def reap(self):
+        """Collect the last run's PID 1 (the kernel has killed everything else in its namespace)."""
+        if self.unreaped is None:
+            return
+        pid, pidfd = self.unreaped
+        self.unreaped = None
+        self._kill(pid)
+        os.waitpid(pid, 0)
+        os.close(pidfd)
 
     def _supervise(self, pid, out_r, err_r, meta_r, req, started):
         """Drain output while the run goes on (a full pipe must never stall it) and enforce the deadline."""
@@ -260,10 +282,10 @@ class Zygote:
         dropped = 0
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
-        for fd in (out_r, err_r) + ((meta_r,) if meta_r >= 0 else ()):
+        for fd in (out_r, err_r, meta_r):
             poller.register(fd, select.POLLIN)
         poller.register(pidfd, select.POLLIN)
-        open_fds = {out_r, err_r} | ({meta_r} if meta_r >= 0 else set())
+        open_fds = {out_r, err_r, meta_r}
         exited = False
         timed_out = False
         while open_fds:
@@ -306,15 +328,27 @@ class Zygote:
                 dropped += max(0, len(chunk) - max(room, 0))
         for fd in open_fds:
             os.close(fd)
-        if not exited:
-            # Its pipes are closed (by exit or on purpose) but the run goes on: wait, within the deadline.
-            remaining = max(0.0, deadline - time.monotonic())
-            if not select.select([pidfd], [], [], remaining)[0]:
-                timed_out = True
-                self._kill(pid)
-        _, wstatus = os.waitpid(pid, 0)
-        os.close(pidfd)
-        code = os.waitstatus_to_exitcode(wstatus)
+        records = []
+        for line in meta.decode("utf-8", "replace").splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                pass  # the run may have written garbage into its inherited fd 3; it only hurts itself
+        done = next((r for r in records if isinstance(r, dict) and r.get("done") is True), None)
+        cpu_time = None
+        if done is not None and not timed_out:
+            code, cpu_time = done.get("return_code"), done.get("cpu_time")
+            self.unreaped = (pid, pidfd)  # reaped after the answer is on its way
+        else:
+            if not exited:
+                # Its pipes are closed (by exit or on purpose) but the run goes on: wait, within the deadline.
+                remaining = max(0.0, deadline - time.monotonic())
+                if not select.select([pidfd], [], [], remaining)[0]:
+                    timed_out = True
+                    self._kill(pid)
+            _, wstatus = os.waitpid(pid, 0)
+            os.close(pidfd)
+            code = os.waitstatus_to_exitcode(wstatus)
         status = "TimeLimitExceeded" if timed_out else "Finished"
         out = buffers[out_r].decode("utf-8", "replace")
         err = buffers[err_r].decode("utf-8", "replace")
@@ -324,10 +358,7 @@ class Zygote:
                 out += marker
             if len(buffers[err_r]) >= limit:
                 err += marker
-        cells = None
-        if meta_r >= 0:
-            cells = [json.loads(line) for line in meta.decode("utf-8", "replace").splitlines() if line.strip()]
-        return status, code, out, err, cells, dropped
+        return status, code, out, err, records, dropped, cpu_time
 
     def _kill(self, pid):
         try:
@@ -339,17 +370,28 @@ class Zygote:
             pass
 
     # ---- inside the child ------------------------------------------------------------
-    def _child(self, req, stdin_fd, out_w, err_w, meta_w):
+    def _child(self, job_r, out_w, err_w, meta_w):
         if self.isolated:
             _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
             _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
         os.setsid()
+        chunks = []
+        while True:
+            chunk = os.read(job_r, READ_CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        if not chunks:
+            os._exit(0)  # the zygote is gone or shutting down
+        req = json.loads(b"".join(chunks))
+        stdin_fd = os.memfd_create("stdin", 0)
+        os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
         os.dup2(stdin_fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        if meta_w >= 0:
-            os.dup2(meta_w, 3)
-        os.closerange(4 if meta_w >= 0 else 3, 1 << 16)
+        os.dup2(meta_w, 3)
+        os.closerange(4, 1 << 16)
         self._limit(req)
         with open("/proc/self/oom_score_adj", "w") as fh:
             fh.write("1000")  # under memory pressure the run dies, never the warm interpreter
@@ -360,10 +402,13 @@ class Zygote:
         os.environ.update(self.env)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if req["mode"] == "exec":
-            os._exit(_exec_as_child(req["argv"], self.env))
-        if req["mode"] == "jupyter":
-            os._exit(_run_cells(req["cells"], req.get("cell_timeout") or 0, req["output_limit"]))
-        os._exit(_run_python(req["code"]))
+            code = _exec_as_child(req["argv"], self.env)
+        elif req["mode"] == "jupyter":
+            code = _run_cells(req["cells"], req.get("cell_timeout") or 0, req["output_limit"])
+        else:
+            code = _run_python(req["code"])
+        _report_done(code)
+        os._exit(code & 0xFF)
 
     def _limit(self, req):
         cpu = int(req["timeout"]) + 2
@@ -400,8 +445,25 @@ def _exec_as_child(argv, env):
         os.close(3)
         os.execve(argv[0], argv, env)
     _, status = os.waitpid(pid, 0)
-    os.write(3, json.dumps({"return_code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-    return 0
+    return os.waitstatus_to_exitcode(status)
+
+
+def _report_done(code):
+    """Close our stdio, then tell the zygote the run is over and how it ended.
+
+    The zygote answers the server right away instead of waiting for the kernel to tear down
+    this process and its namespaces (several ms here); it reaps us after answering.
+    """
+    times = os.times()
+    for fd in (0, 1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    record = {"done": True, "return_code": code,
+              "cpu_time": times.user + times.system + times.children_user + times.children_system}
+    os.write(3, json.dumps(record).encode() + b"\n")
+    os.close(3)
 
 
 def _fresh_stdio():
@@ -485,7 +547,6 @@ def _run_cells(cells, cell_timeout, output_limit):
     caught too); after the cell its content is read, capped, and the memfd is emptied.
     """
     captures = [os.memfd_create("cell-stdout"), os.memfd_create("cell-stderr")]
-    meta = os.fdopen(3, "w", buffering=1)
     os.dup2(captures[0], 1)
     os.dup2(captures[1], 2)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a flooding cell gets EFBIG, not death
@@ -531,8 +592,8 @@ def _run_cells(cells, cell_timeout, output_limit):
             texts.append(text)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        meta.write(json.dumps({"stdout": texts[0], "stderr": texts[1], "display": display, "error": error}) + "\n")
-        meta.flush()
+        record = {"stdout": texts[0], "stderr": texts[1], "display": display, "error": error}
+        os.write(3, json.dumps(record).encode() + b"\n")
     return _finish(0)
 
 
