@@ -68,6 +68,8 @@ class ToolConfig(BaseModel):
     pool: Literal["auto", "ray", "inprocess"] = "auto"
     """ray: the Ray execution pool and cluster-wide limiter; inprocess: an asyncio limiter in
     this process (no Ray needed); auto: ray when Ray is initialized, else inprocess."""
+    http: dict[str, Any] = Field(default_factory=dict)
+    """`http:` sub-block: HttpSandboxBackend options (max_retries, backoff_base_s, ...)."""
     local: dict[str, Any] = Field(default_factory=dict)
     """`local:` sub-block: ExecutorConfig fields for the in-process executor."""
     daytona: DaytonaOptions = Field(default_factory=DaytonaOptions)

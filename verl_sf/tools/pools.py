@@ -55,11 +55,16 @@ class RayPool:
         return self._actor
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        from ray.exceptions import ActorDiedError, ActorUnavailableError
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
         actor = self._pool()
         try:
             return await actor.execute.remote(fn, *args)
+        except RayTaskError as exc:
+            # fn raised: hand back its own exception (Ray's wrapper's text is the remote traceback).
+            if isinstance(exc.cause, Exception):
+                raise exc.cause from None
+            raise
         except (ActorDiedError, ActorUnavailableError) as exc:
             if self._actor is actor:
                 self._actor = None
@@ -72,9 +77,12 @@ class RayPool:
             return
         import ray
 
-        for fn, args in closers:
-            await actor.execute.remote(fn, *args)
-        ray.kill(actor)
+        try:
+            for fn, args in closers:
+                await actor.execute.remote(fn, *args)
+            await actor.close.remote()
+        finally:
+            ray.kill(actor)
 
 
 def make_pool(mode: str, num_workers: int, rate_limit: int, enable_global_rate_limit: bool) -> Any:

@@ -27,7 +27,7 @@ class BackendSpec:
 
     kind: str  # "http" | "local" | "daytona"
     url: Optional[str] = None
-    options_json: str = "{}"  # the `local:` or `daytona:` block, canonical JSON
+    options_json: str = "{}"  # the `http:`, `local:` or `daytona:` block, canonical JSON
 
     @property
     def options(self) -> dict[str, Any]:
@@ -37,7 +37,7 @@ class BackendSpec:
         if self.kind == "http":
             from verl_sf.backends.http import HttpSandboxBackend
 
-            return HttpSandboxBackend(self.url)
+            return HttpSandboxBackend(self.url, **self.options)
         if self.kind == "local":
             from verl_sf.backends.local import LocalSandboxBackend
 

@@ -19,7 +19,6 @@ from typing import Any, Optional
 from uuid import uuid4
 
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.backends.local import executor_config_from
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
 from verl_sf.tools import render
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
@@ -55,17 +54,16 @@ class SandboxFusionTool(BaseTool):
 
     def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema] = None):
         self.settings = ToolConfig.parse(config)
-        if self.settings.resolved_backend == "local":
-            try:
-                executor_config_from(self.settings.local)
-            except (TypeError, ValueError) as exc:
-                raise ToolConfigError(f"invalid SandboxFusionTool config: local: {exc}") from None
         super().__init__(config, tool_schema or code_interpreter_schema())
         self.backend_name = self.settings.resolved_backend
-        options = {"local": self.settings.local,
-                   "daytona": self.settings.daytona.model_dump()}.get(self.backend_name, {})
+        options = {"http": self.settings.http, "local": self.settings.local,
+                   "daytona": self.settings.daytona.model_dump()}[self.backend_name]
         self.spec = BackendSpec(self.backend_name, self.settings.sandbox_fusion_url,
                                 json.dumps(options, sort_keys=True))
+        try:  # builds nothing that connects or starts: just checks the options here, not hours later
+            self.spec.build()
+        except (TypeError, ValueError) as exc:
+            raise ToolConfigError(f"invalid SandboxFusionTool config: {self.backend_name}: {exc}") from None
         self._pool: Any = None
         self._instances: dict[str, _Instance] = {}
         self._trajectories: dict[str, weakref.finalize] = {}  # Daytona sessions keyed on agent_data

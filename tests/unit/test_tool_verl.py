@@ -1,0 +1,321 @@
+"""SandboxFusionTool inside real verl 0.9.1: its registry, its ToolAgentLoop, our Ray pool and server.
+
+Calls go through verl's own `ToolAgentLoop._call_tool` (create -> execute(agent_data=)
+-> release, then verl's truncation), on a loop built the way verl's AgentLoopWorker builds
+it.  The only stand-in is the language model: a scripted `LLMServerClient` that answers
+with fixed token sequences, tokenized by a byte-level tokenizer built offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import hydra
+import pytest
+import verl
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import ToolResponse
+from verl.tools.tool_registry import load_all_tools
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+from tests.ray_fixtures import RayCluster
+from tests.server_fixtures import ServerHandle, start_server, stop_server
+from verl_sf.tools import SandboxFusionTool
+from verl_sf.tools.runner import BackendSpec, backend_for
+
+pytestmark = pytest.mark.ray
+
+CHAT_TEMPLATE = """{%- if tools %}<|im_start|>system
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' %}<|im_start|>assistant
+{{ message.content }}
+{%- for call in message.tool_calls or [] %}<tool_call>{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}</tool_call>{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A real HF fast tokenizer (one token per byte, Qwen-style specials), built without downloads."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|endoftext|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   chat_template=CHAT_TEMPLATE)
+
+
+TOKENIZER = byte_tokenizer()
+
+
+class ScriptedPolicy(LLMServerClient):
+    """The language model's stand-in: answers turn i with `turns[i]` (text, then EOS)."""
+
+    def __init__(self, config: Any, turns: list[str]):
+        super().__init__(config, load_balancer_handle=None)
+        self.turns = turns
+        self.prompts: list[str] = []
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       **kwargs: Any) -> TokenOutput:
+        self.prompts.append(TOKENIZER.decode(prompt_ids))
+        text = self.turns[len(self.prompts) - 1]
+        return TokenOutput(token_ids=TOKENIZER.encode(text) + [TOKENIZER.eos_token_id], stop_reason="completed")
+
+
+def trainer_config(tool_config_path: str, max_tool_response_length: int = 256) -> Any:
+    """verl's own default trainer config with multi-turn tool calling switched on."""
+    path = Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml"
+    cfg = OmegaConf.load(path)
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    multi_turn.enable = True
+    multi_turn.tool_config_path = tool_config_path
+    multi_turn.format = "hermes"
+    multi_turn.max_assistant_turns = 5
+    multi_turn.max_tool_response_length = max_tool_response_length
+    cfg.actor_rollout_ref.rollout.prompt_length = 4096
+    cfg.actor_rollout_ref.rollout.response_length = 8192
+    return cfg
+
+
+def build_loop(cfg: Any, tools: list, turns: list[str] = ()) -> tuple[ToolAgentLoop, ScriptedPolicy]:
+    """As AgentLoopWorker does: hydra-instantiate the registered `tool_agent` loop."""
+    policy = ScriptedPolicy(cfg, list(turns))
+    loop = hydra.utils.instantiate(config=_agent_loop_registry["tool_agent"], trainer_config=DictConfigWrap(cfg),
+                                   server_manager=policy, tokenizer=TOKENIZER, processor=None, hf_model_type=None,
+                                   dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+                                   tools=ToolListWrap(tools))
+    return loop, policy
+
+
+def agent_data() -> AgentData:
+    return AgentData(messages=[], image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
+                     metrics={}, request_id=uuid.uuid4().hex, tools_kwargs={})
+
+
+def tool_call(code: str, **extra: Any) -> FunctionCall:
+    return FunctionCall(name="code_interpreter", arguments=json.dumps({"code": code, **extra}))
+
+
+def write_tool_config(tmp_path: Path, **config: Any) -> str:
+    """A tool yaml like configs/sandbox_fusion_tool_config.yaml with `config` overrides."""
+    base = OmegaConf.load(Path(__file__).parents[2] / "configs/sandbox_fusion_tool_config.yaml")
+    for key, value in config.items():
+        base.tools[0].config[key] = value
+    path = tmp_path / f"tool-{uuid.uuid4().hex[:8]}.yaml"
+    OmegaConf.save(base, path)
+    return str(path)
+
+
+class VerlHarness:
+    """A tool loaded by verl's `load_all_tools` and the ToolAgentLoop that calls it."""
+
+    def __init__(self, tool_config_path: str, max_tool_response_length: int = 100_000, tool: Any = None):
+        self.path = tool_config_path
+        self.cfg = trainer_config(tool_config_path, max_tool_response_length)
+        (self.tool,) = [tool] if tool is not None else load_all_tools(tool_config_path, None)
+        assert isinstance(self.tool, BaseTool) and isinstance(self.tool, SandboxFusionTool)
+        self.loop, _ = build_loop(self.cfg, [self.tool])
+
+    async def call(self, code: str, data: AgentData | None = None, **extra: Any) -> tuple[ToolResponse, Any, dict]:
+        return await self.loop._call_tool(tool_call(code, **extra), {}, data or agent_data())
+
+    async def close(self) -> None:
+        await self.tool.close()
+
+
+@pytest.fixture(scope="module")
+def http_tool(tmp_path_factory: pytest.TempPathFactory, sf_server: ServerHandle,
+              ray_local: RayCluster) -> Iterator[VerlHarness]:
+    """One tool (one pool actor) shared by the tests that only need the default http setup."""
+    harness = VerlHarness(write_tool_config(tmp_path_factory.mktemp("tool"), sandbox_fusion_url=sf_server.run_code_url,
+                                            default_timeout=5, max_output_chars=4000))
+    yield harness
+    asyncio.run(harness.close())
+
+
+async def test_success_exception_and_argument_errors(http_tool: VerlHarness) -> None:
+    response, reward, metrics = await http_tool.call("import sys\nprint(6 * 7)\nprint('warn', file=sys.stderr)")
+    assert response.text == "42\nwarn" and reward is None
+    assert metrics["status"] == "success" and metrics["backend"] == "http" and metrics["truncated"] is False
+    assert metrics["execution_time"] > 0 and metrics["queue_wait"] >= 0
+
+    response, _, metrics = await http_tool.call("def f():\n    return 1 / 0\nprint('before')\nf()")
+    assert response.text.startswith("before\nTraceback (most recent call last):")
+    assert 'line 2, in f' in response.text and response.text.endswith("ZeroDivisionError: division by zero")
+    assert metrics["status"] == "error"
+
+    response, _, _ = await http_tool.call("import sys; sys.exit(3)")
+    assert response.text == "(exited with code 3)"
+    response, _, _ = await http_tool.call("x = 1")
+    assert response.text == "(no output; print() the values you want to see)"
+    response, _, metrics = await http_tool.call("   ")
+    assert response.text.startswith("Invalid arguments: 'code' is required") and metrics["status"] == "invalid_arguments"
+    response, _, _ = await http_tool.call("print(1)", timeout="soon")
+    assert response.text == "Invalid arguments: 'timeout' must be a number of seconds, got 'soon'"
+
+
+async def test_timeout_reports_the_limit_and_partial_output(http_tool: VerlHarness) -> None:
+    response, _, metrics = await http_tool.call(
+        "import time\nprint('step 1', flush=True)\ntime.sleep(30)\nprint('never')", timeout=1)
+    assert response.text == "Execution timed out after 1 s\nOutput before the time-out:\nstep 1"
+    assert metrics["status"] == "timeout"
+
+
+async def test_huge_output_is_cut_with_a_marker(http_tool: VerlHarness) -> None:
+    response, _, metrics = await http_tool.call("print('x' * 5_000_000)\nraise SystemExit('the end')")
+    text = response.text
+    assert metrics["truncated"] is True
+    assert re.search(r"\[\.\.\. output truncated: \d+ characters not shown \.\.\.\]", text)
+    assert text.startswith("xxxx") and text.endswith("the end")
+    assert len(text) < 4000 + 100
+
+
+async def test_verl_truncation_still_applies_on_top(http_tool: VerlHarness) -> None:
+    harness = VerlHarness(http_tool.path, max_tool_response_length=256, tool=http_tool.tool)
+    response, _, _ = await harness.call("print('y' * 100_000)")
+    assert "...(truncated)..." in response.text and len(response.text) <= 256 + len("...(truncated)...")
+
+
+async def test_sandbox_down_is_a_short_sandbox_error(tmp_path: Path, ray_local: RayCluster) -> None:
+    server = start_server("--workers", "1")
+    url = server.run_code_url
+    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=url,
+                                            http={"max_retries": 1, "backoff_base_s": 0.05}))
+    try:
+        response, _, _ = await harness.call("print('up')")
+        assert response.text == "up"
+        stop_server(server.process)
+        response, reward, metrics = await harness.call("print('down')")
+        assert response.text.startswith("Sandbox error: ") and "\n" not in response.text
+        assert "127.0.0.1" in response.text or "connect" in response.text.lower()
+        assert reward is None and metrics["status"] == "sandbox_error"
+    finally:
+        stop_server(server.process)
+        await harness.close()
+
+
+async def test_retool_conventions(tmp_path: Path, sf_server: ServerHandle, ray_local: RayCluster) -> None:
+    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url,
+                                            extract_code_block=True, print_last_expression=True))
+    try:
+        response, _, _ = await harness.call("Let me compute.\n```python\nimport math\nmath.factorial(5)\n```\nDone.")
+        assert response.text == "120"
+        response, _, _ = await harness.call("print('shown')\nNone")
+        assert response.text == "shown"
+    finally:
+        await harness.close()
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Deepest nesting of [start, end) intervals; an end at t comes before a start at t."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    depth = deepest = 0
+    for _, step in events:
+        depth += step
+        deepest = max(deepest, depth)
+    return deepest
+
+
+async def test_rate_limit_caps_runs_in_flight(tmp_path: Path, sf_server: ServerHandle, ray_local: RayCluster) -> None:
+    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url,
+                                            rate_limit=4, num_workers=16))
+    code = "import time\nprint(time.time(), flush=True)\ntime.sleep(0.2)\nprint(time.time())"
+    try:
+        results = await asyncio.gather(*(harness.call(code) for _ in range(64)))
+    finally:
+        await harness.close()
+    intervals = []
+    for response, _, metrics in results:
+        assert metrics["status"] == "success", response.text
+        start, end = (float(v) for v in response.text.split())
+        intervals.append((start, end))
+    deepest = max_overlap(intervals)
+    assert 2 <= deepest <= 4, deepest
+
+
+# Runs inside the pool actor (Ray pickles module-level functions by reference).
+async def backend_identity(spec: BackendSpec) -> tuple[int, int]:
+    return os.getpid(), id(backend_for(spec))
+
+
+async def test_backend_is_built_once_per_tool_not_per_call(http_tool: VerlHarness) -> None:
+    for i in range(3):
+        response, _, _ = await http_tool.call(f"print({i})")
+        assert response.text == str(i)
+    identities = {await http_tool.tool.pool.run(backend_identity, http_tool.tool.spec) for _ in range(3)}
+    assert len(identities) == 1 and identities.pop()[0] != os.getpid()
+
+
+LOCAL_VS_HTTP_CASES = [
+    ("print('hello')", {}),
+    ("import sys\nsys.stdout.write('a\\n'); sys.stderr.write('b\\n')", {}),
+    ("raise ValueError('bad value')", {}),
+    ("import time\nprint('partial', flush=True)\ntime.sleep(10)", {"timeout": 1}),
+    ("print('z' * 200_000)", {}),
+    ("import numpy as np\nprint(np.arange(4).sum())", {}),
+    ("x = [", {}),
+]
+
+
+async def test_local_backend_answers_like_the_http_backend(http_tool: VerlHarness, tmp_path: Path,
+                                                           ray_local: RayCluster) -> None:
+    local = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=None, backend="local", default_timeout=5,
+                                          max_output_chars=4000, local={"workers": 2}))
+    try:
+        for code, extra in LOCAL_VS_HTTP_CASES:
+            (http_response, _, http_metrics), (local_response, _, local_metrics) = await asyncio.gather(
+                http_tool.call(code, **extra), local.call(code, **extra))
+            assert local_response.text == http_response.text, code
+            assert local_metrics["status"] == http_metrics["status"]
+            assert local_metrics["truncated"] == http_metrics["truncated"]
+            assert local_metrics["backend"] == "local"
+    finally:
+        await local.close()
+
+
+async def test_tool_agent_loop_runs_a_multi_turn_rollout(http_tool: VerlHarness) -> None:
+    """verl's ToolAgentLoop.run end to end, the scripted policy calling the tool twice."""
+
+    def call(code: str) -> str:
+        return "<tool_call>" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) + "</tool_call>"
+
+    loop, policy = build_loop(http_tool.cfg, [http_tool.tool],
+                              [call("print(sum(range(10)))"), call("1/0"), "The answer is 45."])
+    output = await loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "Sum 0..9"}])
+    assert output.num_turns == 6  # user + 3 assistant + 2 tool
+    final_prompt = policy.prompts[-1]
+    assert "<tool_response>\n45\n</tool_response>" in final_prompt
+    assert "ZeroDivisionError: division by zero\n</tool_response>" in final_prompt
+    response_text = TOKENIZER.decode(output.response_ids)
+    assert response_text.endswith("The answer is 45.<|im_end|>")
+    # Tool tokens are masked out of the loss, model tokens are not.
+    assert 0 in output.response_mask and 1 in output.response_mask
