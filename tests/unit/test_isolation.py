@@ -20,18 +20,28 @@ from tests.server_fixtures import SERVER_SECRET, ServerHandle, run_code, start_s
 SANDBOX_HOST_UID = 65534  # the host uid that sandboxed code runs as
 
 
-def sandbox_processes() -> list[str]:
-    """Host processes owned by the sandbox uid (besides nothing: no run is in flight)."""
-    out = subprocess.run(["ps", "-o", "pid=,args=", "-u", str(SANDBOX_HOST_UID)], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if line.strip()]
+def sandbox_processes(server: ServerHandle) -> list[str]:
+    """Processes of `server`'s runs still alive on the host: members of its slot cgroups that run
+    as the sandbox uid (its bwrap and zygote processes are root)."""
+    found = []
+    for procs in Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{server.process.pid}-*/slot*/cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+            if int(uid) == SANDBOX_HOST_UID:
+                found.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:80]!r}")
+    return found
 
 
-def assert_no_sandbox_processes_remain() -> None:
+def assert_no_sandbox_processes_remain(server: ServerHandle) -> None:
     """The answer may leave before the kernel finishes tearing the run down; allow it a moment."""
     deadline = time.monotonic() + 5
-    while sandbox_processes() and time.monotonic() < deadline:
+    while sandbox_processes(server) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sandbox_processes() == []
+    assert sandbox_processes(server) == []
 
 
 def assert_alive(server: ServerHandle) -> None:
@@ -135,7 +145,7 @@ def test_nothing_of_one_run_is_visible_to_the_next(one_slot_server: ServerHandle
     assert lines[0] == "[] []"
     assert lines[1] == "3.141592653589793 False False"
     assert lines[2] == "['1']"  # only this run's own process
-    assert_no_sandbox_processes_remain()
+    assert_no_sandbox_processes_remain(one_slot_server)
 
 
 def test_signals_cannot_reach_the_server_or_the_sandbox_supervisor(sf_server: ServerHandle) -> None:
@@ -167,7 +177,7 @@ def test_fork_bomb_is_contained(sf_server: ServerHandle) -> None:
     body = run_code(sf_server, code, run_timeout=10)
     forked = int(body["run_result"]["stdout"].split()[1])
     assert forked < 300  # the per-run process cap (256) stopped it
-    assert_no_sandbox_processes_remain()
+    assert_no_sandbox_processes_remain(sf_server)
     assert_alive(sf_server)
 
 
@@ -175,7 +185,7 @@ def test_setsid_double_fork_daemon_does_not_survive(sf_server: ServerHandle) -> 
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
             "        time.sleep(300)\n    os._exit(0)\ntime.sleep(0.2)\nprint('parent done')\n")
     assert run_code(sf_server, code)["run_result"]["stdout"] == "parent done\n"
-    assert_no_sandbox_processes_remain()
+    assert_no_sandbox_processes_remain(sf_server)
 
 
 def test_memory_bomb_without_limit_hits_the_default_cap(sf_server: ServerHandle) -> None:
@@ -237,7 +247,6 @@ def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir(tmp_path: Path) ->
     assert list(tmp_path.iterdir()) == []
     assert not list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
     assert not list(Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{pid}-*"))
-    assert_no_sandbox_processes_remain()
     leftover = subprocess.run(["pgrep", "-f", "bwrap"], capture_output=True, text=True).stdout.split()
     children = [p for p in leftover if Path(f"/proc/{p}/status").exists()
                 and f"PPid:\t{pid}\n" in Path(f"/proc/{p}/status").read_text()]

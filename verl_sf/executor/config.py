@@ -7,8 +7,11 @@ import enum
 import os
 import sys
 
-DEFAULT_PRELOAD = ("numpy", "sympy", "scipy", "math", "json", "re", "collections", "itertools", "functools",
-                   "fractions", "decimal", "statistics", "random", "heapq", "bisect", "string", "datetime")
+# Every warm interpreter imports these (cheap, stdlib); the "full" one also imports `preload`.
+LEAN_PRELOAD = ("math", "json", "re", "collections", "itertools", "functools", "fractions", "decimal",
+                "statistics", "random", "heapq", "bisect", "string", "datetime", "threading", "atexit", "types",
+                "linecache", "traceback", "io")
+DEFAULT_PRELOAD = ("numpy", "sympy", "scipy")
 
 
 class IsolationMode(str, enum.Enum):
@@ -28,6 +31,9 @@ class ExecutorConfig:
     fast_path: bool = True
     """Serve `python` from the pre-warmed interpreter (fork per run) instead of `python3 main.py`."""
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    """Heavy libraries a second, "full" warm interpreter per slot imports.  Code that names one
+    of them is forked from it; other code from the lean one, whose fork and exit cost a
+    fraction (fork time grows with the parent's memory)."""
     default_memory_mb: int = 2048
     """Cap applied when a request says memory_limit_MB=-1."""
     output_limit_bytes: int = 1 << 20

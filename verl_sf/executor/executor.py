@@ -13,6 +13,7 @@ import base64
 import dataclasses
 import logging
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -20,7 +21,7 @@ from verl_sf.executor.cgroups import CgroupManager
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import SPECS, Toolchains, detect_toolchains
 from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
-from verl_sf.executor.slot import Slot, SlotCrashed
+from verl_sf.executor.slot import FULL, LEAN, Slot, SlotCrashed
 from verl_sf.models import (
     CellRunResult,
     CommandRunResult,
@@ -55,6 +56,7 @@ class Executor:
         self.cgroups: Optional[CgroupManager] = None
         self._launcher: Optional[SandboxLauncher] = None
         self._slots: list[Slot] = []
+        self._heavy_names: Optional[re.Pattern[str]] = None
         self._idle: asyncio.Queue[Slot] = asyncio.Queue()
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -68,8 +70,10 @@ class Executor:
         self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python)
         self._launcher = SandboxLauncher(self.config, self.toolchains)
         cgroups = self.cgroups if self.cgroups and self.cgroups.available else None
-        self._slots = [Slot(i, self._launcher, cgroups.slot(i) if cgroups else None)
+        full = self.config.fast_path and bool(self.config.preload)
+        self._slots = [Slot(i, self._launcher, cgroups.slot(i) if cgroups else None, full)
                        for i in range(self.config.workers)]
+        self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, self.config.preload)) + r")\b") if full else None
         for slot in self._slots:
             if slot.cgroup:
                 slot.cgroup.set_pids_limit(self.config.max_processes + 8)
@@ -135,6 +139,15 @@ class Executor:
         return {"timeout": timeout, "output_limit": cfg.output_limit_bytes, "fsize": cfg.max_file_size_mb << 20,
                 "nofile": cfg.max_open_files, "nproc": cfg.max_processes}
 
+    def _flavor_for(self, code: str) -> str:
+        """Fork from the full interpreter only when the code names a preloaded heavy library.
+
+        Only a speed choice: code that imports one anyway (say via __import__) still works
+        from the lean interpreter, it just pays for the import."""
+        if self._heavy_names is not None and self._heavy_names.search(code):
+            return FULL
+        return LEAN
+
     def _memory_mb(self, requested: int) -> int:
         return self.config.default_memory_mb if requested == -1 else requested
 
@@ -149,9 +162,11 @@ class Executor:
         use_fast_path = request.language == "python" and self.config.fast_path
         run_job: dict[str, Any] = {**self._limits(request.run_timeout), "stdin": request.stdin,
                                    "fetch_files": request.fetch_files, "last": True}
+        flavor = LEAN
         if use_fast_path:
             run_job.update(mode="python", code=request.code)
             files = {k: v for k, v in files.items() if k != spec.source}
+            flavor = self._flavor_for(request.code)
         else:
             run_job.update(mode="exec", argv=self.toolchains.argv(spec.run))
         memory_mb = self._memory_mb(request.memory_limit_MB)
@@ -161,14 +176,14 @@ class Executor:
             if spec.compile:
                 compile_job = {**self._limits(request.compile_timeout), "mode": "exec", "files": files, "last": False,
                                "argv": self.toolchains.argv(spec.compile)}
-                compile_reply = await slot.job(compile_job, memory_mb)
+                compile_reply = await slot.job(compile_job, memory_mb, flavor)
                 compile_result = _command_result(compile_reply, memory_mb)
                 if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
-                    await slot.job({"mode": "wipe"}, memory_mb)
+                    await slot.job({"mode": "wipe"}, memory_mb, flavor)
                     return self._response(compile_result, None, {}, queue_wait, compile_reply)
             else:
                 run_job["files"] = files
-            run_reply = await slot.job(run_job, memory_mb)
+            run_reply = await slot.job(run_job, memory_mb, flavor)
         except SlotCrashed as exc:
             return RunCodeResponse(status=RunStatus.SandboxError, message=f"sandbox slot failed: {exc}",
                                    run_result=CommandRunResult(status=CommandRunStatus.Error),
@@ -194,7 +209,7 @@ class Executor:
         memory_mb = self.config.default_memory_mb
         slot, queue_wait = await self._acquire()
         try:
-            reply = await slot.job(job, memory_mb)
+            reply = await slot.job(job, memory_mb, FULL if slot.has(FULL) else LEAN)
         except SlotCrashed as exc:
             return RunJupyterResponse(status=RunStatus.SandboxError, message=f"sandbox slot failed: {exc}",
                                       executor_pod_name=self.config.pod_name, queue_wait=queue_wait)

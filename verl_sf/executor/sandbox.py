@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
-from verl_sf.executor.config import ExecutorConfig, IsolationMode
+from verl_sf.executor.config import LEAN_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import Toolchains
 
 CLONE_NEWUSER = 0x10000000
@@ -102,13 +102,14 @@ class SandboxLauncher:
             f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
         Path(self._state_dir, "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n")
 
-    def slot_workdir(self, index: int) -> str:
+    def slot_workdir(self, index: int, flavor: str) -> str:
         if self.isolated:
             return SANDBOX_WORKDIR
-        return os.path.join(self._state_dir, f"slot{index}")
+        return os.path.join(self._state_dir, f"slot{index}-{flavor}")
 
-    def zygote_argv(self, index: int) -> list[str]:
-        workdir = self.slot_workdir(index)
+    def zygote_argv(self, index: int, flavor: str) -> list[str]:
+        workdir = self.slot_workdir(index, flavor)
+        preload = list(LEAN_PRELOAD) + (list(self.config.preload) if flavor == "full" else [])
         zygote_config = {
             "isolated": self.isolated,
             "workdir": workdir,
@@ -116,15 +117,15 @@ class SandboxLauncher:
             "uid": self.config.sandbox_uid,
             "gid": self.config.sandbox_uid,
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": os.path.join(workdir, ".tmp")},
-            "preload": list(self.config.preload) if self.config.fast_path else [],
+            "preload": preload,
             "fetch_limit": self.config.fetch_file_limit_bytes,
         }
         return [self.config.python, "-I", "-c", ZYGOTE_SOURCE, json.dumps(zygote_config)]
 
-    def command(self, index: int) -> list[str]:
+    def command(self, index: int, flavor: str) -> list[str]:
         if not self.isolated:
-            return self.zygote_argv(index)
-        return self._bwrap_args() + ["--"] + self.zygote_argv(index)
+            return self.zygote_argv(index, flavor)
+        return self._bwrap_args() + ["--"] + self.zygote_argv(index, flavor)
 
     def _bwrap_args(self) -> list[str]:
         cfg = self.config

@@ -1,4 +1,9 @@
-"""One sandbox slot seen from the server: a zygote process and the JSON-lines pipe to it."""
+"""One sandbox slot seen from the server: its warm interpreters and the JSON-lines pipes to them.
+
+A slot holds a lean zygote (stdlib only) and, when heavy libraries are preloaded, a full one.
+Both live in the slot's cgroup and each in its own sandbox; the slot runs one job at a time,
+so they never compete for its memory cap.
+"""
 
 from __future__ import annotations
 
@@ -14,70 +19,61 @@ from verl_sf.executor.sandbox import SandboxLauncher
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # stdout+stderr caps plus fetched files, base64
+LEAN, FULL = "lean", "full"
 
 
 class SlotCrashed(RuntimeError):
-    """The slot's zygote died mid-job (e.g. killed from outside); the slot restarts."""
+    """A zygote died mid-job (e.g. killed from outside); it is restarted."""
 
 
-class Slot:
-    """Runs one job at a time; the executor's queue hands out idle slots."""
+class ZygoteProcess:
+    """One warm interpreter in its sandbox, spoken to over its stdin/stdout."""
 
-    def __init__(self, index: int, launcher: SandboxLauncher, cgroup: Optional[SlotCgroup]):
+    def __init__(self, index: int, flavor: str, launcher: SandboxLauncher, cgroup: Optional[SlotCgroup]):
         self.index = index
+        self.flavor = flavor
         self.launcher = launcher
         self.cgroup = cgroup
         self.process: Optional[asyncio.subprocess.Process] = None
-        self.baseline_memory = 0
         self.preloaded: list[str] = []
 
     async def start(self) -> None:
         procs = self.cgroup.procs_files if self.cgroup else []
         if not self.launcher.isolated:
-            os.makedirs(self.launcher.slot_workdir(self.index), exist_ok=True)
+            os.makedirs(self.launcher.slot_workdir(self.index, self.flavor), exist_ok=True)
         self.process = await asyncio.create_subprocess_exec(
-            *self.launcher.command(self.index),
+            *self.launcher.command(self.index, self.flavor),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
             env=self.launcher.env, preexec_fn=self.launcher.preexec(procs), limit=MAX_REPLY_BYTES,
         )
         hello = await self._read()
         if not hello.get("ready"):
-            raise RuntimeError(f"sandbox slot {self.index} failed to start: {hello}")
+            raise RuntimeError(f"sandbox slot {self.index} ({self.flavor}) failed to start: {hello}")
         self.preloaded = hello.get("preloaded", [])
-        if self.cgroup:
-            self.baseline_memory = self.cgroup.memory_usage()
 
     async def _read(self) -> dict[str, Any]:
         assert self.process and self.process.stdout
         line = await self.process.stdout.readline()
         if not line:
-            raise SlotCrashed(f"sandbox slot {self.index} exited (code {await self.process.wait()})")
+            raise SlotCrashed(f"sandbox slot {self.index} ({self.flavor}) exited (code {await self.process.wait()})")
         return json.loads(line)
 
-    async def job(self, request: dict[str, Any], memory_limit_mb: int) -> dict[str, Any]:
-        """Send one request to the zygote and wait for its answer; restart the slot if it died."""
+    async def job(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.process is None or self.process.returncode is not None:
             await self.restart()
         assert self.process and self.process.stdin
-        ooms_before = 0
-        if self.cgroup:
-            self.cgroup.set_memory_limit(self.baseline_memory + (memory_limit_mb << 20))
-            ooms_before = self.cgroup.oom_kills()
         try:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             await self.process.stdin.drain()
-            reply = await self._read()
+            return await self._read()
         except (SlotCrashed, ConnectionError) as exc:
             await self.restart()
             raise SlotCrashed(str(exc)) from exc
         except asyncio.CancelledError:
             # The caller went away mid-run: the zygote still owes us a reply we can't match
-            # to anyone, so replace the whole slot rather than desynchronise the pipe.
+            # to anyone, so replace it rather than desynchronise the pipe.
             await self.restart()
             raise
-        if self.cgroup and self.cgroup.oom_kills() > ooms_before:
-            reply["oom_killed"] = True
-        return reply
 
     async def restart(self) -> None:
         await self.stop()
@@ -88,7 +84,44 @@ class Slot:
         if proc is None or proc.returncode is not None:
             return
         try:
-            proc.send_signal(signal.SIGKILL)  # bwrap is PID 1 of the slot: the whole slot goes
+            proc.send_signal(signal.SIGKILL)  # bwrap is PID 1 of the sandbox: all of it goes
         except ProcessLookupError:
             pass
         await proc.wait()
+
+
+class Slot:
+    """Runs one job at a time; the executor's queue hands out idle slots."""
+
+    def __init__(self, index: int, launcher: SandboxLauncher, cgroup: Optional[SlotCgroup], full: bool):
+        self.index = index
+        self.cgroup = cgroup
+        flavors = (LEAN, FULL) if full else (LEAN,)
+        self.zygotes = {flavor: ZygoteProcess(index, flavor, launcher, cgroup) for flavor in flavors}
+        self.baseline_memory = 0
+
+    @property
+    def preloaded(self) -> list[str]:
+        return self.zygotes.get(FULL, self.zygotes[LEAN]).preloaded
+
+    def has(self, flavor: str) -> bool:
+        return flavor in self.zygotes
+
+    async def start(self) -> None:
+        await asyncio.gather(*(z.start() for z in self.zygotes.values()))
+        if self.cgroup:
+            self.baseline_memory = self.cgroup.memory_usage()
+
+    async def job(self, request: dict[str, Any], memory_limit_mb: int, flavor: str = LEAN) -> dict[str, Any]:
+        """Run one request on the chosen interpreter under the slot's memory cap."""
+        ooms_before = 0
+        if self.cgroup:
+            self.cgroup.set_memory_limit(self.baseline_memory + (memory_limit_mb << 20))
+            ooms_before = self.cgroup.oom_kills()
+        reply = await self.zygotes[flavor].job(request)
+        if self.cgroup and self.cgroup.oom_kills() > ooms_before:
+            reply["oom_killed"] = True
+        return reply
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(z.stop() for z in self.zygotes.values()))
