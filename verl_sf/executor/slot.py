@@ -116,7 +116,11 @@ class Slot:
         """Run one request on the chosen interpreter under the slot's memory cap."""
         ooms_before = 0
         if self.cgroup:
-            self.cgroup.set_memory_limit(self.baseline_memory + (memory_limit_mb << 20))
+            try:
+                self.cgroup.set_memory_limit(self.baseline_memory + (memory_limit_mb << 20))
+            except OSError as exc:  # e.g. EBUSY: the kernel could not shrink usage below the new cap
+                return {"status": "Error", "stdout": "", "return_code": None, "execution_time": 0.0,
+                        "stderr": f"could not apply memory_limit_MB={memory_limit_mb}: {exc}"}
             ooms_before = self.cgroup.oom_kills()
         reply = await self.zygotes[flavor].job(request)
         if self.cgroup and self.cgroup.oom_kills() > ooms_before:
