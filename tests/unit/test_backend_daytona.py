@@ -289,7 +289,14 @@ async def test_tool_keys_sandboxes_on_the_trajectory_and_deletes_them_when_it_en
         await tool.release(instance_id)
         assert response.text == expected and reward is None and metrics["backend"] == "daytona"
     assert fake.created == 1 and len(fake.live()) == 1
-    del trajectory
+    # verl's full_determinism gives every trajectory the same request_id: still one sandbox each.
+    twin = _AgentData("req-1")
+    instance_id, _ = await tool.create()
+    response, _, _ = await tool.execute(instance_id, {"code": "import os; print(os.path.exists('x'))"},
+                                        agent_data=twin)
+    await tool.release(instance_id)
+    assert response.text == "False" and fake.created == 2
+    del trajectory, twin
     gc.collect()
     for _ in range(100):
         if not fake.live():

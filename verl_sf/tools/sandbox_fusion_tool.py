@@ -66,7 +66,9 @@ class SandboxFusionTool(BaseTool):
             raise ToolConfigError(f"invalid SandboxFusionTool config: {self.backend_name}: {exc}") from None
         self._pool: Any = None
         self._instances: dict[str, _Instance] = {}
-        self._trajectories: dict[str, weakref.finalize] = {}  # Daytona sessions keyed on agent_data
+        # Daytona sessions of live trajectories: AgentData -> session, session -> its finalizer.
+        self._trajectory_sessions: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        self._trajectories: dict[str, weakref.finalize] = {}
         self._background: set[asyncio.Task] = set()
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
@@ -168,17 +170,27 @@ class SandboxFusionTool(BaseTool):
                               memory_limit_MB=self.settings.memory_limit_mb)
 
     def _session(self, instance_id: str, agent_data: Any) -> Optional[str]:
-        """The Daytona session a call runs in: its trajectory's, else its instance's."""
+        """The Daytona session a call runs in: its trajectory's, else its instance's.
+
+        A trajectory is its AgentData object, not just its request_id: under verl's
+        full_determinism many trajectories share one request_id ("det-0").
+        """
         if self.backend_name != "daytona":
             return None
         request_id = getattr(agent_data, "request_id", None)
         if request_id:
-            session = f"traj-{request_id}"
-            if session not in self._trajectories:
-                # verl never tells a tool that a trajectory ended; its AgentData going away does.
-                loop = asyncio.get_running_loop()
-                self._trajectories[session] = weakref.finalize(agent_data, self._trajectory_ended, loop, session)
-            return session
+            try:
+                session = self._trajectory_sessions.get(agent_data)
+                if session is None:
+                    session = f"traj-{request_id}-{uuid4().hex[:8]}"
+                    # verl never tells a tool that a trajectory ended; its AgentData going away does.
+                    finalizer = weakref.finalize(agent_data, self._trajectory_ended, asyncio.get_running_loop(),
+                                                 session)
+                    self._trajectory_sessions[agent_data] = session
+                    self._trajectories[session] = finalizer
+                return session
+            except TypeError:
+                pass  # not weak-referenceable: fall back to the instance's lifetime
         instance = self._instances.setdefault(instance_id, _Instance())
         instance.session = instance.session or f"inst-{instance_id}"
         return instance.session

@@ -1,0 +1,56 @@
+"""LocalSandboxBackend: the real executor in this process, started lazily, once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from verl_sf.backends.base import SandboxUnavailable
+from verl_sf.backends.local import LocalSandboxBackend, executor_config_from
+from verl_sf.executor import IsolationMode
+from verl_sf.models import CommandRunStatus, RunCodeRequest, RunJupyterRequest, RunStatus
+
+
+def test_options_map_to_executor_config() -> None:
+    config = executor_config_from({"workers": 3, "isolation": "none", "preload": ["math"]})
+    assert (config.workers, config.isolation, config.preload) == (3, IsolationMode.none, ("math",))
+    with pytest.raises(ValueError, match=r"unknown local executor option\(s\) \['slots'\]"):
+        executor_config_from({"slots": 2})
+    with pytest.raises(ValueError, match="local.isolation must be one of"):
+        executor_config_from({"isolation": "docker"})
+
+
+async def test_starts_on_first_call_and_only_once() -> None:
+    backend = LocalSandboxBackend({"workers": 2, "max_queue": 64})
+    assert backend._executor is None  # construction starts nothing
+    try:
+        first, *rest = await asyncio.gather(*(backend.run_code(RunCodeRequest(code=f"print({i})", language="python"))
+                                              for i in range(6)))
+        executor = backend._executor
+        assert executor is not None and len(executor._slots) == 2
+        assert [r.run_result.stdout for r in [first, *rest]] == [f"{i}\n" for i in range(6)]
+        timed_out = await backend.run_code(RunCodeRequest(code="while True: pass", language="python", run_timeout=1))
+        assert timed_out.status == RunStatus.Failed
+        assert timed_out.run_result.status == CommandRunStatus.TimeLimitExceeded
+        jupyter = await backend.run_jupyter(RunJupyterRequest(cells=["x = 20", "print(x + 22)"]))
+        assert jupyter.status == RunStatus.Success and jupyter.cells[1].stdout == "42\n"
+        assert backend._executor is executor
+    finally:
+        await backend.close()
+        await backend.close()  # idempotent
+    assert backend._executor is None
+
+
+async def test_overload_is_sandbox_unavailable() -> None:
+    backend = LocalSandboxBackend({"workers": 1, "max_queue": 0})
+    try:
+        slow = asyncio.ensure_future(backend.run_code(
+            RunCodeRequest(code="import time; time.sleep(2)", language="python")))
+        while backend._executor is None or backend._executor.stats.in_flight == 0:
+            await asyncio.sleep(0.05)
+        with pytest.raises(SandboxUnavailable, match="local executor overloaded"):
+            await backend.run_code(RunCodeRequest(code="print(1)", language="python"))
+        assert (await slow).status == RunStatus.Success
+    finally:
+        await backend.close()
