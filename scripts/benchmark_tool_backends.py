@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import os
 import platform
+import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -211,6 +212,11 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
 
 
 async def run_all(args: argparse.Namespace) -> int:
+    # SIGTERM (e.g. from `timeout`) cancels the run like Ctrl-C does, so the `finally`
+    # blocks stop a server the script started instead of orphaning it.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     ran: list[Path] = []
     failed: list[str] = []
@@ -244,7 +250,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         compare(summaries, out, args.baseline)
         print(f"comparison saved {out}")
         return 0
-    return asyncio.run(run_all(args))
+    try:
+        return asyncio.run(run_all(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; levels measured so far are saved", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,7 @@ GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s",
                  "success_count", "failure_count"]
 TINY = ["--concurrency", "1", "2", "--iterations", "2", "--warmup", "1",
         "--scenarios", "simple_stdout", "runtime_error"]
+SMALL_SERVER = "--server-arg=--workers=2"  # passed through to `verl-sf serve`; starts faster
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -55,7 +58,7 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 def tiny_run(tmp_path_factory) -> Path:
     """One real run: subprocess baseline and a script-started verl-sf server, two scenarios."""
     out = tmp_path_factory.mktemp("bench")
-    result = run_script("--backend", "subprocess", "verl-sf", *TINY, "--output-root", str(out))
+    result = run_script("--backend", "subprocess", "verl-sf", *TINY, SMALL_SERVER, "--output-root", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 
@@ -94,10 +97,44 @@ def test_run_writes_guide_columns_and_counts(tiny_run: Path, backend: str) -> No
 def test_server_started_by_the_script_is_stopped(tiny_run: Path) -> None:
     run_dir = only_subdir(tiny_run / "verl-sf")
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert "listening on http://127.0.0.1:" in (run_dir / "server.log").read_text()
+    server_log = (run_dir / "server.log").read_text()
+    assert "listening on http://127.0.0.1:" in server_log
+    assert "workers: 2" in server_log  # --server-arg reached the server
+    assert summary["label"] == "verl-sf --workers=2"
     # verl-sf answers with its queue wait; the benchmark reports it.
     _, rows = read_csv(run_dir / "results.csv")
     assert all(row["p50_queue_wait_s"] != "" for row in rows)
+    with pytest.raises(ProcessLookupError):
+        os.kill(summary["memory"]["root_pid"], 0)
+
+
+def test_terminated_run_keeps_its_levels_and_stops_its_server(tmp_path: Path) -> None:
+    log = (tmp_path / "script.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--backend", "verl-sf", "--concurrency", "1", "128",
+                             "--iterations", "10", "--warmup", "0", "--scenarios", "simple_stdout", SMALL_SERVER,
+                             "--output-root", str(tmp_path / "out")], stdout=log, stderr=log, cwd=ROOT)
+    try:
+        summary_path = None
+        # Wait until the first level (10 calls) is saved, then stop the run in the second
+        # (1,280 calls).  The server start is included in this wait.
+        for _ in range(1200):
+            found = list((tmp_path / "out").glob("verl-sf/*/summary.json"))
+            if found:
+                summary_path = found[0]
+                break
+            assert proc.poll() is None, (tmp_path / "script.log").read_text()
+            time.sleep(0.1)
+        assert summary_path is not None, "no level finished"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGINT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert "interrupted; levels measured so far are saved" in (tmp_path / "script.log").read_text()
+    summary = json.loads(summary_path.read_text())
+    assert [(r["concurrency"], r["measured_call_count"]) for r in summary["results"]] == [(1, 10)]
     with pytest.raises(ProcessLookupError):
         os.kill(summary["memory"]["root_pid"], 0)
 
