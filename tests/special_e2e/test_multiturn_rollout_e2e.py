@@ -105,7 +105,7 @@ async def test_multiturn_rollouts_through_the_real_sandbox(inputs, ray_local, tm
             "--tool-config", str(tools_path), "--n", str(N), "--max-turns", "5", "--rollout-data-dir", str(out),
             "--step", "1", "--reward", "gsm8k", "--response-length", str(RESPONSE_LENGTH),
             "--max-tool-response-length", str(MAX_TOOL_RESPONSE_LENGTH), "--concurrency", "32",
-            "--ray-address", ray_local.address, "--no-progress",
+            "--ray-address", ray_local.address, "--ray-namespace", ray_local.namespace, "--no-progress",
             cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             stdout_b, stderr_b = await asyncio.wait_for(proc.communicate(), timeout=400)

@@ -1,12 +1,17 @@
 """Multi-turn tool rollouts against an OpenAI-compatible model server (sglang, vLLM).
 
-    from verl_sf.rollout import ChatClient, RolloutConfig, ToolRunner, load_samples, load_tools, run_rollouts
+    from verl_sf.rewards import compute_score
+    from verl_sf.rollout import (ChatClient, RolloutConfig, RolloutSummary, ToolRunner, load_samples,
+                                 load_tools, run_rollouts, write_rollout_dump)
 
-    samples = load_samples("test.parquet")
-    runner = ToolRunner(load_tools("tool_config.yaml"), max_tool_response_length=256)
+    samples = load_samples("test.parquet")                      # verl-format prompts
+    config = RolloutConfig(n=4, max_turns=5)
+    runner = ToolRunner(load_tools("tool_config.yaml"), config.max_tool_response_length)
     async with ChatClient("http://127.0.0.1:30000") as client:
-        result = await run_rollouts(samples, client, runner, RolloutConfig(n=4), reward_fn=compute_score)
-    write_rollout_dump(result.trajectories, "rollouts", step=0)
+        result = await run_rollouts(samples, client, runner, config, reward_fn=compute_score)
+    await runner.close()
+    print(RolloutSummary.of(result.trajectories, result.wall_seconds).format())
+    write_rollout_dump(result.trajectories, "rollouts", step=0)  # rollouts/0.jsonl, verl's format
 
 `verl-sf rollout` (verl_sf.rollout.cli) does the same from the command line.
 """

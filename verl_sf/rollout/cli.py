@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address",
                         help="join a Ray cluster first ('auto', host:port, or 'local' to start one), so tools "
                              "use the Ray execution pool and its cluster-wide rate limit")
+    parser.add_argument("--ray-namespace",
+                        help="Ray namespace to join: the limiter is shared by the pools of one namespace")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -89,7 +91,8 @@ async def _run(args: argparse.Namespace) -> int:
     if args.ray_address:
         import ray
 
-        ray.init(address=None if args.ray_address == "local" else args.ray_address, include_dashboard=False)
+        ray.init(address=None if args.ray_address == "local" else args.ray_address, namespace=args.ray_namespace,
+                 include_dashboard=False)
     tools = load_tools(args.tool_config) if args.tool_config else []
     runner = ToolRunner(tools, config.max_tool_response_length, config.tool_response_truncate_side)
     sampling: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, **extra_body}
