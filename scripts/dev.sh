@@ -34,19 +34,25 @@ install_system_packages() {
   fi
 }
 
+pip_quiet() {
+  # Installs quietly; drops pip's notes about index locations this machine's pip.conf names but lacks.
+  "$VENV/bin/python" -m pip install -q "$@" 2> >(grep -v -e "^WARNING: Location '" >&2)
+}
+
 setup_venv() {
   local extras=$1
   local py; py=$(pick_python)
   [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
   local stamp="$VENV/.verl-sf-$extras-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)"
   if [ ! -f "$stamp" ]; then
-    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    echo "verl-sf: installing into $VENV (first run takes a few minutes)" >&2
+    pip_quiet --upgrade pip
     if [ "$extras" = all ]; then
       # verl needs torch; pin the CPU build so pip does not pull a multi-GB CUDA wheel.
-      "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-      "$VENV/bin/python" -m pip install -q -e ".[scientific,ray,verl,bench,test,daytona]"
+      pip_quiet "torch==2.13.0"
+      pip_quiet -e ".[scientific,ray,verl,bench,test,daytona]"
     else
-      "$VENV/bin/python" -m pip install -q -e ".[scientific]"
+      pip_quiet -e ".[scientific]"
     fi
     touch "$stamp"
   fi
