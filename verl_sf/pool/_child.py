@@ -1,14 +1,17 @@
 """Entry point of a ProcessMode pool process: `python .../verl_sf/pool/_child.py`.
 
 Reads length-prefixed cloudpickled `(fn, args, kwargs)` frames on stdin and answers each
-with `("ok", result)` or `("err", exception)`.  The protocol keeps private duplicates of
+with `("ok", result)` or `("err", exception)`; an awaitable result is run to completion on
+the child's own event loop first.  The protocol keeps private duplicates of
 fds 0 and 1; fd 1 itself is pointed at stderr so that whatever `fn` prints lands in the
 worker's log instead of corrupting the protocol.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import inspect
 import os
 import signal
 import struct
@@ -41,11 +44,16 @@ def encode_reply(fn: object, outcome: str, value: object) -> bytes:
         return cloudpickle.dumps(("err", error))
 
 
-def run(payload: bytes) -> bytes:
+def run(payload: bytes, loop: asyncio.AbstractEventLoop) -> bytes:
     fn: object = None
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
-        return encode_reply(fn, "ok", fn(*args, **kwargs))
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            # One loop for the child's lifetime, so loop-bound resources (aiohttp sessions)
+            # are reused across calls.
+            result = loop.run_until_complete(result)
+        return encode_reply(fn, "ok", result)
     except (Exception, SystemExit) as exc:  # sys.exit() in fn is fn's failure, not ours
         exc.add_note("Traceback in the pool process:\n" + traceback.format_exc())
         return encode_reply(fn, "err", exc)
@@ -75,8 +83,9 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
+    loop = asyncio.new_event_loop()
     while (payload := read_frame(protocol_in)) is not None:
-        reply = run(payload)
+        reply = run(payload, loop)
         sys.stdout.flush()
         protocol_out.write(HEADER.pack(len(reply)) + reply)
         protocol_out.flush()

@@ -66,10 +66,12 @@ def shutdown_global_limiter(name: str = DEFAULT_LIMITER_NAME, namespace: Optiona
     except ValueError:
         return False
     ray.kill(handle, no_restart=True)
+    killed = handle._actor_id
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            ray.get_actor(name, namespace=namespace)
+            if ray.get_actor(name, namespace=namespace)._actor_id != killed:
+                return True  # a live client already created the next one
         except ValueError:
             return True
         time.sleep(0.05)

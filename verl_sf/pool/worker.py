@@ -71,7 +71,8 @@ class ExecutionWorker:
             self._threads = ThreadPoolExecutor(num_workers, thread_name_prefix="verl-sf-exec")
         else:
             self._processes = ProcessRunner(num_workers)
-        self._counts = {"running": 0, "waiting": 0, "succeeded": 0, "failed": 0}
+        self._counts = {"running": 0, "waiting": 0, "succeeded": 0, "failed": 0,
+                        "cancelled_waiting_for_thread": 0}
 
     async def start(self) -> None:
         """Register with the limiter now rather than on the first call (surfaces errors early)."""
@@ -148,23 +149,27 @@ class ExecutionWorker:
         if self._processes is not None:
             result = await self._processes.run(fn, args, kwargs)
         else:
-            work = asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
-            result = await _until_done(work)
+            result = await self._in_thread(fn, args, kwargs)
         if inspect.isawaitable(result):
             result = await result
         return result
 
-
-async def _until_done(work: asyncio.Future) -> Any:
-    """Await a thread's future; if cancelled, keep waiting until the thread really ends
-    (so the permit is held exactly as long as the work runs), then re-raise."""
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        while not work.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(work)
-        raise
+    async def _in_thread(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run a sync fn in a pool thread.  A thread cannot be interrupted, so if the call
+        is cancelled we keep waiting until it really ends (the permit is held exactly as
+        long as the work runs) and only then let the cancellation through."""
+        work = asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._counts["cancelled_waiting_for_thread"] += 1
+            try:
+                while not work.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([work])
+            finally:
+                self._counts["cancelled_waiting_for_thread"] -= 1
+            raise
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

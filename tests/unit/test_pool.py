@@ -1,0 +1,399 @@
+"""The execution pool and the cluster-wide limiter on a real local Ray cluster.
+
+The cap is checked the hard way: the executed code prints `time.time()` inside the sandbox
+when it starts and when it ends, and the intervals must never overlap more than
+`rate_limit` deep.  Counting in the limiter would only test the limiter against itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import ray
+
+from tests.ray_fixtures import RayCluster
+from tests.server_fixtures import ServerHandle
+from verl_sf.backends.http import HttpSandboxBackend
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
+from verl_sf.pool import (
+    ExecutionCrashed,
+    LimiterClient,
+    PoolMode,
+    init_execution_pool,
+    shutdown_global_limiter,
+)
+
+pytestmark = pytest.mark.ray
+
+TIMED_CODE = "import time\nprint(time.time(), flush=True)\ntime.sleep({sleep})\nprint(time.time())"
+
+
+# ---- functions executed by the pool (module level: Ray pickles them by reference) -----------
+
+async def run_in_sandbox(backend: HttpSandboxBackend, request: RunCodeRequest) -> RunCodeResponse:
+    return await backend.run_code(request)
+
+
+def sandbox_interval(response: RunCodeResponse) -> tuple[float, float]:
+    assert response.status == RunStatus.Success, response
+    start, end = (float(line) for line in response.run_result.stdout.split())
+    return start, end
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Deepest nesting of [start, end) intervals; an end at t comes before a start at t."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    depth = deepest = 0
+    for _, step in events:
+        depth += step
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def fail_with(message: str) -> None:
+    raise ValueError(message)
+
+
+async def fail_async(message: str) -> None:
+    await asyncio.sleep(0)
+    raise KeyError(message)
+
+
+def started_at() -> float:
+    return time.monotonic()
+
+
+def wait_for_file(path: str) -> str:
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return "released"
+
+
+async def sleep_async(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def own_pid() -> int:
+    return os.getpid()
+
+
+def exit_hard(code: int) -> None:
+    os._exit(code)
+
+
+def sleep_then_pid(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def return_coroutine(value: int):
+    async def later() -> int:
+        return value * 2
+    return later()
+
+
+# ---- fixtures ------------------------------------------------------------------------------
+
+@pytest.fixture
+def limiter_name(ray_local: RayCluster) -> Iterator[str]:
+    """A limiter of the test's own, so tests cannot see each other's permits."""
+    name = f"test-limiter-{uuid.uuid4().hex[:8]}"
+    yield name
+    shutdown_global_limiter(name)
+
+
+@pytest.fixture
+def make_pool(limiter_name: str) -> Iterator[Callable[..., Any]]:
+    """init_execution_pool bound to the test's limiter; pools are killed at teardown
+    (before the limiter is shut down, so none re-creates it)."""
+    pools = []
+
+    def make(num_workers: int = 4, **kwargs: Any):
+        kwargs.setdefault("limiter_name", limiter_name)
+        pool = init_execution_pool(num_workers, **kwargs)
+        pools.append(pool)
+        ray.get(pool.start.remote())  # registered with the limiter (creating it if first)
+        return pool
+
+    yield make
+    for pool in pools:
+        ray.kill(pool)
+
+
+async def limiter_stats(name: str) -> dict[str, Any]:
+    return await ray.get_actor(name).stats.remote()
+
+
+async def eventually(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    """Poll an async condition until truthy (state changes, never timing claims)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await condition()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def timed_request(sleep: float) -> RunCodeRequest:
+    return RunCodeRequest(code=TIMED_CODE.format(sleep=sleep), language="python", run_timeout=30)
+
+
+# ---- the cap ---------------------------------------------------------------------------------
+
+async def test_cap_never_exceeded_measured_inside_the_sandbox(make_pool, sf_server: ServerHandle) -> None:
+    backend = HttpSandboxBackend(sf_server.run_code_url)
+    # Control: without the limiter the server (4 slots) runs these concurrently, so the
+    # measurement below can see a violation when there is one.
+    free = make_pool(6, enable_global_rate_limit=False)
+    unlimited = await asyncio.gather(*[free.execute.remote(run_in_sandbox, backend, timed_request(1.0))
+                                       for _ in range(4)])
+    assert max_overlap([sandbox_interval(r) for r in unlimited]) > 2
+
+    # Two pools (two processes, two leases) share one cap of 2.
+    pools = [make_pool(6, rate_limit=2), make_pool(6, rate_limit=2)]
+    responses = await asyncio.gather(*[pools[i % 2].execute.remote(run_in_sandbox, backend, timed_request(0.4))
+                                       for i in range(10)])
+    intervals = [sandbox_interval(r) for r in responses]
+    assert max_overlap(intervals) <= 2
+    stats = await pools[0].stats.remote()
+    assert stats["limiter"]["in_flight"] == 0 and stats["limiter"]["granted_total"] == 10
+
+
+async def test_grants_are_fifo_across_pools(make_pool, limiter_name: str) -> None:
+    pools = [make_pool(4, rate_limit=1), make_pool(4, rate_limit=1)]
+    holder = LimiterClient(rate_limit=1, name=limiter_name)
+    permit = await holder.acquire()
+    try:
+        refs = []
+        for i in range(8):  # alternate pools; each request reaches the queue before the next
+            refs.append(pools[i % 2].execute.remote(started_at))
+            await eventually(lambda: _queue_is(limiter_name, i + 1), f"request {i} queued")
+        holder.release(permit)
+        starts = await asyncio.gather(*refs)
+    finally:
+        await holder.close()
+    assert starts == sorted(starts), "grants did not follow arrival order"
+    stats = await limiter_stats(limiter_name)
+    assert stats["wait_s"]["samples"] == 9 and stats["wait_s"]["max"] > 0
+
+
+async def _queue_is(name: str, length: int) -> bool:
+    return (await limiter_stats(name))["queue_length"] == length
+
+
+# ---- results, exceptions, permits ------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [PoolMode.ThreadMode, PoolMode.ProcessMode])
+async def test_exceptions_reach_the_caller_and_permits_come_back(make_pool, limiter_name: str, mode) -> None:
+    pool = make_pool(2, rate_limit=1, mode=mode)
+    with pytest.raises(ValueError, match="sync failure 1"):
+        await pool.execute.remote(fail_with, "sync failure 1")
+    with pytest.raises(KeyError, match="async failure 2"):
+        await pool.execute.remote(fail_async, "async failure 2")
+    # With a cap of 1, a leaked permit would make these calls wait forever.
+    assert await pool.execute.remote(return_coroutine, 21) == 42
+    assert await pool.execute.remote(sorted, [3, 1, 2]) == [1, 2, 3]
+    stats = await pool.stats.remote()
+    assert stats["failed"] == 2 and stats["succeeded"] == 2
+    assert stats["limiter"]["in_flight"] == 0
+    assert stats["limiter"]["granted_total"] == stats["limiter"]["released_total"] == 4
+
+
+async def test_cancellation_returns_the_permit(make_pool, limiter_name: str, tmp_path: Path) -> None:
+    pool = make_pool(4, rate_limit=1)
+    # An async fn is cancelled at once and its permit returned.
+    ref = pool.execute.remote(sleep_async, 300)
+    await eventually(lambda: _in_flight_is(limiter_name, 1), "async call running")
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        await ref
+    await eventually(lambda: _in_flight_is(limiter_name, 0), "permit returned after cancel")
+
+    # A sync fn in a thread cannot be interrupted: the permit is held until the thread
+    # really finishes (the cap keeps counting running work); then the call ends cancelled.
+    signal_file = tmp_path / "go"
+    ref = pool.execute.remote(wait_for_file, str(signal_file))
+    await eventually(lambda: _in_flight_is(limiter_name, 1), "thread call running")
+    ray.cancel(ref)
+    await eventually(lambda: _cancel_seen(pool), "cancellation to reach the worker")
+    assert (await pool.stats.remote())["running"] == 1
+    assert (await limiter_stats(limiter_name))["in_flight"] == 1
+    signal_file.touch()
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        await ref
+    await eventually(lambda: _in_flight_is(limiter_name, 0), "permit returned when the thread ended")
+    assert await pool.execute.remote(sorted, "ba") == ["a", "b"]
+
+
+async def _cancel_seen(pool) -> bool:
+    return (await pool.stats.remote())["cancelled_waiting_for_thread"] == 1
+
+
+async def _in_flight_is(name: str, count: int) -> bool:
+    return (await limiter_stats(name))["in_flight"] == count
+
+
+async def test_pool_without_limiter(make_pool, limiter_name: str) -> None:
+    pool = make_pool(2, enable_global_rate_limit=False)
+    assert await pool.execute.remote(sorted, [2, 1]) == [1, 2]
+    with pytest.raises(ValueError, match="no limiter"):
+        await pool.execute.remote(fail_with, "no limiter")
+    assert "limiter" not in await pool.stats.remote()
+    with pytest.raises(ValueError):
+        ray.get_actor(limiter_name)  # nothing was created
+
+
+# ---- process mode ------------------------------------------------------------------------------
+
+async def test_process_mode_runs_in_child_processes_and_survives_crashes(make_pool) -> None:
+    pool = make_pool(2, mode=PoolMode.ProcessMode, rate_limit=4)
+    actor_pid = (await pool.stats.remote())["pid"]
+    child_pid = await pool.execute.remote(own_pid)
+    assert child_pid not in (actor_pid, os.getpid())
+
+    # A crash costs only its own call: a call running in the other child completes.
+    survivor = pool.execute.remote(sleep_then_pid, 1.0)
+    with pytest.raises(ExecutionCrashed, match="exit code 7") as crash:
+        await pool.execute.remote(exit_hard, 7)
+    crashed_pid = int(re.search(r"pool process (\d+)", str(crash.value)).group(1))
+    assert await survivor not in (actor_pid, crashed_pid)
+    assert await pool.ping.remote()
+    assert await pool.execute.remote(own_pid) not in (actor_pid, crashed_pid)
+    stats = await pool.stats.remote()
+    assert stats["limiter"]["in_flight"] == 0
+    assert crashed_pid not in stats["process_pids"]
+
+    # The children die with the actor (nothing is left behind).
+    pids = stats["process_pids"]
+    assert pids
+    ray.kill(pool)
+    await eventually(lambda: _all_gone(pids), "pool processes to exit with their actor", timeout=30)
+
+
+async def _all_gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in pids)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return "zombie"
+
+
+# ---- limiter lifetime and configuration -------------------------------------------------------------
+
+async def test_second_pool_with_another_limit_reconfigures(make_pool, limiter_name: str) -> None:
+    first = make_pool(2, rate_limit=2)
+    assert (await limiter_stats(limiter_name))["rate_limit"] == 2
+    make_pool(2, rate_limit=5)
+    stats = (await first.stats.remote())["limiter"]
+    assert stats["rate_limit"] == 5 and stats["reconfigurations"] == 1
+    # Asking for the same limit again changes nothing.
+    make_pool(2, rate_limit=5)
+    assert (await limiter_stats(limiter_name))["reconfigurations"] == 1
+
+
+async def test_limiter_survives_the_pool_that_created_it(make_pool, limiter_name: str) -> None:
+    creator = make_pool(2, rate_limit=3, lease_ttl_s=2)  # creates the limiter from inside its actor
+    limiter_id = ray.get_actor(limiter_name)._actor_id.hex()
+    other = make_pool(2, rate_limit=3)
+    ray.kill(creator)
+    # The dead pool's lease expires; the limiter itself stays.
+    await eventually(lambda: _stat_is(limiter_name, "leases_expired_total", 1), "creator's lease to expire")
+    assert ray.get_actor(limiter_name)._actor_id.hex() == limiter_id
+    assert await other.execute.remote(sorted, [2, 1]) == [1, 2]
+
+
+async def _stat_is(name: str, key: str, value: Any) -> bool:
+    return (await limiter_stats(name))[key] == value
+
+
+async def test_permit_of_a_killed_caller_is_returned(make_pool, limiter_name: str) -> None:
+    doomed = make_pool(2, rate_limit=1, lease_ttl_s=2)
+    doomed.execute.remote(sleep_async, 600)
+    await eventually(lambda: _in_flight_is(limiter_name, 1), "doomed call to hold the only permit")
+    survivor = make_pool(2, rate_limit=1, lease_ttl_s=2)
+    waiting = survivor.execute.remote(sorted, [3, 2, 1])
+    await eventually(lambda: _queue_is(limiter_name, 1), "survivor to queue behind it")
+    ray.kill(doomed)
+    assert await waiting == [1, 2, 3]
+    stats = await limiter_stats(limiter_name)
+    assert stats["reclaimed_total"] == 1 and stats["in_flight"] == 0
+
+
+async def test_limiter_replaced_after_shutdown_is_rejoined(make_pool, limiter_name: str) -> None:
+    pool = make_pool(2, rate_limit=2)
+    assert await pool.execute.remote(sorted, [1, 0]) == [0, 1]
+    first_id = ray.get_actor(limiter_name)._actor_id.hex()
+    assert shutdown_global_limiter(limiter_name)
+    # The pool notices on its next call, registers with a fresh limiter, and carries on.
+    assert await pool.execute.remote(sorted, [5, 4]) == [4, 5]
+    assert ray.get_actor(limiter_name)._actor_id.hex() != first_id
+    assert (await limiter_stats(limiter_name))["granted_total"] == 1
+
+
+async def test_requests_per_second_is_a_token_bucket(limiter_name: str) -> None:
+    client = LimiterClient(rate_limit=100, requests_per_second=5, name=limiter_name)
+    before = time.monotonic()
+    try:
+        permits = [await client.acquire() for _ in range(15)]
+        last_grant = time.monotonic()
+        for permit in permits:
+            client.release(permit)
+        stats = await client.stats()
+    finally:
+        await client.close()
+    # A full bucket holds 5 tokens; the 15th grant needs 10 more at 5/s: >= 2 s after the
+    # bucket was filled, which happened after `before`.  (A lower bound: it cannot flake.)
+    assert last_grant - before >= 2.0
+    assert stats["requests_per_second"] == 5 and stats["granted_total"] == 15
+
+
+# ---- observability --------------------------------------------------------------------------------
+
+async def test_metrics_are_exported_to_prometheus(make_pool, limiter_name: str, ray_local: RayCluster) -> None:
+    pool = make_pool(2, rate_limit=2)
+    assert await pool.execute.remote(sorted, [1]) == [1]
+    url = f"http://127.0.0.1:{ray_local.metrics_port}/metrics"
+
+    async def scraped() -> str:
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+        lines = [line for line in body.splitlines() if f'limiter="{limiter_name}"' in line]
+        text = "\n".join(lines)
+        return text if "ray_verl_sf_limiter_rate_limit" in text and "ray_verl_sf_limiter_wait_seconds" in text else ""
+
+    text = await eventually(scraped, "limiter metrics on the Prometheus endpoint", timeout=90)
+    for metric in ("permits_in_flight", "queue_length", "leases", "grants_total", "wait_seconds_bucket"):
+        assert f"ray_verl_sf_limiter_{metric}" in text
+    rate_line = next(line for line in text.splitlines() if line.startswith("ray_verl_sf_limiter_rate_limit{"))
+    assert rate_line.endswith(" 2.0")
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_workers": 0}, "num_workers must be an integer >= 1"),
+    ({"num_workers": 2, "rate_limit": 0}, "rate_limit must be an integer >= 1"),
+    ({"num_workers": 2, "rate_limit": 2.5}, "rate_limit must be an integer >= 1"),
+    ({"num_workers": 2, "mode": "Fork"}, "mode must be a PoolMode"),
+    ({"num_workers": 2, "requests_per_second": -1}, "requests_per_second must be a number > 0"),
+])
+def test_bad_pool_arguments_are_rejected(ray_local: RayCluster, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        init_execution_pool(**kwargs)
+
+
+async def test_execute_needs_a_callable(make_pool) -> None:
+    pool = make_pool(1, enable_global_rate_limit=False)
+    with pytest.raises(TypeError, match="needs a callable"):
+        await pool.execute.remote("print(1)")
