@@ -275,6 +275,22 @@ async def test_backend_is_built_once_per_tool_not_per_call(http_tool: VerlHarnes
     assert len(identities) == 1 and identities.pop()[0] != os.getpid()
 
 
+async def test_a_dead_pool_actor_is_reported_then_replaced(tmp_path: Path, sf_server: ServerHandle,
+                                                           ray_local: RayCluster) -> None:
+    import ray
+
+    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url))
+    try:
+        assert (await harness.call("print('first')"))[0].text == "first"
+        ray.kill(harness.tool.pool._actor, no_restart=True)
+        response, _, metrics = await harness.call("print('second')")
+        assert response.text.startswith("Sandbox error: execution pool actor unavailable")
+        assert metrics["status"] == "sandbox_error"
+        assert (await harness.call("print('third')"))[0].text == "third"
+    finally:
+        await harness.close()
+
+
 LOCAL_VS_HTTP_CASES = [
     ("print('hello')", {}),
     ("import sys\nsys.stdout.write('a\\n'); sys.stderr.write('b\\n')", {}),

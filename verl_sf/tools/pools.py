@@ -55,7 +55,7 @@ class RayPool:
         return self._actor
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
+        from ray.exceptions import RayActorError, RayTaskError
 
         actor = self._pool()
         try:
@@ -65,7 +65,7 @@ class RayPool:
             if isinstance(exc.cause, Exception):
                 raise exc.cause from None
             raise
-        except (ActorDiedError, ActorUnavailableError) as exc:
+        except RayActorError as exc:  # died or unreachable: the next call starts a fresh actor
             if self._actor is actor:
                 self._actor = None
             raise SandboxUnavailable(f"execution pool actor unavailable: {exc}") from exc
@@ -76,11 +76,14 @@ class RayPool:
         if actor is None:
             return
         import ray
+        from ray.exceptions import RayActorError
 
         try:
             for fn, args in closers:
                 await actor.execute.remote(fn, *args)
             await actor.close.remote()
+        except RayActorError:
+            pass  # already dead: nothing left to close in it
         finally:
             ray.kill(actor)
 
