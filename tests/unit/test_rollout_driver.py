@@ -182,3 +182,25 @@ def test_config_validation_names_the_field() -> None:
     for field in ("max_turns", "response_length", "max_parallel_calls", "max_tool_response_length", "n"):
         with pytest.raises(ValueError, match=field):
             RolloutConfig(**{field: 0})
+
+
+async def test_agent_data_is_dropped_when_the_trajectory_ends() -> None:
+    """Tools keyed on verl's agent_data (SandboxFusionTool's per-trajectory Daytona sandboxes) see it
+    collected once its trajectory is over, as verl's AgentData is."""
+    import gc
+    import weakref
+
+    seen: list[weakref.ref] = []
+
+    class Spy(CalculatorTool):
+        async def execute(self, instance_id, parameters, **kwargs):
+            agent = kwargs["agent_data"]
+            seen.append(weakref.ref(agent))
+            assert agent.request_id == "0_0" and agent.messages[-1]["role"] == "assistant"
+            return await super().execute(instance_id, parameters)
+
+    scripts = {"Q": Script([Turn("", [calc("3 + 4")]), Turn("#### {tool}")])}
+    result, _ = await rollout(scripts, [sample("Q")], tool=Spy({}))
+    gc.collect()
+    assert len(seen) == 1 and seen[0]() is None
+    assert result.trajectories[0].score == 1.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import inspect
 import os
 import time
 from typing import Any, Optional, Sequence
@@ -171,7 +172,7 @@ class ToolRunner:
         """Let tools that hold pools or connections (an optional `close()`) release them."""
         for tool in self.tools.values():
             close = getattr(tool, "close", None)
-            if close is not None and asyncio.iscoroutinefunction(close):
+            if close is not None and inspect.iscoroutinefunction(close):
                 await close()
 
     async def _execute(self, call: ToolCall, agent: AgentContext) -> tuple[str, Optional[str], Optional[float], dict]:
