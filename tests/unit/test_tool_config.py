@@ -90,6 +90,7 @@ async def main():
     instance_id, _ = await tool.create(ground_truth="42")
     response, reward, metrics = await tool.execute(instance_id, {"code": "6 * 7"})
     score = await tool.calc_reward(instance_id)
+    assert tool.ground_truth(instance_id) == "42"
     await tool.release(instance_id)
     await tool.close()
     print(json.dumps({"verl": VERL_AVAILABLE, "base": BaseTool.__module__, "type": type(response).__module__,

@@ -38,7 +38,6 @@ class ToolArgumentError(ValueError):
 @dataclasses.dataclass
 class _Instance:
     ground_truth: Any = None
-    rewards: list[float] = dataclasses.field(default_factory=list)
     session: Optional[str] = None  # a Daytona session keyed on this instance (no trajectory given)
 
 
@@ -119,15 +118,21 @@ class SandboxFusionTool(BaseTool):
         metrics["queue_wait"] = metrics["pool_wait"] + (response.queue_wait or 0.0)
         return ToolResponse(text=text), None, metrics
 
-    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        """verl's old per-instance reward slot: the sum of rewards recorded (none by default)."""
+    def ground_truth(self, instance_id: str) -> Any:
+        """What `create(ground_truth=...)` stored, for subclasses that score in calc_reward."""
         instance = self._instances.get(instance_id)
-        return float(sum(instance.rewards)) if instance else 0.0
+        return instance.ground_truth if instance else None
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """Running code earns nothing by itself: 0.0 (verl's old tool returned an always-empty list)."""
+        return 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """Forget the instance; end its own Daytona session if it had one (never raises:
+        verl calls this in a `finally`)."""
         instance = self._instances.pop(instance_id, None)
         if instance is not None and instance.session is not None:
-            await self.pool.run(end_session, self.spec, instance.session)
+            await self._end_session_quietly(instance.session)
 
     async def close(self) -> None:
         """End every session, close the backend and the pool (not needed for verl; tidy for tests)."""
