@@ -50,7 +50,7 @@ setup_venv() {
     if [ "$extras" = all ]; then
       # verl needs torch; pin the CPU build so pip does not pull a multi-GB CUDA wheel.
       pip_quiet "torch==2.13.0"
-      pip_quiet -e ".[scientific,ray,verl,bench,test,daytona]"
+      pip_quiet -e ".[scientific,ray,verl,rollout,bench,test,daytona]"
     else
       pip_quiet -e ".[scientific]"
     fi

@@ -99,17 +99,24 @@ def secret_file() -> Iterator[Path]:
     path.unlink()
 
 
-def test_host_files_and_home_are_not_readable(sf_server: ServerHandle, secret_file: Path) -> None:
-    code = (f"import os\n"
-            f"for action in [lambda: open('{secret_file}').read(), lambda: os.listdir('/root'),\n"
-            f"               lambda: os.listdir('/home'), lambda: os.listdir('/tmp'), lambda: open('/etc/shadow').read()]:\n"
-            f"    try:\n        print('GOT', action())\n    except OSError as e:\n        print('denied', e.errno)\n")
-    out = run_code(sf_server, code)["run_result"]["stdout"]
+def test_host_files_and_home_are_not_readable(sf_server: ServerHandle, secret_file: Path, tmp_path: Path) -> None:
+    host_tmp_file = Path("/tmp") / f"verl_sf_host_tmp_{secrets.token_hex(4)}"
+    host_tmp_file.write_text("host tmp")
+    try:
+        code = (f"import os\n"
+                f"for action in [lambda: open('{secret_file}').read(), lambda: os.listdir('/root'),\n"
+                f"               lambda: os.listdir('/home'), lambda: os.listdir('/tmp'),\n"
+                f"               lambda: open('/etc/shadow').read(), lambda: open('{host_tmp_file}').read()]:\n"
+                f"    try:\n        print('GOT', action())\n    except OSError as e:\n        print('denied', e.errno)\n")
+        out = run_code(sf_server, code)["run_result"]["stdout"]
+    finally:
+        host_tmp_file.unlink()
     assert "TOP-SECRET-CONTENT" not in out and secret_file.name not in out
     lines = out.splitlines()
     assert lines[0].startswith("denied") and lines[1].startswith("denied")  # secret file, /root listing
-    assert lines[3] == "GOT []"  # the sandbox's own empty /tmp, not the host's
+    assert lines[3].startswith("GOT [") and host_tmp_file.name not in lines[3]  # the sandbox's own /tmp
     assert lines[4].startswith("denied")
+    assert lines[5] == "denied 2"  # the host's /tmp file does not exist inside
 
 
 def test_server_files_are_not_visible(sf_server: ServerHandle) -> None:

@@ -119,8 +119,18 @@ class SandboxLauncher:
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": os.path.join(workdir, ".tmp")},
             "preload": preload,
             "fetch_limit": self.config.fetch_file_limit_bytes,
+            "keep": {SANDBOX_TMP: self.kept_entries(SANDBOX_TMP), SANDBOX_WORKDIR: self.kept_entries(SANDBOX_WORKDIR)}
+            if self.isolated else {},
         }
         return [self.config.python, "-I", "-c", ZYGOTE_SOURCE, json.dumps(zygote_config)]
+
+    def bound_dirs(self) -> list[str]:
+        return _runtime_dirs(self.config.python) + list(self.toolchains.extra_dirs)
+
+    def kept_entries(self, directory: str) -> list[str]:
+        """Entries of the sandbox's /tmp or /workdir that lead to bound runtime dirs: never wiped."""
+        prefix = directory.rstrip("/") + "/"
+        return sorted({d[len(prefix):].split("/")[0] for d in self.bound_dirs() if d.startswith(prefix)})
 
     def command(self, index: int, flavor: str) -> list[str]:
         if not self.isolated:
@@ -139,15 +149,18 @@ class SandboxLauncher:
         args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
                  "--ro-bind", os.path.join(self._state_dir, "passwd"), "/etc/passwd",
                  "--ro-bind", os.path.join(self._state_dir, "group"), "/etc/group"]
-        for extra in _runtime_dirs(cfg.python) + list(self.toolchains.extra_dirs):
-            # Parents such as /root are made traverse-only: the runtime is reachable, nothing else is listed.
-            for parent in _ancestors(extra):
-                args += ["--perms", "0711", "--dir", parent]
-            args += ["--ro-bind", extra, extra]
+        # The tmpfs mounts come first: a runtime that lives under /tmp (a CI checkout, say)
+        # is then bound on top of them instead of being hidden by them.
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(cfg.tmp_size_mb << 20), "--perms", "1777", "--tmpfs", SANDBOX_TMP,
-                 "--size", str(cfg.workdir_size_mb << 20), "--perms", "0755", "--tmpfs", SANDBOX_WORKDIR,
-                 "--chdir", SANDBOX_WORKDIR]
+                 "--size", str(cfg.workdir_size_mb << 20), "--perms", "0755", "--tmpfs", SANDBOX_WORKDIR]
+        for extra in self.bound_dirs():
+            # Parents such as /root are made traverse-only: the runtime is reachable, nothing else is listed.
+            for parent in _ancestors(extra):
+                if parent not in (SANDBOX_TMP, SANDBOX_WORKDIR):
+                    args += ["--perms", "0711", "--dir", parent]
+            args += ["--ro-bind", extra, extra]
+        args += ["--chdir", SANDBOX_WORKDIR]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:

@@ -195,8 +195,9 @@ class Zygote:
 
     def _wipe(self):
         for base in (self.workdir, self.tmpdir):
+            keep = set(self.cfg.get("keep", {}).get(base, ()))  # paths leading to the bound runtime
             try:
-                entries = list(os.scandir(base))
+                entries = [e for e in os.scandir(base) if e.name not in keep]
             except OSError:
                 continue
             for entry in entries:
