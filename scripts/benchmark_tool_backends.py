@@ -78,8 +78,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                              "client_timeout_count (default: max(120, 4 x run-timeout))")
     parser.add_argument("--memory-limit-mb", type=int, default=-1, help="memory_limit_MB per call (default: -1, "
                                                                          "the server's default)")
-    parser.add_argument("--memory-interval", type=float, default=0.5,
-                        help="seconds between memory samples of the backend's process tree; 0: off")
+    parser.add_argument("--memory-interval", type=float, default=2.0,
+                        help="seconds between memory samples (Pss) of the backend's process tree during a "
+                             "level; each sample costs the load generator tens of ms of CPU; 0: off")
     parser.add_argument("--output-root", type=Path, default=Path("outputs"))
     parser.add_argument("--compare", nargs="+", type=Path, metavar="DIR",
                         help="do not run: plot and tabulate earlier output directories together")
