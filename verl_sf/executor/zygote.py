@@ -485,8 +485,8 @@ def _main_namespace():
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    sys.argv = [os.path.join(os.getcwd(), "main.py")]
-    main.__dict__["__file__"] = sys.argv[0]
+    sys.argv = ["main.py"]  # as `python main.py` sets them
+    main.__dict__["__file__"] = os.path.join(os.getcwd(), "main.py")
     sys.path[0:0] = [os.getcwd()]
     return main.__dict__
 
@@ -522,7 +522,7 @@ def _run_python(code):
     namespace = _main_namespace()
     import linecache
 
-    filename = sys.argv[0]  # absolute, as `python main.py` shows it in tracebacks
+    filename = namespace["__file__"]  # absolute, as `python main.py` shows it in tracebacks
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     try:
         exec(compile(code, filename, "exec"), namespace)

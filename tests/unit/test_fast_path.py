@@ -1,0 +1,54 @@
+"""The warm-interpreter fast path behaves exactly like `python main.py` (the slow path)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import requests
+
+from tests.server_fixtures import ServerHandle, run_code, start_server, stop_server
+
+CASES = {
+    "success": ("import sys\nprint('out'); print('err', file=sys.stderr)", {}),
+    "exception": ("def f():\n    return 1 / 0\nf()", {}),
+    "exit_code": ("import sys; sys.exit(7)", {}),
+    "stdin": ("print(input()[::-1])", {"stdin": "abc\n"}),
+    "timeout_partial_output": ("import time\nprint('before', flush=True)\ntime.sleep(30)", {"run_timeout": 1}),
+    "memory_cap": ("x = bytearray(300 << 20)\nprint('survived')", {"memory_limit_MB": 64}),
+    "output_cap": ("import sys\nsys.stdout.write('z' * (3 << 20))", {}),
+    "numpy": ("import numpy as np\nprint(np.arange(10).sum())", {}),
+    "argv_and_file": ("import sys, os\nprint(sys.argv[0], __file__ == sys.argv[0], os.getcwd())", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def slow_server() -> Iterator[ServerHandle]:
+    server = start_server("--no-fast-path", "--workers", "2")
+    yield server
+    stop_server(server.process)
+
+
+def comparable(body: dict) -> dict:
+    run = body["run_result"]
+    return {"status": body["status"], "run_status": run["status"], "return_code": run["return_code"],
+            "stdout": run["stdout"], "stderr": run["stderr"].replace("\n[verl-sf: killed", "[killed"),
+            "truncated": body["truncated"]}
+
+
+def test_slow_server_reports_no_fast_path(slow_server: ServerHandle) -> None:
+    assert requests.get(slow_server.url + "/health").json()["fast_path"] is False
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fast_path_matches_slow_path(sf_server: ServerHandle, slow_server: ServerHandle, case: str) -> None:
+    code, fields = CASES[case]
+    fast = comparable(run_code(sf_server, code, **fields))
+    slow = comparable(run_code(slow_server, code, **fields))
+    if case == "memory_cap":
+        # Killed by the cgroup in both; the exact point of death (partial output) may differ.
+        assert fast["return_code"] == slow["return_code"] == -9
+        assert "memory limit of 64 MB" in fast["stderr"] and "memory limit of 64 MB" in slow["stderr"]
+        assert "survived" not in fast["stdout"] + slow["stdout"]
+        return
+    assert fast == slow
