@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Benchmark the Ray execution pool and its cluster-wide limiter.
+
+Two measurements, both on a local Ray instance this script starts (and stops):
+
+1. limiter   grants+releases per second through `LimiterClient` (acquire, then release
+             at once), from one client process and from several client actors, with the
+             cap out of the way and with the cap binding (callers queue).  Goal >= 5,000/s.
+2. e2e       calls/s of `print(1)` against a `verl-sf serve` at concurrency C, sent
+             directly with `HttpSandboxBackend` from this process, and through
+             `init_execution_pool(num_workers=C, rate_limit=C)`.  Rounds alternate
+             direct/pool and the median of each is reported.  Goal: pool <= 10% slower.
+
+Examples:
+  python scripts/benchmark_pool.py                       # both, server started by the script
+  python scripts/benchmark_pool.py --only limiter --limiter-seconds 10
+  python scripts/benchmark_pool.py --only e2e --url http://127.0.0.1:8080 --concurrency 128
+  python scripts/benchmark_pool.py --json outputs/pool_benchmark.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+
+from verl_sf.backends.http import HttpSandboxBackend
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
+from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_limiter
+
+LISTEN_RE = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+BENCH_LIMITER = "verl-sf-benchmark-limiter"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["limiter", "e2e"], help="run one of the two measurements")
+    parser.add_argument("--limiter-seconds", type=float, default=5.0, help="duration of each limiter scenario")
+    parser.add_argument("--limiter-callers", type=int, default=256, help="concurrent acquire/release loops")
+    parser.add_argument("--limiter-actors", type=int, default=4, help="client actors in the multi-process scenario")
+    parser.add_argument("--url", help="a running verl-sf / Sandbox Fusion server (else one is started)")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="extra `verl-sf serve` argument for the server the script starts; repeat")
+    parser.add_argument("--concurrency", type=int, default=128, help="e2e calls in flight")
+    parser.add_argument("--requests", type=int, default=1500, help="e2e calls per round")
+    parser.add_argument("--rounds", type=int, default=3, help="e2e rounds per path (alternating)")
+    parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the local Ray instance")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+# ---- limiter throughput -------------------------------------------------------------------
+
+async def _churn(client: LimiterClient, callers: int, seconds: float) -> int:
+    """`callers` loops of acquire -> release for `seconds`; returns grants completed."""
+    deadline = time.monotonic() + seconds
+    done = 0
+
+    async def loop() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            permit = await client.acquire()
+            client.release(permit)
+            done += 1
+
+    await asyncio.gather(*(loop() for _ in range(callers)))
+    return done
+
+
+@ray.remote(num_cpus=0)
+class _LoadActor:
+    """One more client process for the multi-process scenario."""
+
+    def __init__(self, rate_limit: int):
+        self.client = LimiterClient(rate_limit, name=BENCH_LIMITER)
+
+    async def prepare(self) -> None:
+        await self.client.connect()
+        await _churn(self.client, 4, 0.2)  # warm-up
+
+    async def churn(self, callers: int, seconds: float) -> tuple[int, float]:
+        start = time.monotonic()
+        grants = await _churn(self.client, callers, seconds)
+        elapsed = time.monotonic() - start
+        await self.client.close()
+        return grants, elapsed
+
+
+async def bench_limiter(args: argparse.Namespace) -> list[dict[str, Any]]:
+    results = []
+    for label, rate_limit in (("cap not binding", 1_000_000), ("cap binding (rate_limit=32)", 32)):
+        client = LimiterClient(rate_limit, name=BENCH_LIMITER)
+        await client.connect()
+        await _churn(client, 8, 0.3)
+        start = time.monotonic()
+        grants = await _churn(client, args.limiter_callers, args.limiter_seconds)
+        elapsed = time.monotonic() - start
+        stats = await client.stats()
+        await client.close()
+        shutdown_global_limiter(BENCH_LIMITER)  # next scenario starts from a fresh limiter
+        results.append({"scenario": f"1 client process, {args.limiter_callers} callers, {label}",
+                        "grants": grants, "seconds": elapsed, "grants_per_s": grants / elapsed,
+                        "wait_p50_ms": 1000 * stats["wait_s"]["p50"], "wait_p95_ms": 1000 * stats["wait_s"]["p95"]})
+        print_row(results[-1])
+
+    actors = [_LoadActor.remote(32) for _ in range(args.limiter_actors)]
+    await asyncio.gather(*(a.prepare.remote() for a in actors))
+    callers = max(1, args.limiter_callers // args.limiter_actors)
+    outcomes = await asyncio.gather(*(a.churn.remote(callers, args.limiter_seconds) for a in actors))
+    grants, elapsed = sum(g for g, _ in outcomes), max(e for _, e in outcomes)
+    results.append({"scenario": f"{args.limiter_actors} client actors x {callers} callers, cap binding "
+                                f"(rate_limit=32)", "grants": grants, "seconds": elapsed,
+                    "grants_per_s": grants / elapsed})
+    print_row(results[-1])
+    for actor in actors:
+        ray.kill(actor)
+    shutdown_global_limiter(BENCH_LIMITER)
+    return results
+
+
+def print_row(row: dict[str, Any]) -> None:
+    extra = ""
+    if "wait_p50_ms" in row:
+        extra = f"   wait p50 {row['wait_p50_ms']:.2f} ms, p95 {row['wait_p95_ms']:.2f} ms"
+    print(f"  {row['scenario']:<70} {row['grants_per_s']:>9,.0f} grants/s{extra}", flush=True)
+
+
+# ---- end to end -------------------------------------------------------------------------------
+
+async def run_in_sandbox(backend: HttpSandboxBackend, request: RunCodeRequest) -> RunCodeResponse:
+    return await backend.run_code(request)
+
+
+async def _drive(call, requests: int, concurrency: int) -> float:
+    """`requests` calls with `concurrency` in flight; returns calls/s.  Every call must succeed."""
+    queue = iter(range(requests))
+
+    async def worker() -> None:
+        for _ in queue:
+            response = await call()
+            if response.status != RunStatus.Success:
+                raise RuntimeError(f"benchmark call failed: {response}")
+
+    start = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return requests / (time.monotonic() - start)
+
+
+async def bench_e2e(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    request = RunCodeRequest(code="print(1)", language="python")
+    backend = HttpSandboxBackend(url)
+    pool = init_execution_pool(args.concurrency, rate_limit=args.concurrency, limiter_name=BENCH_LIMITER)
+    await pool.start.remote()
+
+    async def direct() -> RunCodeResponse:
+        return await backend.run_code(request)
+
+    async def pooled() -> RunCodeResponse:
+        return await pool.execute.remote(run_in_sandbox, backend, request)
+
+    warm = min(args.requests, 4 * args.concurrency)
+    await _drive(direct, warm, args.concurrency)
+    await _drive(pooled, warm, args.concurrency)
+    rates: dict[str, list[float]] = {"direct": [], "pool": []}
+    for round_ in range(args.rounds):
+        for name, call in (("direct", direct), ("pool", pooled)):
+            rates[name].append(await _drive(call, args.requests, args.concurrency))
+            print(f"  round {round_ + 1}: {name:<6} {rates[name][-1]:8.1f} calls/s", flush=True)
+    pool_stats = await pool.stats.remote()
+    await backend.close()
+    await pool.close.remote()
+    ray.kill(pool)
+    shutdown_global_limiter(BENCH_LIMITER)
+    direct_median, pool_median = statistics.median(rates["direct"]), statistics.median(rates["pool"])
+    return {"concurrency": args.concurrency, "requests_per_round": args.requests, "rounds": args.rounds,
+            "direct_calls_per_s": rates["direct"], "pool_calls_per_s": rates["pool"],
+            "direct_median": direct_median, "pool_median": pool_median,
+            "overhead_pct": 100.0 * (1.0 - pool_median / direct_median),
+            "limiter_wait_p95_ms": 1000 * pool_stats["limiter"]["wait_s"]["p95"]}
+
+
+def start_server(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *extra_args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"verl-sf serve exited with {proc.wait()} before listening")
+        match = LISTEN_RE.search(line)
+        if match:
+            return proc, match.group(1)
+    stop_server(proc)
+    raise RuntimeError("verl-sf serve did not start within 120 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                          "ray": ray.__version__}, "args": {k: str(v) for k, v in vars(args).items()}}
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace="verl-sf-benchmark",
+             log_to_driver=False)
+    server = None
+    try:
+        if args.only in (None, "limiter"):
+            print("limiter grant/release throughput (goal >= 5,000/s):", flush=True)
+            report["limiter"] = asyncio.run(bench_limiter(args))
+        if args.only in (None, "e2e"):
+            url = args.url
+            if url is None:
+                server, url = start_server(args.server_arg)
+            print(f"end to end at c={args.concurrency} against {url} (goal: pool overhead <= 10%):", flush=True)
+            e2e = asyncio.run(bench_e2e(args, url))
+            report["e2e"] = e2e
+            print(f"  median direct {e2e['direct_median']:.1f} calls/s, pool {e2e['pool_median']:.1f} calls/s, "
+                  f"overhead {e2e['overhead_pct']:.1f}%", flush=True)
+    finally:
+        if server is not None:
+            stop_server(server)
+        ray.shutdown()
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
