@@ -68,6 +68,21 @@ def _check(result, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _shrink_capabilities():
+    """Empty the bounding and inheritable sets for good, keeping the effective ones the zygote
+    needs (namespaces, mounts, uid changes).  Children inherit this, so an exec can never
+    regain a capability, and each run only has to change uid."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data), "capget")
+    for half in data:
+        half.inheritable = 0
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
 class Zygote:
     def __init__(self, config):
         self.cfg = config
@@ -85,6 +100,11 @@ class Zygote:
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.close(devnull)
+        # Children inherit the environment, so it is set once here rather than in every run.
+        os.environ.clear()
+        os.environ.update(self.env)
+        if self.isolated:
+            _shrink_capabilities()
         self.preloaded = self._preload(config.get("preload", []))
         self.ready_child = None
         self.unreaped = None
@@ -409,13 +429,12 @@ class Zygote:
         os.dup2(meta_w, 3)
         os.closerange(4, 1 << 16)
         self._limit(req)
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write("1000")  # under memory pressure the run dies, never the warm interpreter
+        oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(oom, b"1000")  # under memory pressure the run dies, never the warm interpreter
+        os.close(oom)
         if self.isolated:
             self._drop_privileges()
         os.chdir(self.workdir)
-        os.environ.clear()
-        os.environ.update(self.env)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if req["mode"] == "exec":
             code = _exec_as_child(req["argv"], self.env)
@@ -439,15 +458,11 @@ class Zygote:
             resource.setrlimit(which, value)
 
     def _drop_privileges(self):
-        for cap in range(64):
-            if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                break
+        """Per run: the uid change clears the effective and permitted capabilities (the bounding
+        and inheritable sets were emptied once in the zygote, see _shrink_capabilities)."""
         os.setgroups([])
         os.setresgid(self.gid, self.gid, self.gid)
         os.setresuid(self.uid, self.uid, self.uid)
-        header = _CapHeader(0x20080522, 0)
-        data = (_CapData * 2)()
-        _check(_libc.capset(ctypes.byref(header), data), "capset")
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
