@@ -6,10 +6,13 @@ Two measurements, both on a local Ray instance this script starts (and stops):
 1. limiter   grants+releases per second through `LimiterClient` (acquire, then release
              at once), from one client process and from several client actors, with the
              cap out of the way and with the cap binding (callers queue).  Goal >= 5,000/s.
-2. e2e       calls/s of `print(1)` against a `verl-sf serve` at concurrency C, sent
-             directly with `HttpSandboxBackend` from this process, and through
+2. e2e       calls/s against a `verl-sf serve` at concurrency C, sent directly with
+             `HttpSandboxBackend` from this process, and through
              `init_execution_pool(num_workers=C, rate_limit=C)`.  Rounds alternate
-             direct/pool and the median of each is reported.  Goal: pool <= 10% slower.
+             direct/pool and the median of each is reported, with the CPU each component
+             (driver, pool actor, limiter, server, rest of Ray) spent per call.  Two
+             workloads: `print(1)` (pure overhead) and a ~20 ms computation (a typical
+             math tool call).  Goal: pool <= 10% slower.
 
 Examples:
   python scripts/benchmark_pool.py                       # both, server started by the script
@@ -42,6 +45,12 @@ from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_lim
 
 LISTEN_RE = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 BENCH_LIMITER = "verl-sf-benchmark-limiter"
+WORKLOADS = {
+    # Pure overhead: the sandbox does almost nothing, so every client-side cost shows.
+    "print": "print(1)",
+    # A typical math tool call: some tens of milliseconds of work in the sandbox.
+    "compute": "print(sum(i * i for i in range(300_000)))",
+}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -54,7 +63,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="extra `verl-sf serve` argument for the server the script starts; repeat")
     parser.add_argument("--concurrency", type=int, default=128, help="e2e calls in flight")
-    parser.add_argument("--requests", type=int, default=1500, help="e2e calls per round")
+    parser.add_argument("--requests", type=int, default=1500,
+                        help="e2e calls per round for `print` (a quarter of that for `compute`)")
+    parser.add_argument("--workload", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
+                        help="e2e sandbox code: print (pure overhead) and/or compute (a typical math call)")
     parser.add_argument("--rounds", type=int, default=3, help="e2e rounds per path (alternating)")
     parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the local Ray instance")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -158,37 +170,94 @@ async def _drive(call, requests: int, concurrency: int) -> float:
     return requests / (time.monotonic() - start)
 
 
-async def bench_e2e(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    request = RunCodeRequest(code="print(1)", language="python")
+class ProcSnapshot:
+    """CPU seconds used so far by every process (reaped children included), from /proc."""
+
+    def __init__(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        self.children: dict[int, list[int]] = {}
+        self.cpu: dict[int, float] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(entry)
+            self.children.setdefault(int(fields[1]), []).append(pid)
+            self.cpu[pid] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+
+    def tree(self, root: int, exclude: tuple[Optional[int], ...] = ()) -> float:
+        total, stack = 0.0, [root]
+        while stack:
+            pid = stack.pop()
+            if pid not in exclude:
+                total += self.cpu.get(pid, 0.0)
+                stack.extend(self.children.get(pid, []))
+        return total
+
+
+def cpu_by_component(me: int, server_pid: Optional[int], pool_pid: int, limiter_pid: int) -> dict[str, float]:
+    """Where a call's CPU goes: this driver, the pool actor, the limiter, the server (if we
+    started it) and the rest of Ray (GCS, raylet, idle workers: the driver's other children)."""
+    snap = ProcSnapshot()
+    parts = {"driver": sum(os.times()[:2]), "pool actor": snap.tree(pool_pid), "limiter": snap.tree(limiter_pid)}
+    if server_pid is not None:
+        parts["server"] = snap.tree(server_pid)
+    parts["ray system"] = sum(snap.tree(child, exclude=(server_pid, pool_pid, limiter_pid))
+                              for child in snap.children.get(me, []))
+    return parts
+
+
+async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> list[dict[str, Any]]:
     backend = HttpSandboxBackend(url)
     pool = init_execution_pool(args.concurrency, rate_limit=args.concurrency, limiter_name=BENCH_LIMITER)
     await pool.start.remote()
+    pool_pid = (await pool.stats.remote())["pid"]
+    limiter_pid = (await ray.get_actor(BENCH_LIMITER).stats.remote())["pid"]
+    me = os.getpid()
+    results = []
+    for workload in args.workload:
+        request = RunCodeRequest(code=WORKLOADS[workload], language="python")
+        requests = args.requests if workload == "print" else max(1, args.requests // 4)
 
-    async def direct() -> RunCodeResponse:
-        return await backend.run_code(request)
+        async def direct() -> RunCodeResponse:
+            return await backend.run_code(request)
 
-    async def pooled() -> RunCodeResponse:
-        return await pool.execute.remote(run_in_sandbox, backend, request)
+        async def pooled() -> RunCodeResponse:
+            return await pool.execute.remote(run_in_sandbox, backend, request)
 
-    warm = min(args.requests, 4 * args.concurrency)
-    await _drive(direct, warm, args.concurrency)
-    await _drive(pooled, warm, args.concurrency)
-    rates: dict[str, list[float]] = {"direct": [], "pool": []}
-    for round_ in range(args.rounds):
-        for name, call in (("direct", direct), ("pool", pooled)):
-            rates[name].append(await _drive(call, args.requests, args.concurrency))
-            print(f"  round {round_ + 1}: {name:<6} {rates[name][-1]:8.1f} calls/s", flush=True)
-    pool_stats = await pool.stats.remote()
+        warm = min(requests, 2 * args.concurrency)
+        await _drive(direct, warm, args.concurrency)
+        await _drive(pooled, warm, args.concurrency)
+        rates: dict[str, list[float]] = {"direct": [], "pool": []}
+        cpu: dict[str, list[dict[str, float]]] = {"direct": [], "pool": []}
+        for round_ in range(args.rounds):
+            for name, call in (("direct", direct), ("pool", pooled)):
+                before = cpu_by_component(me, server_pid, pool_pid, limiter_pid)
+                rates[name].append(await _drive(call, requests, args.concurrency))
+                after = cpu_by_component(me, server_pid, pool_pid, limiter_pid)
+                cpu[name].append({k: 1000 * (after[k] - before[k]) / requests for k in after})
+                print(f"  {workload:<8} round {round_ + 1}: {name:<6} {rates[name][-1]:8.1f} calls/s", flush=True)
+        direct_median, pool_median = statistics.median(rates["direct"]), statistics.median(rates["pool"])
+        row = {"workload": workload, "code": WORKLOADS[workload], "concurrency": args.concurrency,
+               "requests_per_round": requests, "rounds": args.rounds,
+               "direct_calls_per_s": rates["direct"], "pool_calls_per_s": rates["pool"],
+               "direct_median": direct_median, "pool_median": pool_median,
+               "overhead_pct": 100.0 * (1.0 - pool_median / direct_median),
+               "cpu_ms_per_call": {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+                                   for name, rows in cpu.items()}}
+        results.append(row)
+        print(f"  {workload:<8} median direct {direct_median:.1f} calls/s, pool {pool_median:.1f} calls/s, "
+              f"overhead {row['overhead_pct']:.1f}%", flush=True)
+        for name, split in row["cpu_ms_per_call"].items():
+            print(f"           cpu ms/call ({name}): " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()), flush=True)
     await backend.close()
     await pool.close.remote()
     ray.kill(pool)
     shutdown_global_limiter(BENCH_LIMITER)
-    direct_median, pool_median = statistics.median(rates["direct"]), statistics.median(rates["pool"])
-    return {"concurrency": args.concurrency, "requests_per_round": args.requests, "rounds": args.rounds,
-            "direct_calls_per_s": rates["direct"], "pool_calls_per_s": rates["pool"],
-            "direct_median": direct_median, "pool_median": pool_median,
-            "overhead_pct": 100.0 * (1.0 - pool_median / direct_median),
-            "limiter_wait_p95_ms": 1000 * pool_stats["limiter"]["wait_s"]["p95"]}
+    return results
 
 
 def start_server(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
@@ -235,10 +304,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if url is None:
                 server, url = start_server(args.server_arg)
             print(f"end to end at c={args.concurrency} against {url} (goal: pool overhead <= 10%):", flush=True)
-            e2e = asyncio.run(bench_e2e(args, url))
-            report["e2e"] = e2e
-            print(f"  median direct {e2e['direct_median']:.1f} calls/s, pool {e2e['pool_median']:.1f} calls/s, "
-                  f"overhead {e2e['overhead_pct']:.1f}%", flush=True)
+            report["e2e"] = asyncio.run(bench_e2e(args, url, server.pid if server else None))
     finally:
         if server is not None:
             stop_server(server)

@@ -149,7 +149,8 @@ def timed_request(sleep: float) -> RunCodeRequest:
 
 # ---- the cap ---------------------------------------------------------------------------------
 
-async def test_cap_never_exceeded_measured_inside_the_sandbox(make_pool, sf_server: ServerHandle) -> None:
+async def test_cap_never_exceeded_measured_inside_the_sandbox(make_pool, limiter_name: str,
+                                                              sf_server: ServerHandle) -> None:
     backend = HttpSandboxBackend(sf_server.run_code_url)
     # Control: without the limiter the server (4 slots) runs these concurrently, so the
     # measurement below can see a violation when there is one.
@@ -164,8 +165,8 @@ async def test_cap_never_exceeded_measured_inside_the_sandbox(make_pool, sf_serv
                                        for i in range(10)])
     intervals = [sandbox_interval(r) for r in responses]
     assert max_overlap(intervals) <= 2
-    stats = await pools[0].stats.remote()
-    assert stats["limiter"]["in_flight"] == 0 and stats["limiter"]["granted_total"] == 10
+    # Permits kept idle by the pools go back within IDLE_RETURN_S once nothing runs.
+    await eventually(lambda: _in_flight_is(limiter_name, 0), "idle permits back at the limiter")
 
 
 async def test_grants_are_fifo_across_pools(make_pool, limiter_name: str) -> None:
@@ -203,9 +204,8 @@ async def test_exceptions_reach_the_caller_and_permits_come_back(make_pool, limi
     assert await pool.execute.remote(return_coroutine, 21) == 42
     assert await pool.execute.remote(sorted, [3, 1, 2]) == [1, 2, 3]
     stats = await pool.stats.remote()
-    assert stats["failed"] == 2 and stats["succeeded"] == 2
-    assert stats["limiter"]["in_flight"] == 0
-    assert stats["limiter"]["granted_total"] == stats["limiter"]["released_total"] == 4
+    assert stats["failed"] == 2 and stats["succeeded"] == 2 and stats["running"] == 0
+    await eventually(lambda: _in_flight_is(limiter_name, 0), "the permit back at the limiter")
 
 
 async def test_cancellation_returns_the_permit(make_pool, limiter_name: str, tmp_path: Path) -> None:
@@ -269,7 +269,7 @@ async def test_process_mode_runs_in_child_processes_and_survives_crashes(make_po
     assert await pool.ping.remote()
     assert await pool.execute.remote(own_pid) not in (actor_pid, crashed_pid)
     stats = await pool.stats.remote()
-    assert stats["limiter"]["in_flight"] == 0
+    assert stats["running"] == 0 and stats["failed"] == 1
     assert crashed_pid not in stats["process_pids"]
 
     # The children die with the actor (nothing is left behind).
@@ -314,6 +314,14 @@ async def test_limiter_survives_the_pool_that_created_it(make_pool, limiter_name
     assert await other.execute.remote(sorted, [2, 1]) == [1, 2]
 
 
+async def _replaced(name: str, old_id: str) -> bool:
+    try:
+        handle = ray.get_actor(name)
+    except ValueError:
+        return False
+    return handle._actor_id.hex() != old_id and (await handle.stats.remote())["leases"] == 1
+
+
 async def _stat_is(name: str, key: str, value: Any) -> bool:
     return (await limiter_stats(name))[key] == value
 
@@ -327,8 +335,8 @@ async def test_permit_of_a_killed_caller_is_returned(make_pool, limiter_name: st
     await eventually(lambda: _queue_is(limiter_name, 1), "survivor to queue behind it")
     ray.kill(doomed)
     assert await waiting == [1, 2, 3]
-    stats = await limiter_stats(limiter_name)
-    assert stats["reclaimed_total"] == 1 and stats["in_flight"] == 0
+    assert (await limiter_stats(limiter_name))["reclaimed_total"] == 1
+    await eventually(lambda: _in_flight_is(limiter_name, 0), "every permit back")
 
 
 async def test_limiter_replaced_after_shutdown_is_rejoined(make_pool, limiter_name: str) -> None:
@@ -336,10 +344,22 @@ async def test_limiter_replaced_after_shutdown_is_rejoined(make_pool, limiter_na
     assert await pool.execute.remote(sorted, [1, 0]) == [0, 1]
     first_id = ray.get_actor(limiter_name)._actor_id.hex()
     assert shutdown_global_limiter(limiter_name)
-    # The pool notices on its next call, registers with a fresh limiter, and carries on.
+    # The pool's long-poll fails at once; it registers with a fresh limiter and carries on.
+    await eventually(lambda: _replaced(limiter_name, first_id), "the pool to register with a new limiter")
     assert await pool.execute.remote(sorted, [5, 4]) == [4, 5]
-    assert ray.get_actor(limiter_name)._actor_id.hex() != first_id
     assert (await limiter_stats(limiter_name))["granted_total"] == 1
+
+
+async def test_idle_permits_are_reused_while_nobody_waits(make_pool, limiter_name: str) -> None:
+    pool = make_pool(2, rate_limit=4)
+    for i in range(5):
+        assert await pool.execute.remote(sorted, [i, -1]) == [-1, i]
+    stats = await limiter_stats(limiter_name)
+    # One grant served all five calls: the released permit stayed with the pool (no round
+    # trips), still counted against the cap, and goes back once unused.
+    assert stats["granted_total"] == 1
+    await eventually(lambda: _in_flight_is(limiter_name, 0), "the idle permit to go back")
+    assert (await limiter_stats(limiter_name))["released_total"] == 1
 
 
 async def test_requests_per_second_is_a_token_bucket(limiter_name: str) -> None:

@@ -72,7 +72,6 @@ def drive(sandbox_url: str) -> dict:
             "nodes_in_cluster": len([n for n in ray.nodes() if n["Alive"]]),
             "nodes_used": sorted({node for node, _ in results}),
             "max_overlap": max_overlap(intervals),
-            "granted_total": stats["granted_total"],
             "leases": stats["leases"],
         }
     finally:
@@ -91,7 +90,7 @@ def test_cap_holds_across_two_nodes(sf_server: ServerHandle) -> None:
     assert report["nodes_in_cluster"] == 2
     assert len(report["nodes_used"]) == 2, "each pool should run on its own node"
     assert report["max_overlap"] <= RATE_LIMIT
-    assert report["granted_total"] == 2 * CALLS_PER_POOL and report["leases"] == 2
+    assert report["leases"] == 2
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
   one (group commit), so throughput grows with load instead of with the number of calls;
 * one long-poll per process delivers grants and doubles as the lease heartbeat;
 * waiting for a permit is a pending future — no thread is pinned while waiting;
+* while nobody anywhere waits for a permit, up to `keep_idle` released permits stay with
+  the client and serve its next acquires without a round trip (an idle permit still counts
+  against the cap).  The moment a request has to queue, the limiter wakes every client's
+  poll and idle permits go back; unused ones also go back after `IDLE_RETURN_S`;
 * if the lease is lost (limiter restarted, lease expired after a long stall) the client
   registers again and re-queues its waiters, so callers see a delay, not an error.
 """
@@ -14,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -30,6 +35,7 @@ from verl_sf.pool.limiter import DEFAULT_IDLE_EXIT_S, DEFAULT_LIMITER_NAME, Leas
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TTL_S = 30.0
+IDLE_RETURN_S = 1.0
 _RECONNECT_ATTEMPTS = 5
 _RECONNECT_BACKOFF_S = 0.5
 # A live limiter answers long-polls; this many concurrent calls covers thousands of clients.
@@ -79,12 +85,21 @@ def shutdown_global_limiter(name: str = DEFAULT_LIMITER_NAME, namespace: Optiona
 
 
 class LimiterClient:
-    """Acquire/release cluster-wide permits from one event loop.  Not thread-safe."""
+    """Acquire/release cluster-wide permits from one event loop.  Not thread-safe.
+
+    `keep_idle`: how many released permits this client may keep for its own next acquires
+    while no request anywhere is waiting (0 = always hand them straight back; the pool
+    uses its `num_workers`).  Ignored with `requests_per_second`, whose bucket must count
+    every execution.
+    """
 
     def __init__(self, rate_limit: int = 10, requests_per_second: Optional[float] = None, *,
                  name: str = DEFAULT_LIMITER_NAME, namespace: Optional[str] = None,
-                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, client_name: Optional[str] = None):
+                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, client_name: Optional[str] = None,
+                 keep_idle: int = 0):
         validate_limits(rate_limit, requests_per_second)
+        if isinstance(keep_idle, bool) or not isinstance(keep_idle, int) or keep_idle < 0:
+            raise ValueError(f"keep_idle must be an integer >= 0, got {keep_idle!r}")
         if not (isinstance(lease_ttl_s, (int, float)) and 0 < lease_ttl_s <= 3600):
             raise ValueError(f"lease_ttl_s must be > 0 and <= 3600 seconds, got {lease_ttl_s!r}")
         self.rate_limit = rate_limit
@@ -93,12 +108,18 @@ class LimiterClient:
         self.namespace = namespace
         self.lease_ttl_s = float(lease_ttl_s)
         self.client_name = client_name or f"{socket.gethostname()}:{os.getpid()}"
+        # A token bucket must see every execution, so idle permits are never kept with one.
+        self.keep_idle = 0 if requests_per_second is not None else keep_idle
         self._handle: Optional[ray.actor.ActorHandle] = None
         self._lease: Optional[str] = None
         self._connect_lock: Optional[asyncio.Lock] = None
         self._pending: dict[str, asyncio.Future] = {}   # permit -> waiter, insertion = FIFO
         self._to_enqueue: list[str] = []
         self._to_release: list[str] = []
+        self._held: set[str] = set()          # granted to this lease, not returned (idle included)
+        self._idle: collections.deque[tuple[str, float]] = collections.deque()  # (permit, idle since)
+        self._idle_timer: Optional[asyncio.TimerHandle] = None
+        self._contended = True                # until the limiter says otherwise
         self._sender: Optional[asyncio.Task] = None
         self._poller: Optional[asyncio.Task] = None
         self._closed = False
@@ -118,6 +139,8 @@ class LimiterClient:
         if self._lease is None:
             await self.connect()
         self._check_open()
+        if self._idle and not self._contended and not self._pending:
+            return self._idle.pop()[0]  # most recently used first; old ones age out
         permit = uuid.uuid4().hex
         future = asyncio.get_running_loop().create_future()
         self._pending[permit] = future
@@ -130,9 +153,17 @@ class LimiterClient:
             raise
 
     def release(self, permit: str) -> None:
-        """Return a permit.  Never blocks: releases are batched into the next round trip."""
-        self._to_release.append(permit)
-        self._kick()
+        """Return a permit.  Never blocks: it is kept idle (nobody waits) or batched into
+        the next round trip."""
+        if permit not in self._held:
+            return  # granted under a lease that was lost: the limiter already took it back
+        if self._contended or len(self._idle) >= self.keep_idle:
+            self._give_back(permit)
+            self._kick()
+        else:
+            self._idle.append((permit, time.monotonic()))
+            if self._idle_timer is None:
+                self._idle_timer = asyncio.get_running_loop().call_later(IDLE_RETURN_S, self._age_idle)
 
     @contextlib.asynccontextmanager
     async def permit(self) -> AsyncIterator[str]:
@@ -147,8 +178,8 @@ class LimiterClient:
         """The limiter's `stats()` plus this client's view."""
         await self.connect()
         stats = await self._handle.stats.remote()
-        stats["client"] = {"name": self.client_name, "waiting": len(self._pending),
-                           "unsent_releases": len(self._to_release)}
+        stats["client"] = {"name": self.client_name, "waiting": len(self._pending), "held": len(self._held),
+                           "idle": len(self._idle), "unsent_releases": len(self._to_release)}
         return stats
 
     async def close(self) -> None:
@@ -156,6 +187,8 @@ class LimiterClient:
         if self._closed:
             return
         self._closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if self._sender is not None:
             with contextlib.suppress(Exception):
                 await self._sender
@@ -214,6 +247,9 @@ class LimiterClient:
                     await asyncio.sleep(_RECONNECT_BACKOFF_S * (attempt + 1))
             # Releases belong to the old lease, whose permits the limiter already took back.
             self._to_release.clear()
+            self._held.clear()
+            self._idle.clear()
+            self._contended = True
             self._to_enqueue = list(self._pending)
             self._kick()
             return True
@@ -241,7 +277,7 @@ class LimiterClient:
             enqueue, self._to_enqueue = self._to_enqueue, []
             release, self._to_release = self._to_release, []
             try:
-                grants = await self._handle.update.remote(lease, enqueue, release)
+                reply = await self._handle.update.remote(lease, enqueue, release)
             except ActorUnavailableError:
                 # Transient; the batch may or may not have landed, and resending is safe
                 # (the limiter ignores known permit ids and unknown releases).
@@ -253,14 +289,14 @@ class LimiterClient:
                 if not await self._recover(lease, exc):
                     return
                 continue
-            self._deliver(grants)
+            self._deliver(reply)
 
     async def _poll_forever(self) -> None:
         timeout = self.lease_ttl_s / 3
         while not self._closed and self._lease is not None:
             lease = self._lease
             try:
-                grants = await self._handle.poll.remote(lease, timeout)
+                reply = await self._handle.poll.remote(lease, timeout, self._contended)
             except ActorUnavailableError:
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
                 continue
@@ -268,10 +304,14 @@ class LimiterClient:
                 if not await self._recover(lease, exc):
                     return
                 continue
-            self._deliver(grants)
+            self._deliver(reply)
 
-    def _deliver(self, grants: list[str]) -> None:
+    def _deliver(self, reply: tuple[list[str], bool]) -> None:
+        grants, self._contended = reply
+        if self._contended:
+            self._give_back_idle()
         for permit in grants:
+            self._held.add(permit)
             future = self._pending.pop(permit, None)
             if future is None or future.done():
                 self.release(permit)  # its waiter gave up while the grant was on its way
@@ -283,7 +323,28 @@ class LimiterClient:
         if self._pending.pop(permit, None) is not None:
             if permit in self._to_enqueue:
                 self._to_enqueue.remove(permit)
-            else:
-                self.release(permit)
+            else:  # withdraw the request queued at the limiter
+                self._to_release.append(permit)
+                self._kick()
         elif future.done() and not future.cancelled() and future.exception() is None:
             self.release(permit)
+
+    def _give_back(self, permit: str) -> None:
+        self._held.discard(permit)
+        self._to_release.append(permit)
+
+    def _give_back_idle(self, idle_for_s: float = 0.0) -> None:
+        """Return idle permits that have been idle at least `idle_for_s` seconds."""
+        cutoff = time.monotonic() - idle_for_s
+        returned = 0
+        while self._idle and self._idle[0][1] <= cutoff:
+            self._give_back(self._idle.popleft()[0])
+            returned += 1
+        if returned:
+            self._kick()
+
+    def _age_idle(self) -> None:
+        self._idle_timer = None
+        self._give_back_idle(IDLE_RETURN_S)
+        if self._idle:
+            self._idle_timer = asyncio.get_running_loop().call_later(IDLE_RETURN_S, self._age_idle)

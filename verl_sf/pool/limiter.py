@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import logging
 import math
+import os
 import statistics
 import time
 import uuid
@@ -144,6 +145,7 @@ class TokenBucketWorker:
         self._holders: dict[str, _Lease] = {}    # permit -> lease, granted and not returned
         self._waits: collections.deque[float] = collections.deque(maxlen=_WAIT_SAMPLES)
         self._counts = collections.Counter()
+        self._contention_signalled = False
         self._refill_timer: Optional[asyncio.TimerHandle] = None
         self._sweeper: Optional[asyncio.Task] = None
         self._idle_since = time.monotonic()
@@ -171,8 +173,11 @@ class TokenBucketWorker:
         return {"lease": lease.id, "rate_limit": self._rate_limit, "requests_per_second": self._rps,
                 "reconfigured_from": previous if changed else None, "limiter_started_at": self._started_at}
 
-    async def update(self, lease_id: str, enqueue: list[str], release: list[str]) -> list[str]:
-        """Return `release`d permits, queue `enqueue` requests; reply with grants ready now."""
+    async def update(self, lease_id: str, enqueue: list[str], release: list[str]) -> tuple[list[str], bool]:
+        """Return `release`d permits, queue `enqueue` requests.
+
+        Replies `(grants ready now, contended)`; `contended` says someone is waiting, so
+        clients must hand back idle permits instead of keeping them (see LimiterClient)."""
         lease = self._touch(lease_id)
         for permit in release:
             self._return(lease, permit)
@@ -185,15 +190,17 @@ class TokenBucketWorker:
             self._waiting[permit] = waiter
             lease.queued.add(permit)
         self._dispatch()
-        return self._take_grants(lease)
+        return self._reply(lease)
 
-    async def poll(self, lease_id: str, timeout_s: float) -> list[str]:
-        """Long-poll: return this lease's grants as soon as there are any, or [] after timeout.
+    async def poll(self, lease_id: str, timeout_s: float, contended_seen: bool = False) -> tuple[list[str], bool]:
+        """Long-poll: reply like `update` as soon as this lease has grants, or the queue's
+        contention differs from what the client last saw (so idle permits come back at
+        once when someone starts waiting), or after `timeout_s`.
 
         Also the lease's heartbeat: a live client always has a poll outstanding.
         """
         lease = self._touch(lease_id)
-        if not lease.undelivered:
+        if not lease.undelivered and bool(self._waiting) == contended_seen:
             lease.wake.clear()
             lease.polling += 1
             try:
@@ -205,7 +212,7 @@ class TokenBucketWorker:
                 lease.last_seen = time.monotonic()
         if self._leases.get(lease_id) is not lease:
             raise LeaseExpired(f"lease {lease_id} of client {lease.client!r} was dropped while polling")
-        return self._take_grants(lease)
+        return self._reply(lease)
 
     async def unregister(self, lease_id: str) -> None:
         """Close a lease, returning everything it held or waited for.  Idempotent."""
@@ -246,6 +253,7 @@ class TokenBucketWorker:
                 "max": waits[-1] if waits else 0.0,
             },
             "started_at": self._started_at,
+            "pid": os.getpid(),
         }
 
     async def get_current_count(self) -> int:
@@ -294,7 +302,17 @@ class TokenBucketWorker:
         # Anything else was already reclaimed with an expired lease: nothing to return.
 
     def _dispatch(self) -> None:
-        """Grant from the head of the queue while the cap (and the bucket) allows."""
+        """Grant from the head of the queue while the cap (and the bucket) allows; when
+        requests are left waiting for the first time, wake every client's poll."""
+        self._grant()
+        if not self._waiting:
+            self._contention_signalled = False
+        elif not self._contention_signalled:
+            self._contention_signalled = True
+            for lease in self._leases.values():
+                lease.wake.set()
+
+    def _grant(self) -> None:
         while self._queue and len(self._holders) < self._rate_limit:
             waiter = self._queue[0]
             if waiter.cancelled:
@@ -334,10 +352,9 @@ class TokenBucketWorker:
         self._refill_timer = None
         self._dispatch()
 
-    @staticmethod
-    def _take_grants(lease: _Lease) -> list[str]:
+    def _reply(self, lease: _Lease) -> tuple[list[str], bool]:
         grants, lease.undelivered = lease.undelivered, []
-        return grants
+        return grants, bool(self._waiting)
 
     def _drop(self, lease: _Lease, *, reclaimed: bool) -> None:
         del self._leases[lease.id]

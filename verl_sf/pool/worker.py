@@ -63,7 +63,7 @@ class ExecutionWorker:
         self._limiter: Optional[LimiterClient] = None
         if enable_global_rate_limit:
             self._limiter = LimiterClient(rate_limit, requests_per_second, name=limiter_name,
-                                          lease_ttl_s=lease_ttl_s)
+                                          lease_ttl_s=lease_ttl_s, keep_idle=num_workers)
         self._slots: Optional[asyncio.Semaphore] = None
         self._threads: Optional[ThreadPoolExecutor] = None
         self._processes: Optional[ProcessRunner] = None
