@@ -201,11 +201,12 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
                     write_csv(out_dir / "results.csv", summary["results"], CSV_COLUMNS)
         summary["memory"]["idle_after_run_mb"] = tree_memory_mb(root) if root else None
     finally:
-        await backend.close()
+        # Files first (no awaits): a second interrupt during close() must not cost the plot.
         if summary["results"]:
             write_json(out_dir / "summary.json", summary)
             plot_throughput([(label, summary["results"])], out_dir / "throughput.png", f"{label} throughput")
-        else:
+        await backend.close()
+        if not summary["results"]:
             remove_if_empty(out_dir)
     print(terminal_table(label, summary["results"]))
     print(f"saved {out_dir}")

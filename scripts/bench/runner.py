@@ -88,13 +88,13 @@ async def measure_level(backend: BenchBackend, scenario: Scenario, concurrency: 
 
     calls: list[Call] = []
     measured_wall = 0.0
-    cpu_started = time.process_time()
+    cpu_started = time.thread_time()  # the event loop's thread: not the memory sampler's
     async with PeakSampler(backend.memory_root_pid, settings.memory_interval) as memory:
         for _ in range(settings.iterations):
             started = time.perf_counter()
             calls.extend(await asyncio.gather(*(tracked() for _ in range(concurrency))))
             measured_wall += time.perf_counter() - started
-    client_cpu = time.process_time() - cpu_started
+    client_cpu = time.thread_time() - cpu_started
     return summarize_level(scenario.name, concurrency, calls, measured_wall, memory.peak_mb, client_cpu)
 
 
@@ -121,9 +121,9 @@ def summarize_level(scenario: str, concurrency: int, calls: list[Call], measured
         "p50_queue_wait_s": percentile(waits, 0.50) if waits else None,
         "p95_queue_wait_s": percentile(waits, 0.95) if waits else None,
         "peak_memory_mb": peak_memory_mb,
-        # CPU the benchmark process itself spent per measured call (for `local` this includes
-        # the in-process executor): on a small machine the load generator competes with the
-        # system under test, and this says by how much.
+        # CPU the load generator's event loop spent per measured call (for `local` this
+        # includes the in-process executor's loop work): on a small machine the load
+        # generator competes with the system under test, and this says by how much.
         "client_cpu_ms_per_call": 1000 * client_cpu_s / len(calls),
         "measured_wall_s": measured_wall,
         "failure_samples": [c.detail for c in calls if c.detail][:MAX_FAILURE_SAMPLES],
