@@ -362,6 +362,18 @@ async def test_idle_permits_are_reused_while_nobody_waits(make_pool, limiter_nam
     assert (await limiter_stats(limiter_name))["released_total"] == 1
 
 
+async def test_close_hands_everything_back(make_pool, limiter_name: str) -> None:
+    pool = make_pool(2, mode=PoolMode.ProcessMode, rate_limit=3)
+    assert await pool.execute.remote(own_pid) > 0
+    stats = await pool.stats.remote()
+    assert stats["limiter"]["leases"] == 1 and stats["limiter"]["in_flight"] == 1  # kept idle
+    pids = stats["process_pids"]
+    await pool.close.remote()
+    stats = await limiter_stats(limiter_name)
+    assert stats["leases"] == 0 and stats["in_flight"] == 0
+    assert await _all_gone(pids)
+
+
 async def test_requests_per_second_is_a_token_bucket(limiter_name: str) -> None:
     client = LimiterClient(rate_limit=100, requests_per_second=5, name=limiter_name)
     before = time.monotonic()
