@@ -19,6 +19,7 @@ Examples:
   python scripts/benchmark_pool.py --only limiter --limiter-seconds 10
   python scripts/benchmark_pool.py --only e2e --url http://127.0.0.1:8080 --concurrency 128
   python scripts/benchmark_pool.py --json outputs/pool_benchmark.json
+  python scripts/benchmark_pool.py --only e2e --split-cpus   # server and client on separate cores
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="e2e sandbox code: print (pure overhead) and/or compute (a typical math call)")
     parser.add_argument("--rounds", type=int, default=3, help="e2e rounds per path (alternating)")
     parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the local Ray instance")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="pin the server to the first half of the CPUs and this script and Ray to the rest "
+                             "(the production layout: rollout workers do not share cores with the sandbox)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
@@ -260,9 +264,10 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
     return results
 
 
-def start_server(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(extra_args: list[str], cpus: Optional[set[int]]) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # inherited by its sandboxes
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=pin)
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -292,6 +297,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                           "ray": ray.__version__}, "args": {k: str(v) for k, v in vars(args).items()}}
+    server_cpus = None
+    if args.split_cpus:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit("--split-cpus needs at least 2 CPUs")
+        server_cpus, client_cpus = set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2:])
+        os.sched_setaffinity(0, client_cpus)  # before ray.init: Ray's processes inherit it
+        report["cpu_split"] = {"server": sorted(server_cpus), "client_and_ray": sorted(client_cpus)}
+        print(f"server on CPUs {sorted(server_cpus)}, this script and Ray on {sorted(client_cpus)}", flush=True)
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace="verl-sf-benchmark",
              log_to_driver=False)
     server = None
@@ -302,7 +316,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.only in (None, "e2e"):
             url = args.url
             if url is None:
-                server, url = start_server(args.server_arg)
+                server, url = start_server(args.server_arg, server_cpus)
             print(f"end to end at c={args.concurrency} against {url} (goal: pool overhead <= 10%):", flush=True)
             report["e2e"] = asyncio.run(bench_e2e(args, url, server.pid if server else None))
     finally:
