@@ -20,6 +20,7 @@ it pickles cheaply into Ray pool actors and every copy in a process shares conne
 from __future__ import annotations
 
 import asyncio
+import atexit
 import email.utils
 import json
 import random
@@ -55,6 +56,27 @@ class SandboxRequestRejected(ValueError):
 # was created on and must never be used from another one.
 _SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aiohttp.ClientSession]]" = \
     weakref.WeakKeyDictionary()
+
+
+def _close_sessions_at_exit() -> None:
+    """Close sessions nobody closed (pool actors never call close()), so that exiting
+    processes do not log aiohttp's "Unclosed client session" warnings."""
+    for loop, sessions in list(_SESSIONS.items()):
+        for session in list(sessions.values()):
+            if session.closed:
+                continue
+            try:
+                if loop.is_running():  # e.g. a Ray actor's loop thread
+                    asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=2)
+                elif not loop.is_closed():
+                    loop.run_until_complete(session.close())
+                else:
+                    session.detach()
+            except Exception:  # exiting anyway; never turn a clean exit into a traceback
+                session.detach()
+
+
+atexit.register(_close_sessions_at_exit)
 
 
 def normalize_base_url(url: str) -> str:

@@ -30,7 +30,14 @@ from typing import Any, AsyncIterator, Optional
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from verl_sf.pool.limiter import DEFAULT_IDLE_EXIT_S, DEFAULT_LIMITER_NAME, LeaseExpired, TokenBucketWorker, validate_limits
+from verl_sf.pool.limiter import (
+    DEFAULT_IDLE_EXIT_S,
+    DEFAULT_LIMITER_NAME,
+    LeaseExpired,
+    TokenBucketWorker,
+    validate_lease_ttl,
+    validate_limits,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +107,7 @@ class LimiterClient:
         validate_limits(rate_limit, requests_per_second)
         if isinstance(keep_idle, bool) or not isinstance(keep_idle, int) or keep_idle < 0:
             raise ValueError(f"keep_idle must be an integer >= 0, got {keep_idle!r}")
-        if not (isinstance(lease_ttl_s, (int, float)) and 0 < lease_ttl_s <= 3600):
-            raise ValueError(f"lease_ttl_s must be > 0 and <= 3600 seconds, got {lease_ttl_s!r}")
+        validate_lease_ttl(lease_ttl_s)
         self.rate_limit = rate_limit
         self.requests_per_second = requests_per_second
         self.name = name

@@ -63,6 +63,11 @@ def validate_limits(rate_limit: Any, requests_per_second: Any) -> None:
             raise ValueError(f"requests_per_second must be a number > 0 or None, got {requests_per_second!r}")
 
 
+def validate_lease_ttl(lease_ttl_s: Any) -> None:
+    if isinstance(lease_ttl_s, bool) or not isinstance(lease_ttl_s, (int, float)) or not 0 < lease_ttl_s <= 3600:
+        raise ValueError(f"lease_ttl_s must be > 0 and <= 3600 seconds, got {lease_ttl_s!r}")
+
+
 @dataclasses.dataclass(eq=False)
 class _Lease:
     id: str
@@ -162,8 +167,7 @@ class TokenBucketWorker:
         everyone (last writer wins) and is logged; the reply tells the client what changed.
         """
         validate_limits(rate_limit, requests_per_second)
-        if not (isinstance(lease_ttl_s, (int, float)) and 0 < lease_ttl_s <= 3600):
-            raise ValueError(f"lease_ttl_s must be > 0 and <= 3600 seconds, got {lease_ttl_s!r}")
+        validate_lease_ttl(lease_ttl_s)
         self._ensure_sweeper()
         previous = {"rate_limit": self._rate_limit, "requests_per_second": self._rps}
         changed = self._apply(rate_limit, requests_per_second, reason=f"client {client!r}")
@@ -171,7 +175,7 @@ class TokenBucketWorker:
         self._leases[lease.id] = lease
         self._counts["leases_opened"] += 1
         return {"lease": lease.id, "rate_limit": self._rate_limit, "requests_per_second": self._rps,
-                "reconfigured_from": previous if changed else None, "limiter_started_at": self._started_at}
+                "reconfigured_from": previous if changed else None}
 
     async def update(self, lease_id: str, enqueue: list[str], release: list[str]) -> tuple[list[str], bool]:
         """Return `release`d permits, queue `enqueue` requests.
@@ -239,6 +243,7 @@ class TokenBucketWorker:
             "in_flight": len(self._holders),
             "queue_length": len(self._waiting),
             "leases": len(self._leases),
+            "leases_opened_total": self._counts["leases_opened"],
             "granted_total": self._counts["granted"],
             "released_total": self._counts["released"],
             "reclaimed_total": self._counts["reclaimed"],

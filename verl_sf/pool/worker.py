@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator, Callable, Optional, TypeVar, Union
 import ray
 
 from verl_sf.pool.client import DEFAULT_LEASE_TTL_S, LimiterClient
-from verl_sf.pool.limiter import DEFAULT_LIMITER_NAME, validate_limits
+from verl_sf.pool.limiter import DEFAULT_LIMITER_NAME, validate_lease_ttl, validate_limits
 from verl_sf.pool.process_runner import ProcessRunner
 
 T = TypeVar("T")
@@ -203,6 +203,7 @@ def init_execution_pool(num_workers: int, enable_global_rate_limit: bool = True,
     _validate_pool_args(num_workers, mode)
     if enable_global_rate_limit:
         validate_limits(rate_limit, requests_per_second)
+        validate_lease_ttl(lease_ttl_s)
     options = {"max_concurrency": max(_MIN_ACTOR_CONCURRENCY, 4 * num_workers), **actor_options}
     pool = ray.remote(ExecutionWorker).options(**options).remote(
         enable_global_rate_limit=enable_global_rate_limit, rate_limit=rate_limit, mode=mode,
