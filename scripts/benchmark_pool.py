@@ -29,8 +29,6 @@ import asyncio
 import json
 import os
 import platform
-import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,8 +41,8 @@ import ray
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_limiter
+from verl_sf.server.process import start_server_process, stop_server_process as stop_server
 
-LISTEN_RE = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 BENCH_LIMITER = "verl-sf-benchmark-limiter"
 WORKLOADS = {
     # Pure overhead: the sandbox does almost nothing, so every client-side cost shows.
@@ -265,30 +263,8 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
 
 
 def start_server(extra_args: list[str], cpus: Optional[set[int]]) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *extra_args]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # inherited by its sandboxes
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=pin)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"verl-sf serve exited with {proc.wait()} before listening")
-        match = LISTEN_RE.search(line)
-        if match:
-            return proc, match.group(1)
-    stop_server(proc)
-    raise RuntimeError("verl-sf serve did not start within 120 s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    return start_server_process(*extra_args, preexec_fn=pin)
 
 
 # ---- main -----------------------------------------------------------------------------------------

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import signal
 import subprocess
-import sys
-import time
 from typing import Iterator
 
 import pytest
 import requests
 
-LISTEN_RE = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+from verl_sf.server.process import start_server_process, stop_server_process
 
 
 @dataclasses.dataclass
@@ -29,30 +25,12 @@ class ServerHandle:
 
 def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> ServerHandle:
     """Start `verl-sf serve --port 0` and wait for its 'listening on' line."""
-    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env or os.environ.copy(),
-                            start_new_session=True)
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"verl-sf serve exited with {proc.wait()} before listening")
-        match = LISTEN_RE.search(line)
-        if match:
-            return ServerHandle(match.group(1), proc)
-    stop_server(proc)
-    raise RuntimeError("verl-sf serve did not start in time")
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout)
+    return ServerHandle(url, proc)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_server_process(proc)
 
 
 # The shared server holds this in its environment, as a real one would hold an API key.

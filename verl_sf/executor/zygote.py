@@ -323,6 +323,7 @@ class Zygote:
         poller.register(pidfd, select.POLLIN)
         open_fds = {out_r, err_r, meta_r}
         exited = False
+        exit_time = 0.0
         timed_out = False
         while open_fds:
             now = time.monotonic()

@@ -21,27 +21,6 @@ class ToolConfigError(ValueError):
     """The tool config has a missing, unknown or ill-typed key (the message names it)."""
 
 
-class ToolConfigError(ValueError):
-    """The tool config has a missing, unknown or ill-typed key (the message names it)."""
-
-
-class DaytonaOptions(BaseModel):
-    """`daytona:` sub-block.  Credentials come from DAYTONA_API_KEY / DAYTONA_API_URL / DAYTONA_TARGET
-    (the SDK's own variables), never from the yaml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    snapshot: Optional[str] = None
-    """Snapshot to create sandboxes from (the SDK's default python snapshot when unset)."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Extra labels; `verl-sf` labels (used by the reaper) are always added."""
-    auto_stop_interval: int = Field(15, ge=0)
-    """Minutes of inactivity before Daytona stops a sandbox: the backstop for leaked ones."""
-    auto_delete_interval: int = Field(0, ge=-1)
-    """Minutes after stopping before Daytona deletes it (0: right away, -1: never)."""
-    create_timeout: float = Field(60, gt=0)
-
-
 class ToolConfig(BaseModel):
     """Parsed `config:` of a `verl_sf.tools.SandboxFusionTool` entry."""
 

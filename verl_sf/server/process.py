@@ -1,0 +1,47 @@
+"""Start and stop `verl-sf serve` as a child process (tests, benchmarks, scripts).
+
+`--port 0` lets the kernel pick a free port; the server prints the URL it bound, and this is
+the one place that reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Optional
+
+LISTEN_RE = re.compile(r"listening on (http://[\w.\-\[\]:]+)")
+
+
+def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120.0,
+                         preexec_fn: Optional[Callable[[], None]] = None) -> tuple[subprocess.Popen, str]:
+    """Run `verl-sf serve --host 127.0.0.1 --port 0 *args`; return the process and its base URL."""
+    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env or os.environ.copy(),
+                            start_new_session=True, preexec_fn=preexec_fn)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"verl-sf serve exited with {proc.wait()} before listening")
+        match = LISTEN_RE.search(line)
+        if match:
+            return proc, match.group(1)
+    stop_server_process(proc)
+    raise RuntimeError(f"verl-sf serve did not start within {timeout:g} s")
+
+
+def stop_server_process(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server shuts its sandboxes down), SIGKILL to the group if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
