@@ -181,6 +181,7 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         except BackendSkipped as exc:
             print(f"SKIPPED {exc}", file=sys.stderr)
             return None
+        summary["server"] = await backend.describe()
         root = backend.memory_root_pid
         summary["memory"]["root_pid"] = root
         summary["memory"]["root_pid_is_benchmark_process"] = root == os.getpid()

@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+import aiohttp
+
 from verl_sf.backends.base import SandboxBackend
 from verl_sf.backends.daytona import DaytonaSandboxBackend
 from verl_sf.backends.http import HttpSandboxBackend
@@ -30,6 +32,7 @@ from verl_sf.models import (
     RunCodeResponse,
     summarize_status,
 )
+from verl_sf.server.process import LISTEN_RE
 
 BACKENDS = ("verl-sf", "local", "subprocess", "sandbox_fusion", "daytona", "docker")
 ALIASES = {"sandboxfusion": "sandbox_fusion", "verl_sf": "verl-sf"}  # the guide spells it sandboxfusion
@@ -48,6 +51,10 @@ class BenchBackend(SandboxBackend):
     @property
     def memory_root_pid(self) -> Optional[int]:
         """The process whose tree holds the sandboxes, or None when they live elsewhere."""
+        return None
+
+    async def describe(self) -> Optional[dict]:
+        """What the system under test says about its configuration, kept in summary.json."""
         return None
 
 
@@ -159,19 +166,32 @@ class Adapter(BenchBackend):
         await self.inner.close()
 
 
-def http_backend(name: str, url: str, max_concurrency: int, client_timeout: float) -> Adapter:
+class HttpAdapter(Adapter):
     """verl-sf's HTTP client with retries off (a benchmark must see every 503 and reset, not
     hide them behind a retry), one connection per concurrent call (a smaller pool would queue
     calls in the client), and the benchmark's own deadline as the only read limit."""
-    return Adapter(name, HttpSandboxBackend(url, max_retries=0, connection_limit=max_concurrency,
-                                            server_margin_s=client_timeout))
+
+    def __init__(self, name: str, url: str, max_concurrency: int, client_timeout: float) -> None:
+        super().__init__(name, HttpSandboxBackend(url, max_retries=0, connection_limit=max_concurrency,
+                                                  server_margin_s=client_timeout))
+
+    async def describe(self) -> Optional[dict]:
+        """A verl-sf server's /health (isolation, fast path, workers, preloaded modules), so a
+        result says what it measured; other Sandbox Fusion servers have no such endpoint."""
+        if self.name != "verl-sf":
+            return None
+        async with aiohttp.ClientSession() as session:
+            async with session.get(self.inner.base_url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return await resp.json() if resp.status == 200 else {"health_http_status": resp.status}
 
 
 class VerlSfServerBackend(BenchBackend):
     """`verl-sf serve --port 0` started for the run (and stopped after it), then driven over HTTP.
 
-    The server's output goes to `log_path`, so the progress bar stays readable and a failed
-    start can be diagnosed.
+    Unlike `verl_sf.server.process` (blocking, for tests) this launcher is asyncio's: Ctrl-C or
+    SIGTERM during the start still stops the server, and the server's output goes to
+    `log_path` (kept draining), so the progress bar stays readable and a failed start can be
+    diagnosed.  The listening line is parsed with that module's LISTEN_RE, the one definition.
     """
 
     name = "verl-sf"
@@ -181,7 +201,7 @@ class VerlSfServerBackend(BenchBackend):
         self.server_args, self.log_path, self.client_timeout = server_args, log_path, client_timeout
         self._proc: Optional[asyncio.subprocess.Process] = None
         self._drain: Optional[asyncio.Task] = None
-        self._http: Optional[Adapter] = None
+        self._http: Optional[HttpAdapter] = None
 
     async def start(self, max_concurrency: int) -> None:
         cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -202,7 +222,7 @@ class VerlSfServerBackend(BenchBackend):
             raise RuntimeError(f"verl-sf serve {reason} (log: {self.log_path}); last output:\n{tail}") from None
         # Keep reading: a full pipe would block the server's next write.
         self._drain = asyncio.create_task(self._copy_rest(log))
-        self._http = http_backend(self.name, url, max_concurrency, self.client_timeout)
+        self._http = HttpAdapter(self.name, url, max_concurrency, self.client_timeout)
 
     async def _read_until_listening(self, log) -> str:
         assert self._proc is not None and self._proc.stdout is not None
@@ -212,9 +232,9 @@ class VerlSfServerBackend(BenchBackend):
                 raise RuntimeError(f"exited with status {await self._proc.wait()} before listening")
             log.write(line)
             log.flush()
-            marker = line.find("listening on http://")
-            if marker >= 0:
-                return line[marker + len("listening on "):].split()[0]
+            match = LISTEN_RE.search(line)
+            if match:
+                return match.group(1)
 
     async def _copy_rest(self, log) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -229,6 +249,9 @@ class VerlSfServerBackend(BenchBackend):
     @property
     def memory_root_pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None else None
+
+    async def describe(self) -> Optional[dict]:
+        return await self._http.describe() if self._http is not None else None
 
     async def _stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -299,12 +322,12 @@ def make_backend(name: str, *, url: Optional[str], server_args: list[str], log_d
     """Build the adapter for one `--backend` value (already validated and de-aliased)."""
     if name == "verl-sf":
         if url:
-            return http_backend(name, url, max_concurrency, client_timeout)
+            return HttpAdapter(name, url, max_concurrency, client_timeout)
         return VerlSfServerBackend(server_args, log_dir / "server.log", client_timeout)
     if name == "sandbox_fusion":
         if not url:
             raise ValueError("--backend sandbox_fusion needs the server's address: --url or --sandbox-fusion-url")
-        return http_backend(name, url, max_concurrency, client_timeout)
+        return HttpAdapter(name, url, max_concurrency, client_timeout)
     if name == "local":
         return LocalBackend()
     if name == "subprocess":

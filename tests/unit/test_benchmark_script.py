@@ -99,7 +99,8 @@ def test_server_started_by_the_script_is_stopped(tiny_run: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     server_log = (run_dir / "server.log").read_text()
     assert "listening on http://127.0.0.1:" in server_log
-    assert "workers: 2" in server_log  # --server-arg reached the server
+    assert summary["server"]["workers"] == 2  # --server-arg reached the server (its /health says so)
+    assert summary["server"]["fast_path"] is True
     assert summary["label"] == "verl-sf --workers=2"
     # verl-sf answers with its queue wait; the benchmark reports it.
     _, rows = read_csv(run_dir / "results.csv")
