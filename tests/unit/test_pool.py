@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import ray
 
+from tests.intervals import max_overlap
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle
 from verl_sf.backends.http import HttpSandboxBackend
@@ -46,16 +47,6 @@ def sandbox_interval(response: RunCodeResponse) -> tuple[float, float]:
     assert response.status == RunStatus.Success, response
     start, end = (float(line) for line in response.run_result.stdout.split())
     return start, end
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Deepest nesting of [start, end) intervals; an end at t comes before a start at t."""
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    depth = deepest = 0
-    for _, step in events:
-        depth += step
-        deepest = max(deepest, depth)
-    return deepest
 
 
 def fail_with(message: str) -> None:

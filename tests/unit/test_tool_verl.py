@@ -32,6 +32,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
+from tests.intervals import max_overlap
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle, start_server, stop_server
 from verl_sf.tools import SandboxFusionTool
@@ -233,16 +234,6 @@ async def test_retool_conventions(tmp_path: Path, sf_server: ServerHandle, ray_l
         assert response.text == "shown"
     finally:
         await harness.close()
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Deepest nesting of [start, end) intervals; an end at t comes before a start at t."""
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    depth = deepest = 0
-    for _, step in events:
-        depth += step
-        deepest = max(deepest, depth)
-    return deepest
 
 
 async def test_rate_limit_caps_runs_in_flight(tmp_path: Path, sf_server: ServerHandle, ray_local: RayCluster) -> None:
