@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Awaitable, Optional, TypeVar
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
 from verl_sf.executor import Executor, ExecutorConfig, IsolationMode, IsolationUnavailable, Overloaded
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+ResponseT = TypeVar("ResponseT", RunCodeResponse, RunJupyterResponse)
 
 
 def executor_config_from(options: dict[str, Any]) -> ExecutorConfig:
@@ -60,19 +62,21 @@ class LocalSandboxBackend(SandboxBackend):
 
     async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         executor = await self._ready()
-        try:
-            return await executor.run_code(request)
-        except Overloaded as exc:
-            raise SandboxUnavailable(f"local executor overloaded: {exc}") from exc
+        return await _unless_overloaded(executor.run_code(request))
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         executor = await self._ready()
-        try:
-            return await executor.run_jupyter(request)
-        except Overloaded as exc:
-            raise SandboxUnavailable(f"local executor overloaded: {exc}") from exc
+        return await _unless_overloaded(executor.run_jupyter(request))
 
     async def close(self) -> None:
         executor, self._executor = self._executor, None
         if executor is not None:
             await executor.close()
+
+
+async def _unless_overloaded(call: Awaitable[ResponseT]) -> ResponseT:
+    """A full executor queue is the in-process twin of HTTP 503: the sandbox gave no answer."""
+    try:
+        return await call
+    except Overloaded as exc:
+        raise SandboxUnavailable(f"local executor overloaded: {exc}") from exc
