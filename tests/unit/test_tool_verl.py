@@ -14,10 +14,11 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator
 
 import hydra
 import pytest
+import pytest_asyncio
 import verl
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -38,7 +39,7 @@ from tests.server_fixtures import ServerHandle, start_server, stop_server
 from verl_sf.tools import SandboxFusionTool
 from verl_sf.tools.runner import BackendSpec, backend_for
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.asyncio(loop_scope="module")]
 
 CHAT_TEMPLATE = """{%- if tools %}<|im_start|>system
 <tools>
@@ -153,14 +154,17 @@ class VerlHarness:
         await self.tool.close()
 
 
-@pytest.fixture(scope="module")
-def http_tool(tmp_path_factory: pytest.TempPathFactory, sf_server: ServerHandle,
-              ray_local: RayCluster) -> Iterator[VerlHarness]:
-    """One tool (one pool actor) shared by the tests that only need the default http setup."""
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http_tool(tmp_path_factory: pytest.TempPathFactory, sf_server: ServerHandle,
+                    ray_local: RayCluster) -> AsyncIterator[VerlHarness]:
+    """One tool (default pool) shared by the tests that only need the default http setup.
+
+    On the module's event loop, as one rollout worker's loop: the default pool runs the
+    backend in this process, and its connections belong to that loop."""
     harness = VerlHarness(write_tool_config(tmp_path_factory.mktemp("tool"), sandbox_fusion_url=sf_server.run_code_url,
                                             default_timeout=5, max_output_chars=4000))
     yield harness
-    asyncio.run(harness.close())
+    await harness.close()
 
 
 async def test_success_exception_and_argument_errors(http_tool: VerlHarness) -> None:
@@ -236,24 +240,48 @@ async def test_retool_conventions(tmp_path: Path, sf_server: ServerHandle, ray_l
         await harness.close()
 
 
-async def test_rate_limit_caps_runs_in_flight(tmp_path: Path, sf_server: ServerHandle, ray_local: RayCluster) -> None:
-    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url,
-                                            rate_limit=4, num_workers=16))
-    code = "import time\nprint(time.time(), flush=True)\ntime.sleep(0.2)\nprint(time.time())"
-    try:
-        results = await asyncio.gather(*(harness.call(code) for _ in range(64)))
-    finally:
-        await harness.close()
+TIMED_CODE = "import time\nprint(time.time(), flush=True)\ntime.sleep(0.2)\nprint(time.time())"
+
+
+def sandbox_intervals(results: list[tuple[ToolResponse, Any, dict]]) -> list[tuple[float, float]]:
+    """(start, end) of each run, as the code measured them inside the sandbox."""
     intervals = []
     for response, _, metrics in results:
         assert metrics["status"] == "success", response.text
         start, end = (float(v) for v in response.text.split())
         intervals.append((start, end))
-    deepest = max_overlap(intervals)
+    return intervals
+
+
+@pytest.mark.parametrize("pool, kind", [("auto", "ray"), ("ray_actor", "ray_actor")])
+async def test_rate_limit_caps_runs_in_flight(tmp_path: Path, sf_server: ServerHandle, ray_local: RayCluster,
+                                              pool: str, kind: str) -> None:
+    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url,
+                                            rate_limit=4, num_workers=16, pool=pool))
+    try:
+        assert harness.tool.pool.kind == kind  # `auto` under Ray: the limiter, no pool actor
+        results = await asyncio.gather(*(harness.call(TIMED_CODE) for _ in range(64)))
+    finally:
+        await harness.close()
+    deepest = max_overlap(sandbox_intervals(results))
     assert 2 <= deepest <= 4, deepest
 
 
-# Runs inside the pool actor (Ray pickles module-level functions by reference).
+async def test_two_tools_share_the_cluster_wide_cap(tmp_path: Path, sf_server: ServerHandle,
+                                                    ray_local: RayCluster) -> None:
+    """Two tool objects (as two rollout workers would hold) draw from one limiter."""
+    path = write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url, rate_limit=4, num_workers=16)
+    harnesses = [VerlHarness(path), VerlHarness(path)]
+    try:
+        results = await asyncio.gather(*(h.call(TIMED_CODE) for h in harnesses for _ in range(32)))
+    finally:
+        for harness in harnesses:
+            await harness.close()
+    deepest = max_overlap(sandbox_intervals(results))
+    assert 2 <= deepest <= 4, deepest
+
+
+# Runs wherever the pool runs its functions (Ray pickles module-level functions by reference).
 async def backend_identity(spec: BackendSpec) -> tuple[int, int]:
     return os.getpid(), id(backend_for(spec))
 
@@ -263,16 +291,18 @@ async def test_backend_is_built_once_per_tool_not_per_call(http_tool: VerlHarnes
         response, _, _ = await http_tool.call(f"print({i})")
         assert response.text == str(i)
     identities = {await http_tool.tool.pool.run(backend_identity, http_tool.tool.spec) for _ in range(3)}
-    assert len(identities) == 1 and identities.pop()[0] != os.getpid()
+    assert len(identities) == 1 and identities.pop()[0] == os.getpid()  # the default pool runs here
 
 
 async def test_a_dead_pool_actor_is_reported_then_replaced(tmp_path: Path, sf_server: ServerHandle,
                                                            ray_local: RayCluster) -> None:
     import ray
 
-    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url))
+    harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url, pool="ray_actor"))
     try:
         assert (await harness.call("print('first')"))[0].text == "first"
+        pid, _ = await harness.tool.pool.run(backend_identity, harness.tool.spec)
+        assert pid != os.getpid()  # the backend lives in the pool actor
         ray.kill(harness.tool.pool._actor, no_restart=True)
         response, _, metrics = await harness.call("print('second')")
         assert response.text.startswith("Sandbox error: execution pool actor unavailable")

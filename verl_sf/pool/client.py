@@ -211,6 +211,17 @@ class LimiterClient:
                 await self._handle.unregister.remote(self._lease)
         self._lease = None
 
+    def abandon(self) -> None:
+        """Give the lease up without awaiting: for a client whose event loop has closed (its
+        poller and sender cannot run any more).  The limiter takes back every permit the
+        lease held or waited for at once, instead of after `lease_ttl_s`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._lease is not None and self._handle is not None:
+            self._handle.unregister.remote(self._lease)  # fire and forget: nothing here can await it
+        self._lease = None
+
     # ---- internals ------------------------------------------------------------------------
 
     def _check_open(self) -> None:

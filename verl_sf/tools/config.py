@@ -31,7 +31,7 @@ class ToolConfig(BaseModel):
     """http (the Sandbox Fusion API at `sandbox_fusion_url`), local (in-process executor), daytona."""
     sandbox_fusion_url: Optional[str] = None
     num_workers: int = Field(10, gt=0)
-    """Concurrent calls one tool's execution pool actor accepts (verl's meaning)."""
+    """Concurrent calls one tool object runs at once (verl's meaning: its pool actor's slots)."""
     rate_limit: int = Field(10, gt=0)
     """Executions in flight across the whole Ray cluster (verl's meaning: a cap, not per second)."""
     enable_global_rate_limit: bool = True
@@ -44,9 +44,10 @@ class ToolConfig(BaseModel):
     """ReTool: print the value of a trailing bare expression, as a REPL would."""
     max_output_chars: int = Field(8192, gt=0)
     """Cap on the text returned to the model (head and tail kept, cut marked)."""
-    pool: Literal["auto", "ray", "inprocess"] = "auto"
-    """ray: the Ray execution pool and cluster-wide limiter; inprocess: an asyncio limiter in
-    this process (no Ray needed); auto: ray when Ray is initialized, else inprocess."""
+    pool: Literal["auto", "ray", "ray_actor", "inprocess"] = "auto"
+    """ray: run in this process under a permit of the cluster-wide limiter; ray_actor: in an
+    ExecutionWorker actor behind the same limiter; inprocess: an asyncio limiter in this
+    process (no Ray needed); auto: ray when Ray is initialized, else inprocess."""
     http: dict[str, Any] = Field(default_factory=dict)
     """`http:` sub-block: HttpSandboxBackend options (max_retries, backoff_base_s, ...)."""
     local: dict[str, Any] = Field(default_factory=dict)

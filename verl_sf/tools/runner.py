@@ -1,8 +1,8 @@
 """What runs where: picklable backend specs, and the functions the execution pool runs.
 
-The tool object lives in a verl rollout worker; its executions run inside its Ray
-execution-pool actor (or, without Ray, in the tool's own process).  So the tool ships a
-small picklable `BackendSpec` plus the request, and the process that runs it keeps one
+The tool object lives in a verl rollout worker; its executions run in that process (the
+default) or inside an execution-pool actor (`pool: ray_actor`).  So the tool hands the pool
+a small picklable `BackendSpec` plus the request, and the process that runs it keeps one
 backend per spec and event loop (`backend_for`): HTTP connections, the local executor's
 warm slots and Daytona sandboxes are set up once, not per call.
 """
