@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -30,18 +31,20 @@ class SlotCgroup:
         self.memory_dir = memory_dir
         self.pids_dir = pids_dir
         self.v2 = v2
-        self._memory_limit = -1
+        self._memory_limit: Optional[int] = None
 
     @property
     def procs_files(self) -> list[str]:
         dirs = {self.memory_dir, self.pids_dir}
         return [str(d / "cgroup.procs") for d in dirs]
 
-    def set_memory_limit(self, limit_bytes: int) -> None:
+    def set_memory_limit(self, limit_bytes: Optional[int]) -> None:
+        """Cap the slot's memory; None lifts the cap (while a warm interpreter starts)."""
         if limit_bytes == self._memory_limit:
             return
         name = "memory.max" if self.v2 else "memory.limit_in_bytes"
-        _write(self.memory_dir / name, str(limit_bytes))
+        unlimited = "max" if self.v2 else "-1"
+        _write(self.memory_dir / name, unlimited if limit_bytes is None else str(limit_bytes))
         self._memory_limit = limit_bytes
 
     def set_pids_limit(self, count: int) -> None:

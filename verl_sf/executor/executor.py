@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import dataclasses
 import logging
 import os
@@ -67,13 +68,13 @@ class Executor:
         if self.config.isolation == IsolationMode.sandbox:
             check_isolation_support()
             self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}")
-        self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python)
+        self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload)
         self._launcher = SandboxLauncher(self.config, self.toolchains)
         cgroups = self.cgroups if self.cgroups and self.cgroups.available else None
-        full = self.config.fast_path and bool(self.config.preload)
-        self._slots = [Slot(i, self._launcher, cgroups.slot(i) if cgroups else None, full)
-                       for i in range(self.config.workers)]
-        self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, self.config.preload)) + r")\b") if full else None
+        self._slots = [Slot(i, self._launcher, cgroups.slot(i) if cgroups else None) for i in range(self.config.workers)]
+        heavy = [name for name in self.config.preload if name in self.toolchains.importable]
+        if self.config.fast_path and heavy:
+            self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, heavy)) + r")\b")
         for slot in self._slots:
             if slot.cgroup:
                 slot.cgroup.set_pids_limit(self.config.max_processes + 8)
@@ -108,7 +109,14 @@ class Executor:
         return self.toolchains.available_languages() if self.toolchains else []
 
     def preloaded(self) -> list[str]:
-        return self._slots[0].preloaded if self._slots else []
+        """The heavy libraries served from warm interpreters (those the runtime has)."""
+        if self.toolchains is None:
+            return []
+        return [name for name in self.config.preload if name in self.toolchains.importable]
+
+    def warm_interpreters(self) -> dict[str, int]:
+        """Running warm interpreters by flavor, summed over slots (heavy ones start on first use)."""
+        return dict(collections.Counter(flavor for slot in self._slots for flavor in slot.zygotes))
 
     def cgroups_status(self) -> str:
         if self.cgroups is None:
@@ -140,13 +148,16 @@ class Executor:
                 "nofile": cfg.max_open_files, "nproc": cfg.max_processes}
 
     def _flavor_for(self, code: str) -> str:
-        """Fork from the full interpreter only when the code names a preloaded heavy library.
+        """The smallest warm interpreter that has what the code names: lean, the one library's, or full.
 
-        Only a speed choice: code that imports one anyway (say via __import__) still works
-        from the lean interpreter, it just pays for the import."""
-        if self._heavy_names is not None and self._heavy_names.search(code):
-            return FULL
-        return LEAN
+        Only a speed choice: code that imports a library anyway (say via __import__) still
+        works from any interpreter, it just pays for the import."""
+        if self._heavy_names is None:
+            return LEAN
+        named = set(self._heavy_names.findall(code))
+        if not named:
+            return LEAN
+        return named.pop() if len(named) == 1 else FULL
 
     def _memory_mb(self, requested: int) -> int:
         return self.config.default_memory_mb if requested == -1 else requested
@@ -209,7 +220,7 @@ class Executor:
         memory_mb = self.config.default_memory_mb
         slot, queue_wait = await self._acquire()
         try:
-            reply = await slot.job(job, memory_mb, FULL if slot.has(FULL) else LEAN)
+            reply = await slot.job(job, memory_mb, self._flavor_for("\n".join(request.cells)))
         except SlotCrashed as exc:
             return RunJupyterResponse(status=RunStatus.SandboxError, message=f"sandbox slot failed: {exc}",
                                       executor_pod_name=self.config.pod_name, queue_wait=queue_wait)

@@ -76,7 +76,8 @@ class Toolchains:
     executables: dict[str, str]
     extra_dirs: tuple[str, ...]
     missing: dict[str, tuple[str, ...]]
-    pytest_available: bool
+    importable: frozenset[str]
+    """Modules (of those asked about) the runtime python can import."""
 
     def available_languages(self) -> list[str]:
         return sorted(name for name in SPECS if name not in self.missing)
@@ -100,7 +101,15 @@ def _rust_toolchain(path: str) -> tuple[str, Optional[str]]:
     return (real, sysroot) if os.path.exists(real) else (path, None)
 
 
-def detect_toolchains(python: str) -> Toolchains:
+def importable_modules(python: str, modules: tuple[str, ...]) -> frozenset[str]:
+    """Which of `modules` the runtime python finds (one probe process, nothing imported)."""
+    probe = "import importlib.util, sys\nprint(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m)))"
+    found = subprocess.run([python, "-I", "-c", probe, *modules], capture_output=True, text=True)
+    return frozenset(found.stdout.split())
+
+
+def detect_toolchains(python: str, modules: tuple[str, ...] = ()) -> Toolchains:
+    """Resolve every language's tools; `modules` are runtime libraries to look for besides pytest."""
     executables: dict[str, str] = {}
     extra: set[str] = set()
     missing: dict[str, tuple[str, ...]] = {}
@@ -127,7 +136,7 @@ def detect_toolchains(python: str) -> Toolchains:
             executables[tool] = path
         if absent:
             missing[spec.name] = tuple(absent)
-    pytest_available = subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode == 0
-    if not pytest_available:
+    importable = importable_modules(python, ("pytest", *modules))
+    if "pytest" not in importable:
         missing["pytest"] = ("pytest (in the runtime python)",)
-    return Toolchains(python, executables, tuple(sorted(extra)), missing, pytest_available)
+    return Toolchains(python, executables, tuple(sorted(extra)), missing, importable)

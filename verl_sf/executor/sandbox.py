@@ -107,9 +107,19 @@ class SandboxLauncher:
             return SANDBOX_WORKDIR
         return os.path.join(self._state_dir, f"slot{index}-{flavor}")
 
+    def heavy_preload(self, flavor: str) -> list[str]:
+        """A flavor is `lean` (stdlib only), one preloaded library by name, or `full` (all of them)."""
+        if flavor == "lean":
+            return []
+        if flavor == "full":
+            return list(self.config.preload)
+        if flavor not in self.config.preload:
+            raise ValueError(f"unknown interpreter flavor {flavor!r}")
+        return [flavor]
+
     def zygote_argv(self, index: int, flavor: str) -> list[str]:
         workdir = self.slot_workdir(index, flavor)
-        preload = list(LEAN_PRELOAD) + (list(self.config.preload) if flavor == "full" else [])
+        preload = list(LEAN_PRELOAD) + self.heavy_preload(flavor)
         zygote_config = {
             "isolated": self.isolated,
             "workdir": workdir,

@@ -1,8 +1,12 @@
 """One sandbox slot seen from the server: its warm interpreters and the JSON-lines pipes to them.
 
-A slot holds a lean zygote (stdlib only) and, when heavy libraries are preloaded, a full one.
-Both live in the slot's cgroup and each in its own sandbox; the slot runs one job at a time,
-so they never compete for its memory cap.
+A slot holds a lean zygote (stdlib only), started with the slot, and one zygote per heavy
+flavor (a preloaded library, or `full` for code naming several), started on the flavor's
+first job.  Fork and exit cost grow with the parent's memory, so a numpy run forked from a
+numpy-only interpreter costs about half of one forked from an interpreter that also holds
+sympy and scipy; starting flavors on demand keeps idle memory to what the workload uses.
+All zygotes live in the slot's cgroup, each in its own sandbox; the slot runs one job at a
+time, so they never compete for its memory cap.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ class ZygoteProcess:
         self.launcher = launcher
         self.cgroup = cgroup
         self.process: Optional[asyncio.subprocess.Process] = None
-        self.preloaded: list[str] = []
 
     async def start(self) -> None:
         procs = self.cgroup.procs_files if self.cgroup else []
@@ -48,8 +51,7 @@ class ZygoteProcess:
         )
         hello = await self._read()
         if not hello.get("ready"):
-            raise RuntimeError(f"sandbox slot {self.index} ({self.flavor}) failed to start: {hello}")
-        self.preloaded = hello.get("preloaded", [])
+            raise SlotCrashed(f"sandbox slot {self.index} ({self.flavor}) failed to start: {hello}")
 
     async def _read(self) -> dict[str, Any]:
         assert self.process and self.process.stdout
@@ -93,27 +95,41 @@ class ZygoteProcess:
 class Slot:
     """Runs one job at a time; the executor's queue hands out idle slots."""
 
-    def __init__(self, index: int, launcher: SandboxLauncher, cgroup: Optional[SlotCgroup], full: bool):
+    def __init__(self, index: int, launcher: SandboxLauncher, cgroup: Optional[SlotCgroup]):
         self.index = index
         self.cgroup = cgroup
-        flavors = (LEAN, FULL) if full else (LEAN,)
-        self.zygotes = {flavor: ZygoteProcess(index, flavor, launcher, cgroup) for flavor in flavors}
+        self._launcher = launcher
+        self.zygotes = {LEAN: ZygoteProcess(index, LEAN, launcher, cgroup)}
         self.baseline_memory = 0
 
-    @property
-    def preloaded(self) -> list[str]:
-        return self.zygotes.get(FULL, self.zygotes[LEAN]).preloaded
-
-    def has(self, flavor: str) -> bool:
-        return flavor in self.zygotes
-
     async def start(self) -> None:
-        await asyncio.gather(*(z.start() for z in self.zygotes.values()))
+        await self.zygotes[LEAN].start()
+        self._measure_baseline()
+
+    def _measure_baseline(self) -> None:
+        """The memory the warm interpreters hold; a run's cap is this plus its own limit."""
         if self.cgroup:
             self.baseline_memory = self.cgroup.memory_usage()
 
+    async def _zygote(self, flavor: str) -> ZygoteProcess:
+        zygote = self.zygotes.get(flavor)
+        if zygote is not None:
+            return zygote
+        zygote = ZygoteProcess(self.index, flavor, self._launcher, self.cgroup)
+        if self.cgroup:
+            self.cgroup.set_memory_limit(None)  # the last run's cap must not kill the import
+        try:
+            await zygote.start()
+        except BaseException:
+            await zygote.stop()
+            raise
+        self.zygotes[flavor] = zygote
+        self._measure_baseline()
+        return zygote
+
     async def job(self, request: dict[str, Any], memory_limit_mb: int, flavor: str = LEAN) -> dict[str, Any]:
         """Run one request on the chosen interpreter under the slot's memory cap."""
+        zygote = await self._zygote(flavor)
         ooms_before = 0
         if self.cgroup:
             try:
@@ -122,7 +138,7 @@ class Slot:
                 return {"status": "Error", "stdout": "", "return_code": None, "execution_time": 0.0,
                         "stderr": f"could not apply memory_limit_MB={memory_limit_mb}: {exc}"}
             ooms_before = self.cgroup.oom_kills()
-        reply = await self.zygotes[flavor].job(request)
+        reply = await zygote.job(request)
         if self.cgroup and self.cgroup.oom_kills() > ooms_before:
             reply["oom_killed"] = True
         return reply

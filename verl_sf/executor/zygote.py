@@ -105,7 +105,7 @@ class Zygote:
         os.environ.update(self.env)
         if self.isolated:
             _shrink_capabilities()
-        self.preloaded = self._preload(config.get("preload", []))
+        self._preload(config.get("preload", []))
         self.ready_child = None
         self.unreaped = None
         self._prepare_dirs()
@@ -127,7 +127,6 @@ class Zygote:
         gc.collect()
         gc.freeze()  # keeps the collector from dirtying shared pages in every child
         self._collapse_heap()
-        return loaded
 
     @staticmethod
     def _collapse_heap():
@@ -160,7 +159,7 @@ class Zygote:
     # ---- main loop -------------------------------------------------------------------
     def serve(self):
         self.prepare()
-        self._reply({"ready": True, "preloaded": self.preloaded, "pid": os.getpid()})
+        self._reply({"ready": True, "pid": os.getpid()})
         while True:
             line = self.req.readline()
             if not line:

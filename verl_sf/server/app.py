@@ -120,6 +120,7 @@ async def health(request: web.Request) -> web.Response:
         "cgroups": executor.cgroups_status(),
         "fast_path": executor.config.fast_path,
         "preloaded": executor.preloaded(),
+        "warm_interpreters": executor.warm_interpreters(),
         "languages": executor.languages(),
         "workers": executor.config.workers,
         "in_flight": executor.stats.in_flight,

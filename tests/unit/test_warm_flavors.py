@@ -1,0 +1,75 @@
+"""Each heavy library has its own warm interpreter, started on first use, chosen by the code's text."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import requests
+
+from tests.server_fixtures import ServerHandle, run_code, start_server, stop_server
+
+# Which heavy libraries the run's interpreter already holds; the names are spelled so the
+# probe itself does not name (and so select) any of them.
+PROBE = "import sys\nprint(sorted(m for m in ('num' + 'py', 'sym' + 'py', 'sci' + 'py') if m in sys.modules))"
+
+
+@pytest.fixture(scope="module")
+def one_slot() -> Iterator[ServerHandle]:
+    server = start_server("--workers", "1")
+    yield server
+    stop_server(server.process)
+
+
+def warm(server: ServerHandle) -> dict[str, int]:
+    return requests.get(server.url + "/health", timeout=10).json()["warm_interpreters"]
+
+
+def stdout(body: dict) -> str:
+    assert body["status"] == "Success", body
+    return body["run_result"]["stdout"].strip()
+
+
+def test_heavy_interpreters_start_on_first_use(one_slot: ServerHandle) -> None:
+    assert warm(one_slot) == {"lean": 1}
+    assert stdout(run_code(one_slot, PROBE)) == "[]"
+    assert warm(one_slot) == {"lean": 1}
+    assert stdout(run_code(one_slot, "import numpy\n" + PROBE)) == "['numpy']"
+    assert warm(one_slot) == {"lean": 1, "numpy": 1}
+
+
+def test_code_naming_one_library_forks_from_its_interpreter(one_slot: ServerHandle) -> None:
+    assert stdout(run_code(one_slot, "import sympy\n" + PROBE)) == "['sympy']"
+    # scipy imports numpy itself; sympy stays out.
+    assert "'sympy'" not in stdout(run_code(one_slot, "import scipy.special\n" + PROBE))
+
+
+def test_code_naming_several_libraries_forks_from_the_full_interpreter(one_slot: ServerHandle) -> None:
+    body = run_code(one_slot, "import numpy, sympy\n" + PROBE)
+    assert stdout(body) == "['numpy', 'scipy', 'sympy']"
+    assert warm(one_slot)["full"] == 1
+
+
+def test_a_small_memory_cap_before_does_not_break_a_heavy_start() -> None:
+    """The slot's cgroup keeps the last run's cap; starting an interpreter must not be held to it."""
+    server = start_server("--workers", "1")
+    try:
+        assert stdout(run_code(server, "print('small')", memory_limit_MB=16)) == "small"
+        body = run_code(server, "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 4, x))",
+                        memory_limit_MB=512)
+        assert stdout(body) == "[-2, 2]"
+        # And the cap applies to runs forked from it: its baseline includes the new interpreter.
+        capped = run_code(server, "import sympy\nx = bytearray(300 << 20)\nprint('survived')", memory_limit_MB=64)
+        assert capped["run_result"]["return_code"] == -9 and "survived" not in capped["run_result"]["stdout"]
+        assert stdout(run_code(server, "import sympy\nprint(sympy.Integer(6) * 7)", memory_limit_MB=64)) == "42"
+    finally:
+        stop_server(server.process)
+
+
+def test_preload_none_keeps_only_lean_interpreters() -> None:
+    server = start_server("--workers", "1", "--preload", "")
+    try:
+        assert stdout(run_code(server, "import numpy\n" + PROBE)) == "['numpy']"  # imported by the run itself
+        assert warm(server) == {"lean": 1}
+    finally:
+        stop_server(server.process)
