@@ -6,13 +6,19 @@ Two measurements, both on a local Ray instance this script starts (and stops):
 1. limiter   grants+releases per second through `LimiterClient` (acquire, then release
              at once), from one client process and from several client actors, with the
              cap out of the way and with the cap binding (callers queue).  Goal >= 5,000/s.
-2. e2e       calls/s against a `verl-sf serve` at concurrency C, sent directly with
-             `HttpSandboxBackend` from this process, and through
-             `init_execution_pool(num_workers=C, rate_limit=C)`.  Rounds alternate
-             direct/pool and the median of each is reported, with the CPU each component
-             (driver, pool actor, limiter, server, rest of Ray) spent per call.  Two
-             workloads: `print(1)` (pure overhead) and a ~20 ms computation (a typical
-             math tool call).  Goal: pool <= 10% slower.
+2. e2e       calls/s against a `verl-sf serve` at concurrency C over three paths:
+               direct     `HttpSandboxBackend.run_code` from this process (no pool);
+               ray        the tool's default under Ray (`pool: ray`): the same call in this
+                          process, under a permit of the cluster-wide limiter
+                          (`verl_sf.tools.pools.RayLimiterPool`, num_workers=rate_limit=C);
+               ray_actor  `pool: ray_actor`: through an ExecutionWorker actor
+                          (`init_execution_pool(num_workers=C, rate_limit=C)`).
+             The pooled paths send what the tool sends (`run_request` + a BackendSpec).
+             Rounds alternate the paths and the median of each is reported with its
+             overhead against direct and the CPU each component (driver, pool actor,
+             limiters, server, rest of Ray) spent per call.  Two workloads: `print(1)`
+             (pure overhead) and a ~20 ms computation (a typical math tool call).
+             Goal: <= 10% slower than direct.
 
 Examples:
   python scripts/benchmark_pool.py                       # both, server started by the script
@@ -38,9 +44,10 @@ from typing import Any, Optional
 
 import ray
 
-from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_limiter
+from verl_sf.tools.pools import RayLimiterPool
+from verl_sf.tools.runner import BackendSpec, backend_for, close_backend, run_request
 from verl_sf.server.process import start_server_process, stop_server_process as stop_server
 
 BENCH_LIMITER = "verl-sf-benchmark-limiter"
@@ -153,8 +160,13 @@ def print_row(row: dict[str, Any]) -> None:
 
 # ---- end to end -------------------------------------------------------------------------------
 
-async def run_in_sandbox(backend: HttpSandboxBackend, request: RunCodeRequest) -> RunCodeResponse:
-    return await backend.run_code(request)
+# The three ways a call can reach the server, named as the tool's `pool:` values where they
+# are one: `direct` (no pool), `ray` (the tool's default under Ray: this process, under a
+# cluster-wide permit) and `ray_actor` (through an ExecutionWorker actor).
+PATHS = ("direct", "ray", "ray_actor")
+# One limiter per pooled path: each keeps up to C idle permits, so with one shared limiter
+# the path measured second would first have to win them back from the other.
+E2E_LIMITERS = {"ray": "verl-sf-benchmark-e2e", "ray_actor": "verl-sf-benchmark-e2e-actor"}
 
 
 async def _drive(call, requests: int, concurrency: int) -> float:
@@ -200,24 +212,31 @@ class ProcSnapshot:
         return total
 
 
-def cpu_by_component(me: int, server_pid: Optional[int], pool_pid: int, limiter_pid: int) -> dict[str, float]:
-    """Where a call's CPU goes: this driver, the pool actor, the limiter, the server (if we
+def cpu_by_component(me: int, server_pid: Optional[int], pool_pid: int, limiter_pids: tuple[int, ...]
+                     ) -> dict[str, float]:
+    """Where a call's CPU goes: this driver, the pool actor, the limiters, the server (if we
     started it) and the rest of Ray (GCS, raylet, idle workers: the driver's other children)."""
     snap = ProcSnapshot()
-    parts = {"driver": sum(os.times()[:2]), "pool actor": snap.tree(pool_pid), "limiter": snap.tree(limiter_pid)}
+    parts = {"driver": sum(os.times()[:2]), "pool actor": snap.tree(pool_pid),
+             "limiter": sum(snap.tree(pid) for pid in limiter_pids)}
     if server_pid is not None:
         parts["server"] = snap.tree(server_pid)
-    parts["ray system"] = sum(snap.tree(child, exclude=(server_pid, pool_pid, limiter_pid))
+    parts["ray system"] = sum(snap.tree(child, exclude=(server_pid, pool_pid, *limiter_pids))
                               for child in snap.children.get(me, []))
     return parts
 
 
 async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> list[dict[str, Any]]:
-    backend = HttpSandboxBackend(url)
-    pool = init_execution_pool(args.concurrency, rate_limit=args.concurrency, limiter_name=BENCH_LIMITER)
-    await pool.start.remote()
-    pool_pid = (await pool.stats.remote())["pid"]
-    limiter_pid = (await ray.get_actor(BENCH_LIMITER).stats.remote())["pid"]
+    # The pooled paths send what the tool sends: `run_request` (pickled by reference) and a
+    # small BackendSpec; the process that runs it keeps one HttpSandboxBackend per loop.
+    spec = BackendSpec("http", url)
+    direct_backend = backend_for(spec)
+    limiter_pool = RayLimiterPool(args.concurrency, args.concurrency, limiter_name=E2E_LIMITERS["ray"])
+    actor = init_execution_pool(args.concurrency, rate_limit=args.concurrency, limiter_name=E2E_LIMITERS["ray_actor"])
+    await actor.start.remote()
+    await limiter_pool.run(run_request, spec, RunCodeRequest(code="print(1)", language="python"))
+    pool_pid = (await actor.stats.remote())["pid"]
+    limiter_pids = tuple([(await ray.get_actor(name).stats.remote())["pid"] for name in E2E_LIMITERS.values()])
     me = os.getpid()
     results = []
     for workload in args.workload:
@@ -225,40 +244,45 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
         requests = args.requests if workload == "print" else max(1, args.requests // 4)
 
         async def direct() -> RunCodeResponse:
-            return await backend.run_code(request)
+            return await direct_backend.run_code(request)
 
-        async def pooled() -> RunCodeResponse:
-            return await pool.execute.remote(run_in_sandbox, backend, request)
+        async def in_process() -> RunCodeResponse:
+            return (await limiter_pool.run(run_request, spec, request)).response
 
+        async def via_actor() -> RunCodeResponse:
+            return (await actor.execute.remote(run_request, spec, request)).response
+
+        calls = {"direct": direct, "ray": in_process, "ray_actor": via_actor}
         warm = min(requests, 2 * args.concurrency)
-        await _drive(direct, warm, args.concurrency)
-        await _drive(pooled, warm, args.concurrency)
-        rates: dict[str, list[float]] = {"direct": [], "pool": []}
-        cpu: dict[str, list[dict[str, float]]] = {"direct": [], "pool": []}
+        for call in calls.values():
+            await _drive(call, warm, args.concurrency)
+        rates: dict[str, list[float]] = {name: [] for name in PATHS}
+        cpu: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
         for round_ in range(args.rounds):
-            for name, call in (("direct", direct), ("pool", pooled)):
-                before = cpu_by_component(me, server_pid, pool_pid, limiter_pid)
-                rates[name].append(await _drive(call, requests, args.concurrency))
-                after = cpu_by_component(me, server_pid, pool_pid, limiter_pid)
+            for name in PATHS:
+                before = cpu_by_component(me, server_pid, pool_pid, limiter_pids)
+                rates[name].append(await _drive(calls[name], requests, args.concurrency))
+                after = cpu_by_component(me, server_pid, pool_pid, limiter_pids)
                 cpu[name].append({k: 1000 * (after[k] - before[k]) / requests for k in after})
-                print(f"  {workload:<8} round {round_ + 1}: {name:<6} {rates[name][-1]:8.1f} calls/s", flush=True)
-        direct_median, pool_median = statistics.median(rates["direct"]), statistics.median(rates["pool"])
+                print(f"  {workload:<8} round {round_ + 1}: {name:<9} {rates[name][-1]:8.1f} calls/s", flush=True)
+        medians = {name: statistics.median(r) for name, r in rates.items()}
         row = {"workload": workload, "code": WORKLOADS[workload], "concurrency": args.concurrency,
-               "requests_per_round": requests, "rounds": args.rounds,
-               "direct_calls_per_s": rates["direct"], "pool_calls_per_s": rates["pool"],
-               "direct_median": direct_median, "pool_median": pool_median,
-               "overhead_pct": 100.0 * (1.0 - pool_median / direct_median),
+               "requests_per_round": requests, "rounds": args.rounds, "calls_per_s": rates, "median": medians,
+               "overhead_pct": {name: 100.0 * (1.0 - medians[name] / medians["direct"]) for name in PATHS[1:]},
                "cpu_ms_per_call": {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
                                    for name, rows in cpu.items()}}
         results.append(row)
-        print(f"  {workload:<8} median direct {direct_median:.1f} calls/s, pool {pool_median:.1f} calls/s, "
-              f"overhead {row['overhead_pct']:.1f}%", flush=True)
+        print(f"  {workload:<8} median calls/s: " + ", ".join(f"{n} {medians[n]:.1f}" for n in PATHS)
+              + "; overhead vs direct: " + ", ".join(f"{n} {v:.1f}%" for n, v in row["overhead_pct"].items()),
+              flush=True)
         for name, split in row["cpu_ms_per_call"].items():
             print(f"           cpu ms/call ({name}): " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()), flush=True)
-    await backend.close()
-    await pool.close.remote()
-    ray.kill(pool)
-    shutdown_global_limiter(BENCH_LIMITER)
+    await close_backend(spec)
+    await limiter_pool.close()
+    await actor.close.remote()
+    ray.kill(actor)
+    for name in E2E_LIMITERS.values():
+        shutdown_global_limiter(name)
     return results
 
 
@@ -293,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             url = args.url
             if url is None:
                 server, url = start_server(args.server_arg, server_cpus)
-            print(f"end to end at c={args.concurrency} against {url} (goal: pool overhead <= 10%):", flush=True)
+            print(f"end to end at c={args.concurrency} against {url} (goal: overhead <= 10%):", flush=True)
             report["e2e"] = asyncio.run(bench_e2e(args, url, server.pid if server else None))
     finally:
         if server is not None:
