@@ -141,17 +141,20 @@ def test_nothing_of_one_run_is_visible_to_the_next(one_slot_server: ServerHandle
     first = ("import os, sys, math, builtins\n"
              "open('left_behind.txt', 'w').write('x'); open('/tmp/tmp_left.txt', 'w').write('x')\n"
              "math.pi = 3; builtins.LEAK = 1; sys.modules['json'] = None; globals()['g'] = 1\n"
+             "sys.stdout.reconfigure(errors='strict', line_buffering=True); sys.stdout.leak = 1\n"
              "import subprocess; subprocess.Popen(['sleep', '300'])\n"
              "print('planted')")
     assert run_code(one_slot_server, first)["run_result"]["stdout"] == "planted\n"
     second = ("import os, math, builtins, json\n"
               "print(sorted(os.listdir('.')), 'tmp_left.txt' in os.listdir('/tmp'))\n"
               "print(math.pi, hasattr(builtins, 'LEAK'), 'g' in globals())\n"
+              "import sys; print(sys.stdout.errors, sys.stdout.line_buffering, hasattr(sys.stdout, 'leak'))\n"
               "print([p for p in os.listdir('/proc') if p.isdigit()])")
     lines = run_code(one_slot_server, second)["run_result"]["stdout"].splitlines()
     assert lines[0] == "[] False"
     assert lines[1] == "3.141592653589793 False False"
-    assert lines[2] == "['1']"  # only this run's own process
+    assert lines[2] == "backslashreplace False False"  # the streams are the zygote's, one copy per run
+    assert lines[3] == "['1']"  # only this run's own process
     assert_no_sandbox_processes_remain(one_slot_server)
 
 
