@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""The floor under any fresh-process-per-run fast path on this machine.
+
+Imports what the lean warm interpreter imports, freezes the heap as the zygote does, then
+forks, lets the child do nothing (or only the per-run namespaces), and reaps it, N times.
+The CPU per iteration (parent and children, from os.times) is what one run costs before it
+executes a single line of user code: the fork's page-table and VMA copy, copy-on-write
+faults of both processes, and the exit's unmapping.  Two cores divided by it is the most
+runs per second any fork-per-run design can reach here, before HTTP and the server.
+
+Run as root for the namespace variants:  python scripts/fork_floor.py --iterations 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import importlib
+import os
+import subprocess
+import sys
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+def measure(iterations: int, namespaces: bool) -> float:
+    """CPU seconds per fork + exit + waitpid, children included."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    before = os.times()
+    for _ in range(iterations):
+        if namespaces:
+            libc.setns(own_pidns, CLONE_NEWPID)
+            libc.unshare(CLONE_NEWPID)
+        pid = os.fork()
+        if pid == 0:
+            if namespaces:
+                libc.unshare(CLONE_NEWNS | CLONE_NEWIPC)
+                libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    after = os.times()
+    os.close(own_pidns)
+    spent = sum(after[:4]) - sum(before[:4])
+    return spent / iterations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--modules", help="(internal) what to import; by default the lean interpreter's list")
+    args = parser.parse_args()
+    if args.modules is None:
+        # Measure in a clean interpreter (-I, like the zygote), not in one holding this package.
+        from verl_sf.executor.config import LEAN_PRELOAD
+
+        command = [sys.executable, "-I", __file__, "--iterations", str(args.iterations), "--modules", ",".join(LEAN_PRELOAD)]
+        raise SystemExit(subprocess.run(command).returncode)
+    for name in filter(None, args.modules.split(",")):
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+    rss_kb = int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1])
+    cores = len(os.sched_getaffinity(0))
+    variants = [("fork + exit + waitpid", False)]
+    if os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.unshare(CLONE_NEWNS)  # our own mount namespace: the children's /proc mounts stay in it
+        libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+        variants.append(("+ new PID, mount, IPC namespaces and /proc", True))
+    print(f"interpreter RSS {rss_kb / 1024:.1f} MiB (lean preload, frozen heap), {cores} cores")
+    for label, namespaces in variants:
+        measure(max(1, args.iterations // 10), namespaces)  # warm-up
+        per_run = measure(args.iterations, namespaces)
+        print(f"  {label:<45} {per_run * 1000:6.3f} ms CPU per run -> at most {cores / per_run:6.0f} runs/s")
+
+
+if __name__ == "__main__":
+    main()
