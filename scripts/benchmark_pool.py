@@ -14,8 +14,10 @@ Two measurements, both on a local Ray instance this script starts (and stops):
                ray_actor  `pool: ray_actor`: through an ExecutionWorker actor
                           (`init_execution_pool(num_workers=C, rate_limit=C)`).
              The pooled paths send what the tool sends (`run_request` + a BackendSpec).
-             Rounds alternate the paths and the median of each is reported with its
-             overhead against direct and the CPU each component (driver, pool actor,
+             Each round runs every path once, back to back (the order rotates); a path's
+             overhead is the median over rounds of its shortfall against direct in the
+             same round, so load that shifts between rounds cancels out.  Also reported:
+             median calls/s per path and the CPU each component (driver, pool actor,
              limiters, server, rest of Ray) spent per call.  Two workloads: `print(1)`
              (pure overhead) and a ~20 ms computation (a typical math tool call).
              Goal: <= 10% slower than direct.
@@ -259,7 +261,7 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
         rates: dict[str, list[float]] = {name: [] for name in PATHS}
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
         for round_ in range(args.rounds):
-            for name in PATHS:
+            for name in PATHS[round_ % len(PATHS):] + PATHS[:round_ % len(PATHS)]:  # no path always first
                 before = cpu_by_component(me, server_pid, pool_pid, limiter_pids)
                 rates[name].append(await _drive(calls[name], requests, args.concurrency))
                 after = cpu_by_component(me, server_pid, pool_pid, limiter_pids)
@@ -268,7 +270,9 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
         medians = {name: statistics.median(r) for name, r in rates.items()}
         row = {"workload": workload, "code": WORKLOADS[workload], "concurrency": args.concurrency,
                "requests_per_round": requests, "rounds": args.rounds, "calls_per_s": rates, "median": medians,
-               "overhead_pct": {name: 100.0 * (1.0 - medians[name] / medians["direct"]) for name in PATHS[1:]},
+               "overhead_pct": {name: statistics.median(100.0 * (1.0 - pooled / direct)
+                                                        for pooled, direct in zip(rates[name], rates["direct"]))
+                                for name in PATHS[1:]},
                "cpu_ms_per_call": {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
                                    for name, rows in cpu.items()}}
         results.append(row)
