@@ -73,3 +73,13 @@ def test_preload_none_keeps_only_lean_interpreters() -> None:
         assert warm(server) == {"lean": 1}
     finally:
         stop_server(server.process)
+
+
+def test_a_trickle_of_numpy_calls_reuses_one_warm_slot() -> None:
+    server = start_server("--workers", "3")
+    try:
+        for _ in range(5):
+            assert stdout(run_code(server, "import numpy as np\nprint(np.arange(4).sum())")) == "6"
+        assert warm(server) == {"lean": 3, "numpy": 1}
+    finally:
+        stop_server(server.process)

@@ -23,6 +23,7 @@ from verl_sf.executor.config import ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import SPECS, Toolchains, detect_toolchains
 from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
 from verl_sf.executor.slot import FULL, LEAN, Slot, SlotCrashed
+from verl_sf.executor.slot_queue import SlotQueue
 from verl_sf.models import (
     CellRunResult,
     CommandRunResult,
@@ -58,7 +59,7 @@ class Executor:
         self._launcher: Optional[SandboxLauncher] = None
         self._slots: list[Slot] = []
         self._heavy_names: Optional[re.Pattern[str]] = None
-        self._idle: asyncio.Queue[Slot] = asyncio.Queue()
+        self._idle = SlotQueue()
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -80,7 +81,7 @@ class Executor:
                 slot.cgroup.set_pids_limit(self.config.max_processes + 8)
         await asyncio.gather(*(slot.start() for slot in self._slots))
         for slot in self._slots:
-            self._idle.put_nowait(slot)
+            self._idle.put(slot)
 
     async def close(self) -> None:
         await asyncio.gather(*(slot.stop() for slot in self._slots), return_exceptions=True)
@@ -124,14 +125,14 @@ class Executor:
         return "on" if self.cgroups.available else self.cgroups.reason
 
     # ---- admission -------------------------------------------------------------------
-    async def _acquire(self) -> tuple[Slot, float]:
+    async def _acquire(self, flavor: str) -> tuple[Slot, float]:
         arrived = time.monotonic()
-        if self._idle.empty() and self.stats.queued >= self.config.max_queue:
+        if not self._idle.has_idle() and self.stats.queued >= self.config.max_queue:
             self.stats.rejected += 1
             raise Overloaded(f"{self.stats.queued} requests already waiting (max_queue={self.config.max_queue})")
         self.stats.queued += 1
         try:
-            slot = await self._idle.get()  # asyncio.Queue serves waiters first-come first-served
+            slot = await self._idle.get(prefer=lambda candidate: flavor in candidate.zygotes)
         finally:
             self.stats.queued -= 1
         self.stats.in_flight += 1
@@ -139,7 +140,7 @@ class Executor:
 
     def _release(self, slot: Slot) -> None:
         self.stats.in_flight -= 1
-        self._idle.put_nowait(slot)
+        self._idle.put(slot)
 
     # ---- requests --------------------------------------------------------------------
     def _limits(self, timeout: float) -> dict[str, Any]:
@@ -181,7 +182,7 @@ class Executor:
         else:
             run_job.update(mode="exec", argv=self.toolchains.argv(spec.run))
         memory_mb = self._memory_mb(request.memory_limit_MB)
-        slot, queue_wait = await self._acquire()
+        slot, queue_wait = await self._acquire(flavor)
         try:
             compile_result = None
             if spec.compile:
@@ -218,9 +219,10 @@ class Executor:
                "cell_timeout": request.cell_timeout, "files": {k: v or "" for k, v in request.files.items()},
                "fetch_files": request.fetch_files, "last": True}
         memory_mb = self.config.default_memory_mb
-        slot, queue_wait = await self._acquire()
+        flavor = self._flavor_for("\n".join(request.cells))
+        slot, queue_wait = await self._acquire(flavor)
         try:
-            reply = await slot.job(job, memory_mb, self._flavor_for("\n".join(request.cells)))
+            reply = await slot.job(job, memory_mb, flavor)
         except SlotCrashed as exc:
             return RunJupyterResponse(status=RunStatus.SandboxError, message=f"sandbox slot failed: {exc}",
                                       executor_pod_name=self.config.pod_name, queue_wait=queue_wait)
