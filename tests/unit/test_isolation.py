@@ -263,6 +263,25 @@ def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir(tmp_path: Path) ->
     assert children == []
 
 
+def test_a_killed_servers_cgroups_are_swept_by_the_next_server() -> None:
+    """SIGKILL leaves no chance to clean up; the next server removes the dead one's empty groups."""
+    victim = start_server("--workers", "2", "--preload", "")
+    pid = victim.process.pid
+    victim.process.kill()
+    victim.process.wait()
+    time.sleep(0.5)  # its sandboxes see their pipes close and exit
+    assert list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*")), "SIGKILL should have left them"
+    live = Path("/sys/fs/cgroup/memory") / f"verl-sf-{os.getpid()}-not-stale"  # a live pid: kept
+    live.mkdir()
+    try:
+        stop_server(start_server("--workers", "1", "--preload", "").process)
+        assert not list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
+        assert not list(Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{pid}-*"))
+        assert live.exists()
+    finally:
+        live.rmdir()
+
+
 def test_isolation_none_works_and_says_so() -> None:
     server = start_server("--isolation", "none", "--workers", "1", "--preload", "")
     try:

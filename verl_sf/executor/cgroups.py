@@ -91,6 +91,9 @@ class CgroupManager:
             log.warning("verl-sf: %s", self.reason)
 
     def _setup(self) -> None:
+        bases = [CGROUP_ROOT] if self.v2 else [CGROUP_ROOT / "memory", CGROUP_ROOT / "pids"]
+        for base in bases:
+            _sweep_stale_groups(base)
         if self.v2:
             parent = CGROUP_ROOT / self.name
             parent.mkdir(exist_ok=True)
@@ -118,6 +121,30 @@ class CgroupManager:
                 parent.rmdir()
             except OSError:
                 pass
+
+
+def _sweep_stale_groups(base: Path) -> None:
+    """Remove the empty groups of servers that died without cleaning up (SIGKILL, OOM, power
+    loss): `verl-sf-<pid>-...` whose pid is gone.  Groups with processes in them stay."""
+    for parent in base.glob("verl-sf-*-*"):
+        pid = parent.name.split("-")[2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        for group in [*parent.glob("slot*"), parent]:
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def join_cgroups(procs_files: list[str]) -> None:
