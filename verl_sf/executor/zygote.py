@@ -411,31 +411,27 @@ class Zygote:
             _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
             _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
         os.setsid()
-        chunks = []
-        while True:
-            chunk = os.read(job_r, READ_CHUNK)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        if not chunks:
-            os._exit(0)  # the zygote is gone or shutting down
-        req = json.loads(b"".join(chunks))
-        stdin_fd = os.memfd_create("stdin", 0)
-        os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
-        os.dup2(stdin_fd, 0)
+        # Everything that does not depend on the job is done while waiting for it, off the
+        # request's path: the job pipe sits on fd 0 until the run's stdin replaces it.
+        os.dup2(job_r, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.dup2(meta_w, 3)
         os.closerange(4, 1 << 16)
-        self._limit(req)
         oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         os.write(oom, b"1000")  # under memory pressure the run dies, never the warm interpreter
         os.close(oom)
-        if self.isolated:
-            self._drop_privileges()
         os.chdir(self.workdir)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        req = _read_job()
+        stdin_fd = os.memfd_create("stdin", 0)
+        os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
+        self._limit(req)
+        if self.isolated:
+            self._drop_privileges()  # the ready child keeps the zygote's identity until it is a run
         if req["mode"] == "exec":
             code = _exec_as_child(req["argv"], self.env)
         elif req["mode"] == "jupyter":
@@ -467,6 +463,19 @@ class Zygote:
 
 
 # ---- code running in the forked child (user code starts here) ---------------------------
+def _read_job():
+    """The job from fd 0; an empty pipe means the zygote is gone or shutting down."""
+    chunks = []
+    while True:
+        chunk = os.read(0, READ_CHUNK)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if not chunks:
+        os._exit(0)
+    return json.loads(b"".join(chunks))
+
+
 def _exec_as_child(argv, env):
     """Run a program below us, so it is not PID 1: the kernel shields PID 1 from its own
     signals, which would turn abort() into a crash and ignore `kill $$`.  We report its
