@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
+from tests.subprocesses import communicate_or_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE = os.path.join(ROOT, "tests", "data", "gsm8k_sample", "train.jsonl")
@@ -107,12 +108,7 @@ async def test_multiturn_rollouts_through_the_real_sandbox(inputs, ray_local, tm
             "--max-tool-response-length", str(MAX_TOOL_RESPONSE_LENGTH), "--concurrency", "32",
             "--ray-address", ray_local.address, "--ray-namespace", ray_local.namespace, "--no-progress",
             cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            stdout_b, stderr_b = await asyncio.wait_for(proc.communicate(), timeout=400)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        stdout_b, stderr_b = await communicate_or_kill(proc, timeout=400)
     stdout, stderr = stdout_b.decode(), stderr_b.decode()
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
 

@@ -6,30 +6,14 @@ import asyncio
 import json
 import os
 import sys
-import textwrap
 
 import pytest
 
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
+from tests.subprocesses import communicate_or_kill
+from tests.unit.test_rollout_tools import CALCULATOR_TOOL_YAML
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TOOL_CONFIG = textwrap.dedent("""\
-    tools:
-      - class_name: tests.unit.test_rollout_tools.CalculatorTool
-        config: {type: native}
-        tool_schema:
-          type: function
-          function:
-            name: calculator
-            description: arithmetic
-            parameters:
-              type: object
-              properties:
-                expression: {type: string, description: an expression}
-              required: [expression]
-    """)
-
 
 def calc(expression: str) -> Call:
     return Call("calculator", json.dumps({"expression": expression}))
@@ -51,12 +35,7 @@ async def run_cli(*args: str, module: str = "verl_sf.cli") -> tuple[int, str, st
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, *prefix, *args, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    stdout, stderr = await communicate_or_kill(proc, timeout=120)
     return proc.returncode, stdout.decode(), stderr.decode()
 
 
@@ -65,7 +44,7 @@ def files(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in [row("Q-right", "42"), row("Q-wrong", "42")]) + "\n")
     tools = tmp_path / "tools.yaml"
-    tools.write_text(TOOL_CONFIG)
+    tools.write_text(CALCULATOR_TOOL_YAML)
     return data, tools, tmp_path / "rollouts"
 
 

@@ -45,6 +45,24 @@ def schema(name: str, argument: str = "expression") -> OpenAIFunctionToolSchema:
     })
 
 
+# A tool config verl's loader reads, naming the tool below (shared with the rollout CLI tests).
+CALCULATOR_TOOL_YAML = textwrap.dedent("""\
+    tools:
+      - class_name: tests.unit.test_rollout_tools.CalculatorTool
+        config: {type: native}
+        tool_schema:
+          type: function
+          function:
+            name: calculator
+            description: arithmetic
+            parameters:
+              type: object
+              properties:
+                expression: {type: string, description: an expression}
+              required: [expression]
+    """)
+
+
 class CalculatorTool(BaseTool):
     """Evaluates arithmetic; reports `status` like SandboxFusionTool; tracks live instances."""
 
@@ -175,23 +193,7 @@ def test_bad_runner_settings() -> None:
 
 def test_load_tools_through_verl(tmp_path) -> None:
     path = tmp_path / "tools.yaml"
-    path.write_text(textwrap.dedent("""\
-        tools:
-          - class_name: tests.unit.test_rollout_tools.CalculatorTool
-            config:
-              type: native
-              delay: 0
-            tool_schema:
-              type: function
-              function:
-                name: calculator
-                description: arithmetic
-                parameters:
-                  type: object
-                  properties:
-                    expression: {type: string, description: an expression}
-                  required: [expression]
-        """))
+    path.write_text(CALCULATOR_TOOL_YAML)
     (tool,) = load_tools(str(path))
     assert isinstance(tool, CalculatorTool) and tool.name == "calculator"
 
