@@ -73,7 +73,7 @@ class Executor:
         self._launcher = SandboxLauncher(self.config, self.toolchains)
         cgroups = self.cgroups if self.cgroups and self.cgroups.available else None
         self._slots = [Slot(i, self._launcher, cgroups.slot(i) if cgroups else None) for i in range(self.config.workers)]
-        heavy = [name for name in self.config.preload if name in self.toolchains.importable]
+        heavy = self.preloaded()
         if self.config.fast_path and heavy:
             self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, heavy)) + r")\b")
         for slot in self._slots:
