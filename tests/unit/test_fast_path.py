@@ -19,6 +19,18 @@ CASES = {
     "output_cap": ("import sys\nsys.stdout.write('z' * (3 << 20))", {}),
     "numpy": ("import numpy as np\nprint(np.arange(10).sum())", {}),
     "argv_and_file": ("import sys, os\nprint(sys.argv[0], __file__ == sys.argv[0], os.getcwd())", {}),
+    # The interpreter's exit waits for non-daemon threads; the fast path's run must too.
+    "non_daemon_thread": ("import threading, time\ndef late():\n    time.sleep(0.3)\n    print('thread done')\n"
+                          "threading.Thread(target=late).start()\nprint('main done')", {}),
+}
+
+# Generators seeded at import (the stdlib's, numpy's global one, sympy's own): a fresh
+# `python main.py` draws new numbers every time, so every run of the fast path must too.
+FRESH_RANDOMNESS = {
+    "random": "import random\nprint(random.getrandbits(64))",
+    "numpy_legacy_global": "import numpy as np\nprint(np.random.randint(1 << 62), np.random.rand())",
+    "numpy_generator": "import numpy as np\nprint(np.random.default_rng().integers(1 << 62))",
+    "sympy": "import sympy\nprint(sympy.randprime(1, 10**15))",
 }
 
 
@@ -52,3 +64,13 @@ def test_fast_path_matches_slow_path(sf_server: ServerHandle, slow_server: Serve
         assert "survived" not in fast["stdout"] + slow["stdout"]
         return
     assert fast == slow
+
+
+@pytest.mark.parametrize("case", sorted(FRESH_RANDOMNESS))
+def test_every_run_draws_fresh_random_numbers(sf_server: ServerHandle, case: str) -> None:
+    outputs = []
+    for _ in range(3):
+        body = run_code(sf_server, FRESH_RANDOMNESS[case])
+        assert body["status"] == "Success", body
+        outputs.append(body["run_result"]["stdout"])
+    assert len(set(outputs)) == 3, outputs

@@ -50,6 +50,15 @@ WARMUPS = {
     "scipy": "import scipy.optimize, scipy.special, scipy.stats, scipy.integrate, scipy.linalg\n",
 }
 
+# Generators that libraries seed once, at import: every run forked from the warm interpreter
+# would replay the same numbers (np.random.rand() alike in every run), where a fresh
+# `python main.py` draws new ones.  Each run reseeds those of its interpreter from the OS.
+# The stdlib's `random` reseeds itself after a fork.
+RESEEDS = {
+    "numpy.random": lambda module: module.seed(),  # the legacy global RandomState
+    "sympy.core.random": lambda module: module.seed(),  # sympy's own random.Random instances
+}
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
@@ -423,6 +432,7 @@ class Zygote:
         os.close(oom)
         os.chdir(self.workdir)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        _reseed_generators()
         req = _read_job()
         stdin_fd = os.memfd_create("stdin", 0)
         os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
@@ -439,7 +449,7 @@ class Zygote:
         else:
             code = _run_python(req["code"], self.stdio)
         _report_done(code)
-        os._exit(code & 0xFF)
+        _await_reaping()
 
     def _limit(self, req):
         cpu = int(req["timeout"]) + 2
@@ -463,6 +473,13 @@ class Zygote:
 
 
 # ---- code running in the forked child (user code starts here) ---------------------------
+def _reseed_generators():
+    for name, reseed in RESEEDS.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            reseed(module)
+
+
 def _read_job():
     """The job from fd 0; an empty pipe means the zygote is gone or shutting down."""
     chunks = []
@@ -504,6 +521,16 @@ def _report_done(code):
               "cpu_time": times.user + times.system + times.children_user + times.children_system}
     os.write(3, json.dumps(record).encode() + b"\n")
     os.close(3)
+
+
+def _await_reaping():
+    """Sleep until the zygote's SIGKILL instead of exiting.
+
+    Tearing down a forked interpreter takes the kernel a fraction of a millisecond; exiting
+    right after the report would do it while the zygote collects the result, on the same CPU.
+    Waiting lets the zygote answer first and kill us afterwards (see Zygote.reap)."""
+    while True:
+        signal.pause()
 
 
 def _make_stdio():
@@ -554,10 +581,11 @@ def _main_namespace():
 
 def _finish(code):
     import atexit
-    import threading
 
     try:
-        threading._shutdown()  # wait for non-daemon threads, as a normal interpreter exit would
+        threading = sys.modules.get("threading")
+        if threading is not None:  # as at interpreter exit: only a run that imported it can have threads to wait for
+            threading._shutdown()
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
