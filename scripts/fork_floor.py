@@ -83,7 +83,8 @@ def cow_fault_us(pages: int = 4000) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--modules", help="(internal) what to import; by default the lean interpreter's list")
+    parser.add_argument("--modules", help="comma-separated modules to import instead of the lean interpreter's list "
+                                          "(run with `python -I`), e.g. to see what a module's fork hooks cost")
     args = parser.parse_args()
     if args.modules is None:
         # Measure in a clean interpreter (-I, like the zygote), not in one holding this package.

@@ -8,12 +8,11 @@ import os
 import sys
 
 # Every warm interpreter imports these (cheap, stdlib); the "full" one also imports `preload`.
-# Not `random` or `threading`: they register fork hooks (reseed; rebuild the thread state) that
-# every forked run would pay for, ~0.1 and ~0.3 ms of CPU, used or not; a run that needs them
-# imports them in ~1 ms.
+# Not `random` (nor `statistics`, which imports it) or `threading`: they register fork hooks
+# (reseed; rebuild the thread state) that every forked run would pay for, ~0.25 and ~0.4 ms of
+# CPU here, used or not; a run that needs them imports them in ~1-2 ms.
 LEAN_PRELOAD = ("math", "json", "re", "collections", "itertools", "functools", "fractions", "decimal",
-                "statistics", "heapq", "bisect", "string", "datetime", "atexit", "types",
-                "linecache", "traceback", "io")
+                "heapq", "bisect", "string", "datetime", "atexit", "types", "linecache", "traceback", "io")
 DEFAULT_PRELOAD = ("numpy", "sympy", "scipy")
 
 
