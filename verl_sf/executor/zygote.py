@@ -52,12 +52,10 @@ WARMUPS = {
 
 # Generators that libraries seed once, at import: every run forked from the warm interpreter
 # would replay the same numbers (np.random.rand() alike in every run), where a fresh
-# `python main.py` draws new ones.  Each run reseeds those of its interpreter from the OS.
-# The stdlib's `random` reseeds itself after a fork.
-RESEEDS = {
-    "numpy.random": lambda module: module.seed(),  # the legacy global RandomState
-    "sympy.core.random": lambda module: module.seed(),  # sympy's own random.Random instances
-}
+# `python main.py` draws new ones.  Each run calls `seed()` (no argument: fresh OS entropy) of
+# those its interpreter holds: numpy's legacy global RandomState, sympy's own random.Random
+# instances.  The stdlib's `random` reseeds itself after a fork.
+RESEEDED_MODULES = ("numpy.random", "sympy.core.random")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -474,10 +472,10 @@ class Zygote:
 
 # ---- code running in the forked child (user code starts here) ---------------------------
 def _reseed_generators():
-    for name, reseed in RESEEDS.items():
+    for name in RESEEDED_MODULES:
         module = sys.modules.get(name)
         if module is not None:
-            reseed(module)
+            module.seed()
 
 
 def _read_job():
