@@ -22,7 +22,8 @@ SANDBOX_HOST_UID = 65534  # the host uid that sandboxed code runs as
 
 def sandbox_processes(server: ServerHandle) -> list[str]:
     """Processes of `server`'s runs still alive on the host: members of its slot cgroups that run
-    as the sandbox uid (its bwrap and zygote processes are root)."""
+    as the sandbox uid (its bwrap and zygote processes are root), but for each zygote's child
+    waiting for the next job (named verl-sf-ready until it has one)."""
     found = []
     for procs in Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{server.process.pid}-*/slot*/cgroup.procs"):
         for pid in procs.read_text().split():
@@ -30,8 +31,8 @@ def sandbox_processes(server: ServerHandle) -> list[str]:
                 status = Path(f"/proc/{pid}/status").read_text()
             except OSError:
                 continue
-            uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
-            if int(uid) == SANDBOX_HOST_UID:
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            if int(fields["Uid"].split()[0]) == SANDBOX_HOST_UID and fields["Name"].strip() != "verl-sf-ready":
                 found.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:80]!r}")
     return found
 

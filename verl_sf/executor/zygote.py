@@ -35,6 +35,8 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_NAME = 15
+READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
 PR_CAPBSET_DROP = 24
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 READ_CHUNK = 1 << 16
@@ -99,9 +101,11 @@ class Zygote:
         self.uid = config["uid"]
         self.gid = config["gid"]
         self.env = config["env"]
+        with open("/proc/self/comm", "rb") as comm:
+            self.comm = comm.read().strip()  # a run's name, as `python main.py` would show it
         self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if self.isolated else -1
         # Protocol fds move out of 0/1 so children can take those numbers for their stdio.
-        self.req = os.fdopen(os.dup(0), "rb", buffering=0)
+        self.req_fd = os.dup(0)
         self.rep = os.fdopen(os.dup(1), "wb", buffering=0)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
@@ -169,12 +173,16 @@ class Zygote:
         self.prepare()
         self._reply({"ready": True, "pid": os.getpid()})
         while True:
-            line = self.req.readline()
-            if not line:
+            line = self._read_request()
+            if line is None:
                 return
+            # The ready child gets the request before we parse it: it parses its own copy, so
+            # our reading of it is off the run's path.
+            started = time.monotonic()
+            child = self._hand_over(line)
             request = json.loads(line)
             try:
-                reply = self.handle(request)
+                reply = self.handle(request, child, started)
             except Exception as exc:  # a bug here must not take the slot down silently
                 reply = {"status": "Error", "stderr": f"verl-sf zygote error: {exc!r}\n{traceback.format_exc()}",
                          "stdout": "", "return_code": None, "execution_time": 0.0}
@@ -185,45 +193,40 @@ class Zygote:
                 self._wipe()
             self.prepare()
 
+    def _read_request(self):
+        """One request line, or None once the server is gone.  The server sends a request only
+        after the reply to the last one, so whole reads never take in part of the next (a raw
+        file's readline would cost a system call per byte)."""
+        chunks = []
+        while True:
+            chunk = os.read(self.req_fd, READ_CHUNK)
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            if chunk.endswith(b"\n"):
+                return b"".join(chunks)
+
     def _reply(self, obj):
         self.rep.write(json.dumps(obj).encode() + b"\n")
 
-    def handle(self, req):
+    def handle(self, req, child, started):
         if req["mode"] == "wipe":
+            pid, *pipes = child  # it exits on its own: nothing to run
+            for fd in pipes:
+                os.close(fd)
             return {"status": "Finished"}  # the serve loop wipes after every job marked last
-        if req.get("files") is not None:
-            self._write_files(req["files"])
-        result = self.run(req)
+        result = self.run(req, child, started)
         if req.get("fetch_files") is not None:
             result["files"] = self._fetch_files(req["fetch_files"])
         return result
 
     # ---- files -----------------------------------------------------------------------
-    def _resolve(self, rel):
-        path = os.path.normpath(os.path.join(self.workdir, rel.lstrip("/")))
-        if not (path == self.workdir or path.startswith(self.workdir + "/")):
-            raise ValueError(f"path {rel!r} escapes the working directory")
-        return path
-
-    def _write_files(self, files):
-        for rel, content in files.items():
-            path = self._resolve(rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.write(base64.b64decode(content or ""))
-            if self.isolated:
-                os.chown(path, self.uid, self.gid)
-                parent = os.path.dirname(path)
-                while parent != self.workdir:
-                    os.chown(parent, self.uid, self.gid)
-                    parent = os.path.dirname(parent)
-
     def _fetch_files(self, paths):
         fetched = {}
         limit = self.cfg["fetch_limit"]
         for rel in paths:
             try:
-                path = self._resolve(rel)
+                path = _resolve(self.workdir, rel)
                 # O_NOFOLLOW: a symlink left by the run must not make us read outside /workdir.
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
                 with os.fdopen(fd, "rb") as fh:
@@ -267,7 +270,7 @@ class Zygote:
         pid = os.fork()
         if pid == 0:
             try:
-                for fd in (out_r, err_r, meta_r, job_w, self.req.fileno(), self.rep.fileno()):
+                for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep.fileno()):
                     os.close(fd)
                 self._child(job_r, out_w, err_w, meta_w)
             except BaseException:
@@ -279,18 +282,23 @@ class Zygote:
             os.close(fd)
         self.ready_child = (pid, out_r, err_r, meta_r, job_w)
 
-    def run(self, req):
-        self.prepare()
+    def _hand_over(self, line):
+        """Give the ready child the request; it reads to the end of the pipe."""
+        self.prepare()  # normally done already, after the last run
         pid, out_r, err_r, meta_r, job_w = self.ready_child
         self.ready_child = None
-        job = {key: req.get(key) for key in ("mode", "code", "argv", "cells", "stdin", "cell_timeout", "output_limit",
-                                             "timeout", "fsize", "nofile", "nproc")}
-        started = time.monotonic()
+        view = memoryview(line)
         try:
-            os.write(job_w, json.dumps(job).encode())
+            while view:
+                view = view[os.write(job_w, view):]
         except BrokenPipeError:
-            pass  # the child died before its job (e.g. killed from outside): reported below
+            pass  # the child died before its job (e.g. killed from outside): reported when supervised
         os.close(job_w)
+        self.unreaped = pid  # whatever happens next, the serve loop collects it after replying
+        return pid, out_r, err_r, meta_r
+
+    def run(self, req, child, started):
+        pid, out_r, err_r, meta_r = child
         status, code, out, err, records, dropped, cpu_time = self._supervise(pid, out_r, err_r, meta_r, req, started)
         result = {
             "status": status,
@@ -309,11 +317,9 @@ class Zygote:
         """Collect the last run's PID 1 (the kernel has killed everything else in its namespace)."""
         if self.unreaped is None:
             return
-        pid, pidfd = self.unreaped
-        self.unreaped = None
+        pid, self.unreaped = self.unreaped, None
         self._kill(pid)
         os.waitpid(pid, 0)
-        os.close(pidfd)
 
     def _supervise(self, pid, out_r, err_r, meta_r, req, started):
         """Drain output while the run goes on (a full pipe must never stall it) and enforce the deadline."""
@@ -380,8 +386,7 @@ class Zygote:
         done = next((r for r in records if isinstance(r, dict) and r.get("done") is True), None)
         cpu_time = None
         if done is not None and not timed_out:
-            code, cpu_time = done.get("return_code"), done.get("cpu_time")
-            self.unreaped = (pid, pidfd)  # reaped after the answer is on its way
+            code, cpu_time = done.get("return_code"), done.get("cpu_time")  # reaped after the answer
         else:
             if not exited:
                 # Its pipes are closed (by exit or on purpose) but the run goes on: wait, within the deadline.
@@ -390,8 +395,9 @@ class Zygote:
                     timed_out = True
                     self._kill(pid)
             _, wstatus = os.waitpid(pid, 0)
-            os.close(pidfd)
+            self.unreaped = None
             code = os.waitstatus_to_exitcode(wstatus)
+        os.close(pidfd)
         status = "TimeLimitExceeded" if timed_out else "Finished"
         out = buffers[out_r].decode("utf-8", "replace")
         err = buffers[err_r].decode("utf-8", "replace")
@@ -414,6 +420,7 @@ class Zygote:
 
     # ---- inside the child ------------------------------------------------------------
     def _child(self, job_r, out_w, err_w, meta_w):
+        _libc.prctl(PR_SET_NAME, READY_NAME, 0, 0, 0)
         if self.isolated:
             _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
             _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
@@ -431,21 +438,27 @@ class Zygote:
         os.chdir(self.workdir)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         _reseed_generators()
-        req = _read_job()
         stdin_fd = os.memfd_create("stdin", 0)
+        if self.isolated:
+            self._drop_privileges()  # also before the job: the files it brings belong to the run's user
+        namespace = _main_namespace()
+        _install_stdio(self.stdio)
+        req = _read_job()
+        _libc.prctl(PR_SET_NAME, self.comm, 0, 0, 0)
+        if req["mode"] == "wipe":
+            os._exit(0)
+        _write_files(self.workdir, req.get("files") or {})
         os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
         os.lseek(stdin_fd, 0, os.SEEK_SET)
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
         self._limit(req)
-        if self.isolated:
-            self._drop_privileges()  # the ready child keeps the zygote's identity until it is a run
         if req["mode"] == "exec":
             code = _exec_as_child(req["argv"], self.env)
         elif req["mode"] == "jupyter":
-            code = _run_cells(req["cells"], req.get("cell_timeout") or 0, req["output_limit"])
+            code = _run_cells(req["cells"], req.get("cell_timeout") or 0, req["output_limit"], namespace)
         else:
-            code = _run_python(req["code"], self.stdio)
+            code = _run_python(req["code"], namespace)
         _report_done(code)
         os._exit(code & 0xFF)
 
@@ -476,6 +489,28 @@ def _reseed_generators():
         module = sys.modules.get(name)
         if module is not None:
             module.seed()
+
+
+def _resolve(workdir, rel):
+    path = os.path.normpath(os.path.join(workdir, rel.lstrip("/")))
+    if not (path == workdir or path.startswith(workdir + "/")):
+        raise ValueError(f"path {rel!r} escapes the working directory")
+    return path
+
+
+def _write_files(workdir, files):
+    """The request's files, written by the run itself (as its user) before its code starts.
+    A file that cannot be written ends the run, as a failed `cp` would end a job script."""
+    for rel, content in files.items():
+        try:
+            path = _resolve(workdir, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(base64.b64decode(content or ""))
+        except (OSError, ValueError) as exc:
+            os.write(2, f"verl-sf: could not write file {rel!r}: {exc}\n".encode())
+            _report_done(1)
+            os._exit(1)
 
 
 def _read_job():
@@ -594,9 +629,7 @@ def _exit_code(exc):
     return 1
 
 
-def _run_python(code, stdio):
-    _install_stdio(stdio)
-    namespace = _main_namespace()
+def _run_python(code, namespace):
     import linecache
 
     filename = namespace["__file__"]  # absolute, as `python main.py` shows it in tracebacks
@@ -618,7 +651,7 @@ def _user_traceback(exc):
     return head + traceback.format_exception_only(type(exc), exc)
 
 
-def _run_cells(cells, cell_timeout, output_limit):
+def _run_cells(cells, cell_timeout, output_limit, namespace):
     """Cells share one namespace; each cell's output is captured apart and reported on fd 3.
 
     Every cell writes into a memfd standing in for fds 1 and 2 (so output of subprocesses is
@@ -629,7 +662,6 @@ def _run_cells(cells, cell_timeout, output_limit):
     os.dup2(captures[1], 2)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a flooding cell gets EFBIG, not death
     _install_stdio(_make_stdio())  # over the memfds: seekable, unlike a python run's pipes
-    namespace = _main_namespace()
 
     def _alarm(signum, frame):
         raise TimeoutError(f"cell exceeded cell_timeout of {cell_timeout} s")
