@@ -32,6 +32,7 @@ class SlotCgroup:
         self.pids_dir = pids_dir
         self.v2 = v2
         self._memory_limit: Optional[int] = None
+        self._oom_events_fd: Optional[int] = None
 
     @property
     def procs_files(self) -> list[str]:
@@ -55,14 +56,22 @@ class SlotCgroup:
         return int((self.memory_dir / name).read_text())
 
     def oom_kills(self) -> int:
-        name = "memory.events" if self.v2 else "memory.oom_control"
-        for line in (self.memory_dir / name).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
+        """Processes of the slot the kernel has killed for memory, so far.  Read before and
+        after every job, through a descriptor kept open (the kernel regenerates the file on
+        each read from offset 0): opening it twice per job cost ~0.1 ms of the server's CPU."""
+        if self._oom_events_fd is None:
+            name = "memory.events" if self.v2 else "memory.oom_control"
+            self._oom_events_fd = os.open(self.memory_dir / name, os.O_RDONLY | os.O_CLOEXEC)
+        for line in os.pread(self._oom_events_fd, 4096, 0).splitlines():
+            key, _, value = line.partition(b" ")
+            if key == b"oom_kill":
                 return int(value)
         return 0
 
     def remove(self) -> None:
+        if self._oom_events_fd is not None:
+            os.close(self._oom_events_fd)
+            self._oom_events_fd = None
         for directory in {self.memory_dir, self.pids_dir}:
             for _ in range(50):
                 try:
