@@ -71,6 +71,20 @@ def test_stdin_files_and_fetch_files(sf_server: ServerHandle) -> None:
     assert "missing.txt" not in body["files"]
 
 
+def test_request_files_belong_to_the_run_and_a_bad_one_fails_the_run(sf_server: ServerHandle) -> None:
+    """The run writes its request's files itself, as its own user: it may change or delete them."""
+    code = ("import os\nst = os.stat('deep/er/in.txt')\nprint(st.st_uid, os.stat('deep').st_uid)\n"
+            "open('deep/er/in.txt', 'a').write('!')\nos.remove('deep/er/in.txt')\nprint('ok')")
+    body = run_code(sf_server, code, files={"deep/er/in.txt": base64.b64encode(b"x").decode()})
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "1000 1000\nok\n"
+    bad = run_code(sf_server, "print('never')", files={"in.txt": "abc"})  # not base64: wrong padding
+    assert bad["status"] == "Failed" and bad["run_result"]["return_code"] == 1, bad
+    assert bad["run_result"]["stdout"] == ""
+    assert "could not write file 'in.txt'" in bad["run_result"]["stderr"]
+    assert run_code(sf_server, "print('next')")["run_result"]["stdout"] == "next\n"
+
+
 def test_fetch_files_does_not_follow_symlinks_out_of_the_workdir(sf_server: ServerHandle) -> None:
     body = run_code(sf_server, "import os; os.symlink('/etc/hostname', 'link.txt')", fetch_files=["link.txt"])
     assert body["status"] == "Success"
