@@ -15,7 +15,10 @@ pick_python() {
   # of the same version: Debian, Ubuntu and Fedora build theirs with PGO and LTO, and it runs
   # Python ~1.5x faster here than a default pyenv build (docs/performance.md) -- every sandbox
   # run, the server and the load generator are Python.  `ensurepip` is what `-m venv` needs.
-  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return 0; fi
+  if [ -n "${PYTHON:-}" ]; then
+    if "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then echo "$PYTHON"; return 0; fi
+    echo "verl-sf: PYTHON=$PYTHON is not a Python 3.10 or newer" >&2; exit 1
+  fi
   local candidates=()
   for version in 3.11 3.12 3.10 3.13; do candidates+=("/usr/bin/python$version" "python$version"); done
   for py in "${candidates[@]}" python3; do
