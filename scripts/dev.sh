@@ -12,7 +12,7 @@ mode=${1:-}
 
 pick_python() {
   # $PYTHON if given; otherwise the distribution's own interpreter (/usr/bin) before any other
-  # of the same version: Debian, Ubuntu and Fedora build theirs with PGO and LTO, and it runs
+  # of the same version: Debian and Ubuntu build theirs with PGO and LTO, and it runs
   # Python ~1.5x faster here than a default pyenv build (docs/performance.md) -- every sandbox
   # run, the server and the load generator are Python.  `ensurepip` is what `-m venv` needs.
   if [ -n "${PYTHON:-}" ]; then
