@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from verl_sf.executor.cgroups import SlotCgroup
 from verl_sf.executor.sandbox import SandboxLauncher
+from verl_sf.executor.zygote import SUPERVISED_KEYS
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # stdout+stderr caps plus fetched files, base64
@@ -65,7 +66,8 @@ class ZygoteProcess:
             await self.restart()
         assert self.process and self.process.stdin
         try:
-            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            head = {key: request[key] for key in SUPERVISED_KEYS if key in request}
+            self.process.stdin.write(f"{json.dumps(head)}\t{json.dumps(request)}\n".encode())
             await self.process.stdin.drain()
             return await self._read()
         except (SlotCrashed, ConnectionError) as exc:

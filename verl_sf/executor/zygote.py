@@ -13,7 +13,10 @@ size-capped /workdir and /tmp (wiped by this process after every job), a non-roo
 no capabilities and no_new_privs, and rlimits.  Network, IPC and UTS namespaces, the
 read-only filesystem view and the scrubbed environment come from the slot's bubblewrap.
 
-Protocol (one JSON object per line): requests on fd 0, replies on fd 1.
+Protocol: requests on fd 0, replies on fd 1, one per line.  A request line is two JSON
+texts joined by a tab (JSON never holds a raw tab): first the fields this process needs to
+supervise the run (SUPERVISED_KEYS), then the whole request, which goes to the run's child
+unread; a reply is one JSON object.
 """
 
 import ast
@@ -40,6 +43,7 @@ READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
 PR_CAPBSET_DROP = 24
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 READ_CHUNK = 1 << 16
+SUPERVISED_KEYS = ("mode", "timeout", "output_limit", "fetch_files", "last")
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
 
 # First calls into these libraries import submodules and fill caches (sympy's first solve
@@ -178,11 +182,12 @@ class Zygote:
             line = self._read_request()
             if line is None:
                 return
-            # The ready child gets the request before we parse it: it parses its own copy, so
-            # our reading of it is off the run's path.
+            # The ready child gets the request before we parse our part of it: the run's path
+            # does not wait for us, and we never parse its code or files.
+            head, _, job = line.partition(b"\t")
             started = time.monotonic()
-            child = self._hand_over(line)
-            request = json.loads(line)
+            child = self._hand_over(job)
+            request = json.loads(head)
             try:
                 reply = self.handle(request, child, started)
             except Exception as exc:  # a bug here must not take the slot down silently
