@@ -71,6 +71,16 @@ def test_stdin_files_and_fetch_files(sf_server: ServerHandle) -> None:
     assert "missing.txt" not in body["files"]
 
 
+def test_tabs_and_unicode_reach_the_run_unchanged(sf_server: ServerHandle) -> None:
+    """The zygote's request line joins two JSON texts with a tab: tabs in the payload must survive."""
+    stdin = "a\tb\n\tc \u00e9\u4e2d\U0001f600"
+    body = run_code(sf_server, "import sys\nif True:\n\tdata = sys.stdin.read()\n\tprint(ascii(data))", stdin=stdin,
+                    files={"t\tab.txt": base64.b64encode(b"x\ty").decode()}, fetch_files=["t\tab.txt"])
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == ascii(stdin) + "\n"
+    assert base64.b64decode(body["files"]["t\tab.txt"]) == b"x\ty"
+
+
 def test_request_files_belong_to_the_run_and_a_bad_one_fails_the_run(sf_server: ServerHandle) -> None:
     """The run writes its request's files itself, as its own user: it may change or delete them."""
     code = ("import os\nst = os.stat('deep/er/in.txt')\nprint(st.st_uid, os.stat('deep').st_uid)\n"
