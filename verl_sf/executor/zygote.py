@@ -218,8 +218,7 @@ class Zygote:
 
     def handle(self, req, child, started):
         if req["mode"] == "wipe":
-            pid, *pipes = child  # it exits on its own: nothing to run
-            for fd in pipes:
+            for fd in child[1:]:  # its pipes; it exits on its own (nothing to run) and is reaped as usual
                 os.close(fd)
             return {"status": "Finished"}  # the serve loop wipes after every job marked last
         result = self.run(req, child, started)
