@@ -22,6 +22,13 @@ CASES = {
     # The interpreter's exit waits for non-daemon threads; the fast path's run must too.
     "non_daemon_thread": ("import threading, time\ndef late():\n    time.sleep(0.3)\n    print('thread done')\n"
                           "threading.Thread(target=late).start()\nprint('main done')", {}),
+    # numpy's interpreter loads numpy.random without the real `threading` (see zygote.py); a run
+    # still gets the whole module, and numpy's generator locks work across threads.
+    "numpy_threads": ("import numpy as np, threading\nfrom concurrent.futures import ThreadPoolExecutor\n"
+                      "with ThreadPoolExecutor(4) as pool:\n"
+                      "    print(sum(pool.map(lambda s: int(np.random.default_rng(s).integers(100)), range(8))))\n"
+                      "print(threading.main_thread() is threading.current_thread(), threading.active_count(),\n"
+                      "      type(np.random.default_rng(0).bit_generator.lock).__name__, threading.__name__)", {}),
 }
 
 # Generators seeded at import (the stdlib's, numpy's global one, sympy's own): a fresh

@@ -44,6 +44,12 @@ def test_code_naming_one_library_forks_from_its_interpreter(one_slot: ServerHand
     assert "'sympy'" not in stdout(run_code(one_slot, "import scipy.special\n" + PROBE))
 
 
+def test_numpy_interpreter_holds_numpy_random_but_not_threading(one_slot: ServerHandle) -> None:
+    """`threading` registers a fork hook every run would pay for; numpy.random loads without it."""
+    body = run_code(one_slot, "import numpy, sys\nprint('numpy.random' in sys.modules, 'threading' in sys.modules)")
+    assert stdout(body) == "True False"
+
+
 def test_code_naming_several_libraries_forks_from_the_full_interpreter(one_slot: ServerHandle) -> None:
     body = run_code(one_slot, "import numpy, sympy\n" + PROBE)
     assert stdout(body) == "['numpy', 'scipy', 'sympy']"
