@@ -17,13 +17,15 @@ Run as root for the namespace variants:  python scripts/fork_floor.py --iteratio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import importlib
+import importlib.util
 import os
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
 MS_REC, MS_PRIVATE = 0x4000, 0x40000
@@ -80,20 +82,35 @@ def cow_fault_us(pages: int = 4000) -> float:
     return (shared - private) / pages * 1e6
 
 
+def _zygote_import_context() -> contextlib.AbstractContextManager:
+    """The zygote's own import wrapper, loaded from its file: the zygote is standard library
+    only, so this keeps the package (and its dependencies) out of the measured process."""
+    path = Path(__file__).resolve().parents[1] / "verl_sf" / "executor" / "zygote.py"
+    spec = importlib.util.spec_from_file_location("verl_sf_zygote", path)
+    zygote = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zygote)
+    return zygote._threading_stand_in()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--modules", help="comma-separated modules to import instead of the lean interpreter's list "
                                           "(run with `python -I`), e.g. to see what a module's fork hooks cost")
+    parser.add_argument("--as-zygote", action="store_true",
+                        help="import --modules as the zygote does (numpy.random without the real `threading`)")
     args = parser.parse_args()
     if args.modules is None:
         # Measure in a clean interpreter (-I, like the zygote), not in one holding this package.
+        import subprocess  # only here: it imports `threading`, whose fork hook would be measured
+
         from verl_sf.executor.config import LEAN_PRELOAD
 
         command = [sys.executable, "-I", __file__, "--iterations", str(args.iterations), "--modules", ",".join(LEAN_PRELOAD)]
         raise SystemExit(subprocess.run(command).returncode)
-    for name in filter(None, args.modules.split(",")):
-        importlib.import_module(name)
+    with _zygote_import_context() if args.as_zygote else contextlib.nullcontext():
+        for name in filter(None, args.modules.split(",")):
+            importlib.import_module(name)
     gc.collect()
     gc.freeze()
     rss_kb = int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1])
@@ -104,7 +121,9 @@ def main() -> None:
         libc.unshare(CLONE_NEWNS)  # our own mount namespace: the children's /proc mounts stay in it
         libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
         variants.append(("+ new PID, mount, IPC namespaces and /proc", True))
-    print(f"interpreter RSS {rss_kb / 1024:.1f} MiB (lean preload, frozen heap), {cores} cores")
+    hooked = "threading" in sys.modules  # its fork hook runs in every child
+    print(f"interpreter RSS {rss_kb / 1024:.1f} MiB (frozen heap, threading {'loaded' if hooked else 'not loaded'}), "
+          f"{cores} cores")
     print(f"  one copy-on-write fault                       {cow_fault_us():6.2f} us")  # before any PID namespace
     for label, namespaces in variants:
         measure(max(1, args.iterations // 10), namespaces)  # warm-up
