@@ -18,6 +18,7 @@ CASES = {
     "memory_cap": ("x = bytearray(300 << 20)\nprint('survived')", {"memory_limit_MB": 64}),
     "output_cap": ("import sys\nsys.stdout.write('z' * (3 << 20))", {}),
     "numpy": ("import numpy as np\nprint(np.arange(10).sum())", {}),
+    "sigpipe_ignored": ("import signal\nprint(signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN)", {}),
     "argv_and_file": ("import sys, os\nprint(sys.argv[0], __file__ == sys.argv[0], os.getcwd())", {}),
     # The interpreter's exit waits for non-daemon threads; the fast path's run must too.
     "non_daemon_thread": ("import threading, time\ndef late():\n    time.sleep(0.3)\n    print('thread done')\n"

@@ -59,6 +59,13 @@ def test_runtime_failure_of_compiled_code(sf_server: ServerHandle) -> None:
     assert body["run_result"]["return_code"] == -6
 
 
+def test_programs_get_the_default_sigpipe(sf_server: ServerHandle) -> None:
+    """As from a shell: `yes` dies of SIGPIPE when `head` is done (with it ignored, as Python
+    itself has it, `yes` would exit 1 complaining of a broken pipe)."""
+    body = run_code(sf_server, 'yes | head -n 2; echo "${PIPESTATUS[0]}"', language="bash")
+    assert body["run_result"]["stdout"] == "y\ny\n141\n", body
+
+
 def test_pytest_mode(sf_server: ServerHandle) -> None:
     code = "def add(a, b):\n    return a + b\n\ndef test_ok():\n    assert add(1, 2) == 3\n\ndef test_bad():\n    assert add(1, 1) == 3\n"
     body = run_code(sf_server, code, language="pytest", run_timeout=30)

@@ -446,7 +446,6 @@ class Zygote:
         os.write(oom, b"1000")  # under memory pressure the run dies, never the warm interpreter
         os.close(oom)
         os.chdir(self.workdir)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         stdin_fd = os.memfd_create("stdin", 0)
         if self.isolated:
             self._drop_privileges()  # also before the job: the files it brings belong to the run's user
@@ -578,6 +577,9 @@ def _exec_as_child(argv, env):
     pid = os.fork()
     if pid == 0:
         os.close(3)
+        # Python ignores SIGPIPE (a Python run keeps that, as `python main.py` does); a program
+        # gets the default a shell would give it, so `yes | head` ends.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.execve(argv[0], argv, env)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
