@@ -144,6 +144,7 @@ class Zygote:
         self.unreaped = None
         self._prepare_dirs()
         self.cwd = os.path.realpath(self.workdir)  # what os.getcwd() gives a run
+        sys.argv = ["main.py"]  # as `python main.py` has it; set here, a run need not free ours
 
     # ---- start-up --------------------------------------------------------------------
     def _preload(self, modules):
@@ -672,7 +673,6 @@ def _main_namespace(cwd):
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    sys.argv = ["main.py"]
     main.__dict__["__file__"] = cwd + "/main.py"
     sys.path[0:0] = [cwd]
     return main.__dict__
