@@ -80,6 +80,10 @@ _encode_json = json.encoder.c_make_encoder(None, None, json.encoder.encode_bases
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+# Each function is looked up (dlsym) and cached on `_libc` at its first use; `mount` is first
+# used in a run, so every run looked it up anew and paid ~50 copy-on-write faults for it.
+for _name in ("capget", "capset", "mount", "prctl", "setns", "unshare"):
+    getattr(_libc, _name)
 
 
 class _CapHeader(ctypes.Structure):
