@@ -23,6 +23,7 @@ import _thread
 import ast
 import atexit
 import base64
+import contextlib
 import ctypes
 import gc
 import io
@@ -510,7 +511,8 @@ class Zygote:
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-class _threading_stand_in:
+@contextlib.contextmanager
+def _threading_stand_in():
     """While the libraries load, `threading` is a module that hands out the `_thread` lock
     types `threading` itself hands out (numpy.random only takes `Lock` and `RLock` from it).
 
@@ -520,18 +522,18 @@ class _threading_stand_in:
     other name read from the stand-in imports the real module then and forwards to it, so a
     library that needs more still gets it (and the hook).  The stand-in leaves `sys.modules`
     afterwards: a run that imports `threading` gets the real module, as in a fresh process."""
-
-    def __enter__(self):
-        self.stand_in = None
-        if "threading" not in sys.modules:
-            self.stand_in = types.ModuleType("threading", self.__doc__)
-            self.stand_in.Lock = getattr(_thread, "lock", _thread.allocate_lock)
-            self.stand_in.RLock = _thread.RLock
-            self.stand_in.__getattr__ = _real_threading_attribute
-            sys.modules["threading"] = self.stand_in
-
-    def __exit__(self, *exc_info):
-        if self.stand_in is not None and sys.modules.get("threading") is self.stand_in:
+    if "threading" in sys.modules:
+        yield
+        return
+    stand_in = types.ModuleType("threading", "verl-sf's stand-in while libraries load (see zygote.py)")
+    stand_in.Lock = getattr(_thread, "lock", _thread.allocate_lock)
+    stand_in.RLock = _thread.RLock
+    stand_in.__getattr__ = _real_threading_attribute
+    sys.modules["threading"] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get("threading") is stand_in:
             del sys.modules["threading"]
 
 
