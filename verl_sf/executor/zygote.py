@@ -353,94 +353,98 @@ class Zygote:
         os.waitpid(pid, 0)
 
     def _supervise(self, pid, out_r, err_r, meta_r, req, started):
+        """Watch the run; whatever happens, its pipes and pidfd are not left open in the zygote."""
+        open_fds = {out_r, err_r, meta_r}  # _watch closes each at its end of file
+        pidfd = os.pidfd_open(pid)
+        try:
+            return self._watch(pid, pidfd, open_fds, out_r, err_r, meta_r, req, started)
+        finally:
+            for fd in open_fds:
+                os.close(fd)
+            os.close(pidfd)
+
+    def _watch(self, pid, pidfd, open_fds, out_r, err_r, meta_r, req, started):
         """Drain output while the run goes on (a full pipe must never stall it) and enforce the deadline."""
         limit = req["output_limit"]
         deadline = started + req["timeout"]
         buffers = {out_r: bytearray(), err_r: bytearray()}
         meta = bytearray()
         dropped = 0
-        open_fds = {out_r, err_r, meta_r}
-        pidfd = os.pidfd_open(pid)
-        try:
-            poller = select.poll()
-            for fd in (out_r, err_r, meta_r):
-                poller.register(fd, select.POLLIN)
-            poller.register(pidfd, select.POLLIN)
-            exited = False
-            exit_time = 0.0
-            timed_out = False
-            while open_fds:
-                now = time.monotonic()
+        poller = select.poll()
+        for fd in (out_r, err_r, meta_r):
+            poller.register(fd, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        exited = False
+        exit_time = 0.0
+        timed_out = False
+        while open_fds:
+            now = time.monotonic()
+            if exited:
+                # The run (and with it its PID namespace) is gone: drain what is left, briefly.
+                wait_ms = max(0, int((min(deadline, exit_time + 1.0) - now) * 1000))
+            else:
+                wait_ms = max(0, int((deadline - now) * 1000))
+            events = poller.poll(wait_ms)
+            if not events:
                 if exited:
-                    # The run (and with it its PID namespace) is gone: drain what is left, briefly.
-                    wait_ms = max(0, int((min(deadline, exit_time + 1.0) - now) * 1000))
-                else:
-                    wait_ms = max(0, int((deadline - now) * 1000))
-                events = poller.poll(wait_ms)
-                if not events:
-                    if exited:
-                        break
+                    break
+                timed_out = True
+                self._kill(pid)
+                exited, exit_time = True, time.monotonic()
+                deadline = exit_time + 1.0
+                continue
+            for fd, _ in events:
+                if fd == pidfd:
+                    if not exited:
+                        exited, exit_time = True, time.monotonic()
+                        if not self.isolated:
+                            self._kill(pid)  # no PID namespace: take the whole process group down
+                    poller.unregister(pidfd)
+                    continue
+                chunk = os.read(fd, READ_CHUNK)
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    os.close(fd)
+                    continue
+                if fd == meta_r:
+                    meta += chunk
+                    continue
+                buf = buffers[fd]
+                room = limit - len(buf)
+                if room > 0:
+                    buf += chunk[:room]
+                dropped += max(0, len(chunk) - max(room, 0))
+        records = []
+        for line in meta.decode("utf-8", "replace").splitlines():
+            try:
+                records.append(_loads(line))
+            except ValueError:
+                pass  # the run may have written garbage into its inherited fd 3; it only hurts itself
+        done = next((r for r in records if isinstance(r, dict) and r.get("done") is True), None)
+        cpu_time = None
+        if done is not None and not timed_out:
+            code, cpu_time = done.get("return_code"), done.get("cpu_time")  # reaped after the answer
+        else:
+            if not exited:
+                # Its pipes are closed (by exit or on purpose) but the run goes on: wait, within the deadline.
+                remaining = max(0.0, deadline - time.monotonic())
+                if not select.select([pidfd], [], [], remaining)[0]:
                     timed_out = True
                     self._kill(pid)
-                    exited, exit_time = True, time.monotonic()
-                    deadline = exit_time + 1.0
-                    continue
-                for fd, _ in events:
-                    if fd == pidfd:
-                        if not exited:
-                            exited, exit_time = True, time.monotonic()
-                            if not self.isolated:
-                                self._kill(pid)  # no PID namespace: take the whole process group down
-                        poller.unregister(pidfd)
-                        continue
-                    chunk = os.read(fd, READ_CHUNK)
-                    if not chunk:
-                        poller.unregister(fd)
-                        open_fds.discard(fd)
-                        os.close(fd)
-                        continue
-                    if fd == meta_r:
-                        meta += chunk
-                        continue
-                    buf = buffers[fd]
-                    room = limit - len(buf)
-                    if room > 0:
-                        buf += chunk[:room]
-                    dropped += max(0, len(chunk) - max(room, 0))
-            records = []
-            for line in meta.decode("utf-8", "replace").splitlines():
-                try:
-                    records.append(_loads(line))
-                except ValueError:
-                    pass  # the run may have written garbage into its inherited fd 3; it only hurts itself
-            done = next((r for r in records if isinstance(r, dict) and r.get("done") is True), None)
-            cpu_time = None
-            if done is not None and not timed_out:
-                code, cpu_time = done.get("return_code"), done.get("cpu_time")  # reaped after the answer
-            else:
-                if not exited:
-                    # Its pipes are closed (by exit or on purpose) but the run goes on: wait, within the deadline.
-                    remaining = max(0.0, deadline - time.monotonic())
-                    if not select.select([pidfd], [], [], remaining)[0]:
-                        timed_out = True
-                        self._kill(pid)
-                _, wstatus = os.waitpid(pid, 0)
-                self.unreaped = None
-                code = os.waitstatus_to_exitcode(wstatus)
-            status = "TimeLimitExceeded" if timed_out else "Finished"
-            out = buffers[out_r].decode("utf-8", "replace")
-            err = buffers[err_r].decode("utf-8", "replace")
-            if dropped:
-                marker = TRUNCATION_MARKER.format(dropped=dropped)
-                if len(buffers[out_r]) >= limit:
-                    out += marker
-                if len(buffers[err_r]) >= limit:
-                    err += marker
-            return status, code, out, err, records, dropped, cpu_time
-        finally:  # whatever happens, the run's pipes and pidfd are not left open in the zygote
-            for fd in open_fds:
-                os.close(fd)
-            os.close(pidfd)
+            _, wstatus = os.waitpid(pid, 0)
+            self.unreaped = None
+            code = os.waitstatus_to_exitcode(wstatus)
+        status = "TimeLimitExceeded" if timed_out else "Finished"
+        out = buffers[out_r].decode("utf-8", "replace")
+        err = buffers[err_r].decode("utf-8", "replace")
+        if dropped:
+            marker = TRUNCATION_MARKER.format(dropped=dropped)
+            if len(buffers[out_r]) >= limit:
+                out += marker
+            if len(buffers[err_r]) >= limit:
+                err += marker
+        return status, code, out, err, records, dropped, cpu_time
 
     def _kill(self, pid):
         try:
