@@ -25,6 +25,7 @@ from verl_sf.backends.base import SandboxBackend
 from verl_sf.backends.daytona import DaytonaSandboxBackend
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.backends.local import LocalSandboxBackend
+from verl_sf.errors import VerlSfError
 from verl_sf.models import (
     CommandRunResult,
     CommandRunStatus,
@@ -38,7 +39,7 @@ BACKENDS = ("verl-sf", "local", "subprocess", "sandbox_fusion", "daytona", "dock
 ALIASES = {"sandboxfusion": "sandbox_fusion", "verl_sf": "verl-sf"}  # the guide spells it sandboxfusion
 
 
-class BackendSkipped(RuntimeError):
+class BackendSkipped(VerlSfError, RuntimeError):
     """This backend cannot run on this machine; the message says why and what would fix it."""
 
 

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from verl_sf.errors import VerlSfError
+
 GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",
                  "success_count", "failure_count"]
 EXTRA_COLUMNS = ["measured_call_count", "timeout_count", "client_timeout_count", "error_count",
@@ -20,7 +22,7 @@ COMPARE_COLUMNS = ["label", "backend", "scenario", "concurrency", "throughput_ca
                    "success_count", "failure_count", "throughput_ratio_vs_baseline"]
 
 
-class BadOutputDir(ValueError):
+class BadOutputDir(VerlSfError, ValueError):
     """A --compare argument is not a directory this script wrote."""
 
 

@@ -23,6 +23,8 @@ import re
 import sys
 from typing import Any, Iterable, Optional
 
+from verl_sf.errors import VerlSfError
+
 DATA_SOURCE = "openai/gsm8k"
 HF_DATASET = "openai/gsm8k"
 TOOL_NAME = "code_interpreter"
@@ -38,7 +40,7 @@ INSTRUCTION = "Let's think step by step and output the final answer after `####`
 _ANSWER_RE = re.compile(r"####\s*(-?[0-9.,]+)")
 
 
-class PreprocessError(ValueError):
+class PreprocessError(VerlSfError, ValueError):
     """An input row or file is not gsm8k-shaped (the message names which)."""
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import abc
 
+from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(VerlSfError, RuntimeError):
     """The sandbox could not be reached or gave no usable answer (after any retries).
 
     Distinct from a run that reached the sandbox and failed on its own terms, which is a

@@ -33,6 +33,7 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -42,7 +43,7 @@ DEFAULT_SERVER_MARGIN_S = 60.0
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
 
 
-class SandboxRequestRejected(ValueError):
+class SandboxRequestRejected(VerlSfError, ValueError):
     """The server refused the request itself (HTTP 4xx other than 429): retrying cannot help."""
 
     def __init__(self, url: str, status: int, body: str):

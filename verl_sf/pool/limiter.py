@@ -36,6 +36,8 @@ from typing import Any, Optional
 import ray
 from ray.util.metrics import Counter, Gauge, Histogram
 
+from verl_sf.errors import VerlSfError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_LIMITER_NAME = "verl-sf-rate-limiter"
@@ -46,7 +48,7 @@ _WAIT_SAMPLES = 4096  # wait times kept for the percentiles in stats()
 _WAIT_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0]
 
 
-class LeaseExpired(RuntimeError):
+class LeaseExpired(VerlSfError, RuntimeError):
     """The limiter does not know this lease (it expired, or the limiter was replaced).
 
     Every permit of the lease has been returned; the client must register again.

@@ -17,10 +17,11 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from verl_sf.errors import VerlSfError
 from verl_sf.pool import _child
 
 
-class ExecutionCrashed(RuntimeError):
+class ExecutionCrashed(VerlSfError, RuntimeError):
     """The pool process running `fn` died (e.g. a segfault or `os._exit`) before answering."""
 
 

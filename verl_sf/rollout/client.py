@@ -14,8 +14,10 @@ from typing import Any, Optional
 
 import aiohttp
 
+from verl_sf.errors import VerlSfError
 
-class ModelServerError(RuntimeError):
+
+class ModelServerError(VerlSfError, RuntimeError):
     """The model server could not give a usable completion (after retries)."""
 
 

@@ -19,12 +19,13 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from verl_sf.errors import VerlSfError
 from verl_sf.rollout.parsing import ToolCall, decode_arguments
 
 TRUNCATE_SIDES = ("left", "right", "middle")
 
 
-class ToolConfigLoadError(ValueError):
+class ToolConfigLoadError(VerlSfError, ValueError):
     """The tool-config yaml is missing or does not describe loadable tools."""
 
 

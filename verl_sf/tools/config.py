@@ -12,12 +12,13 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from verl_sf.backends.daytona import DaytonaOptions
+from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES
 
 BackendName = Literal["http", "local", "daytona"]
 
 
-class ToolConfigError(ValueError):
+class ToolConfigError(VerlSfError, ValueError):
     """The tool config has a missing, unknown or ill-typed key (the message names it)."""
 
 

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from uuid import uuid4
 
 from verl_sf.backends.base import SandboxUnavailable
+from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
 from verl_sf.tools import render
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
@@ -31,7 +32,7 @@ from verl_sf.tools.schema import code_interpreter_schema
 log = logging.getLogger(__name__)
 
 
-class ToolArgumentError(ValueError):
+class ToolArgumentError(VerlSfError, ValueError):
     """The model's arguments cannot be run (missing code, bad timeout or language)."""
 
 
