@@ -13,7 +13,7 @@ Two measurements, both on a local Ray instance this script starts (and stops):
                           (`verl_sf.tools.pools.RayLimiterPool`, num_workers=rate_limit=C);
                ray_actor  `pool: ray_actor`: through an ExecutionWorker actor
                           (`init_execution_pool(num_workers=C, rate_limit=C)`).
-             The pooled paths send what the tool sends (`run_request` + a BackendSpec).
+             The pooled paths send what the tool sends (`run_request` + a BackendConfig).
              Each round runs every path once, back to back (the order rotates); a path's
              overhead is the median over rounds of its shortfall against direct in the
              same round, so load that shifts between rounds cancels out.  Also reported:
@@ -49,7 +49,8 @@ import ray
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_limiter
 from verl_sf.tools.pools import RayLimiterPool
-from verl_sf.tools.runner import BackendSpec, backend_for, close_backend, run_request
+from verl_sf.backends.config import HttpBackendConfig
+from verl_sf.tools.runner import backend_for, close_backend, run_request
 from verl_sf.server.process import start_server_process, stop_server_process as stop_server
 
 BENCH_LIMITER = "verl-sf-benchmark-limiter"
@@ -230,8 +231,8 @@ def cpu_by_component(me: int, server_pid: Optional[int], pool_pid: int, limiter_
 
 async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> list[dict[str, Any]]:
     # The pooled paths send what the tool sends: `run_request` (pickled by reference) and a
-    # small BackendSpec; the process that runs it keeps one HttpSandboxBackend per loop.
-    spec = BackendSpec("http", url)
+    # small BackendConfig; the process that runs it keeps one HttpSandboxBackend per loop.
+    spec = HttpBackendConfig(url=url)
     direct_backend = backend_for(spec)
     limiter_pool = RayLimiterPool(args.concurrency, args.concurrency, limiter_name=E2E_LIMITERS["ray"])
     actor = init_execution_pool(args.concurrency, rate_limit=args.concurrency, limiter_name=E2E_LIMITERS["ray_actor"])

@@ -29,7 +29,8 @@ from daytona._async.process import AsyncProcess
 from daytona._async.sandbox import AsyncPaginatedSandboxes
 
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.backends.daytona import (LABEL_CREATED, LABEL_MANAGED, LABEL_RUN, DaytonaOptions, DaytonaSandboxBackend,
+from verl_sf.backends.config import DaytonaBackendConfig
+from verl_sf.backends.daytona import (LABEL_CREATED, LABEL_MANAGED, LABEL_RUN, DaytonaSandboxBackend,
                                       reap_leaked_sandboxes)
 from verl_sf.models import CommandRunStatus, RunCodeRequest, RunStatus
 from verl_sf.tools import SandboxFusionTool
@@ -170,7 +171,7 @@ def req(code: str, **kw: Any) -> RunCodeRequest:
 
 
 async def test_run_separates_streams_and_labels_the_sandbox(fake: FakeDaytona) -> None:
-    backend = DaytonaSandboxBackend(DaytonaOptions(labels={"team": "rl"}), client=fake)
+    backend = DaytonaSandboxBackend(DaytonaBackendConfig(labels={"team": "rl"}), client=fake)
     response = await backend.run_code(req("import sys\nprint('out')\nprint('err', file=sys.stderr)"), session="t1")
     assert response.status == RunStatus.Success
     assert response.run_result.stdout == "out\n" and response.run_result.stderr == "err\n"

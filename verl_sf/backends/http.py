@@ -25,20 +25,18 @@ import email.utils
 import json
 import random
 import time
-import urllib.parse
 import weakref
-from typing import Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.config import HttpBackendConfig
 from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-# Time the server may spend beyond the request's own time-outs (queueing, sandbox start).
-DEFAULT_SERVER_MARGIN_S = 60.0
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
 
@@ -80,46 +78,15 @@ def _close_sessions_at_exit() -> None:
 atexit.register(_close_sessions_at_exit)
 
 
-def normalize_base_url(url: str) -> str:
-    """`http://host:port`, `.../run_code` (verl's `sandbox_fusion_url`) or `.../run_jupyter`
-    -> the base URL the endpoints hang off.  Raises ValueError for anything else."""
-    if not isinstance(url, str) or not url.strip():
-        raise ValueError(f"sandbox URL must be a non-empty string, got {url!r}")
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"sandbox URL must look like http(s)://host[:port][/run_code], got {url!r}")
-    path = parts.path.rstrip("/")
-    for endpoint in ("/run_code", "/run_jupyter"):
-        if path.endswith(endpoint):
-            path = path[: -len(endpoint)]
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
 class HttpSandboxBackend(SandboxBackend):
     """Sandbox Fusion HTTP API client with pooled connections and bounded retries."""
 
     name = "http"
 
-    def __init__(self, url: str, *, max_retries: int = 5, backoff_base_s: float = 0.5,
-                 backoff_max_s: float = 10.0, max_retry_after_s: float = 60.0,
-                 connect_timeout_s: float = 10.0, server_margin_s: float = DEFAULT_SERVER_MARGIN_S,
-                 connection_limit: int = 256):
-        for field, value, low in (("max_retries", max_retries, 0), ("connection_limit", connection_limit, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{field} must be an integer >= {low}, got {value!r}")
-        for field, value in (("backoff_base_s", backoff_base_s), ("backoff_max_s", backoff_max_s),
-                             ("max_retry_after_s", max_retry_after_s), ("connect_timeout_s", connect_timeout_s),
-                             ("server_margin_s", server_margin_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{field} must be a number >= 0, got {value!r}")
-        self.base_url = normalize_base_url(url)
-        self.max_retries = max_retries
-        self.backoff_base_s = float(backoff_base_s)
-        self.backoff_max_s = float(backoff_max_s)
-        self.max_retry_after_s = float(max_retry_after_s)
-        self.connect_timeout_s = float(connect_timeout_s)
-        self.server_margin_s = float(server_margin_s)
-        self.connection_limit = connection_limit
+    def __init__(self, config: HttpBackendConfig | str, **options: Any):
+        """`HttpSandboxBackend(HttpBackendConfig(...))`, or the shorthand `HttpSandboxBackend(url, **options)`."""
+        self.config = config if isinstance(config, HttpBackendConfig) else HttpBackendConfig(url=config, **options)
+        self.base_url = self.config.url
 
     def __repr__(self) -> str:
         return f"HttpSandboxBackend({self.base_url!r})"
@@ -132,13 +99,13 @@ class HttpSandboxBackend(SandboxBackend):
     def run_jupyter_url(self) -> str:
         return self.base_url + "/run_jupyter"
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        budget = request.compile_timeout + request.run_timeout + self.server_margin_s
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+        budget = request.compile_timeout + request.run_timeout + self.config.server_margin_s
         return await self._post(self.run_code_url, request, RunCodeResponse, budget)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         return await self._post(self.run_jupyter_url, request, RunJupyterResponse,
-                                request.total_timeout + self.server_margin_s)
+                                request.total_timeout + self.config.server_margin_s)
 
     async def close(self) -> None:
         """Close this configuration's session on the running loop (shared by every copy of
@@ -151,21 +118,21 @@ class HttpSandboxBackend(SandboxBackend):
     # ---- internals ------------------------------------------------------------------------
 
     def _session_key(self) -> tuple:
-        return (self.connection_limit, self.connect_timeout_s)
+        return (self.config.connection_limit, self.config.connect_timeout_s)
 
     def _session(self) -> aiohttp.ClientSession:
         per_loop = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
         session = per_loop.get(self._session_key())
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(limit=self.connection_limit, limit_per_host=0)
+            connector = aiohttp.TCPConnector(limit=self.config.connection_limit, limit_per_host=0)
             session = aiohttp.ClientSession(connector=connector)
             per_loop[self._session_key()] = session
         return session
 
     async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float) -> ResponseT:
         payload = request.model_dump(mode="json")
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s, sock_read=budget_s)
-        attempts = self.max_retries + 1
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s, sock_read=budget_s)
+        attempts = self.config.max_retries + 1
         reason = "no attempt made"
         for attempt in range(attempts):
             retry_after = 0.0
@@ -180,9 +147,9 @@ class HttpSandboxBackend(SandboxBackend):
                         raise SandboxUnavailable(f"{url} answered HTTP {response.status}: {body}")
                     reason = f"HTTP {response.status}"
                     retry_after = _retry_after_s(response.headers.get("Retry-After"))
-                    if retry_after > self.max_retry_after_s:
+                    if retry_after > self.config.max_retry_after_s:
                         raise SandboxUnavailable(f"{url} answered {reason} with Retry-After {retry_after:g} s, "
-                                                 f"more than max_retry_after_s={self.max_retry_after_s:g}")
+                                                 f"more than max_retry_after_s={self.config.max_retry_after_s:g}")
             except aiohttp.SocketTimeoutError as exc:
                 raise SandboxUnavailable(f"{url} sent no answer within {budget_s:g} s; not retried because "
                                          f"the run may still be executing") from exc
@@ -194,7 +161,7 @@ class HttpSandboxBackend(SandboxBackend):
 
     def _backoff_s(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, base * 2**attempt)] spreads retrying clients out."""
-        return random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt))
+        return random.uniform(0.0, min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** attempt))
 
 
 def _parse(url: str, body: bytes, response_type: type[ResponseT]) -> ResponseT:

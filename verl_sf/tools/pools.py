@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Optional, Protocol, TypeVar
 
 from verl_sf.backends.base import SandboxUnavailable
 
@@ -25,6 +25,19 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Closer = tuple[Callable[..., Awaitable[Any]], tuple]
+
+
+class Pool(Protocol):
+    """Where and under which limit the tool's calls run; `make_pool` picks one by the `pool` key."""
+
+    kind: str
+    """The `pool` value it implements: inprocess, ray or ray_actor."""
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`await fn(*args)` under the pool's limit, in the process that holds the backends."""
+
+    async def close(self, *closers: Closer) -> None:
+        """Run `closers` where the backends live, then release every permit and process."""
 
 
 class InProcessPool:
@@ -172,7 +185,7 @@ class RayActorPool:
             ray.kill(actor)
 
 
-def make_pool(mode: str, num_workers: int, rate_limit: int, enable_global_rate_limit: bool) -> Any:
+def make_pool(mode: str, num_workers: int, rate_limit: int, enable_global_rate_limit: bool) -> Pool:
     """`auto` picks `ray` when this process is connected to a Ray cluster (always true in verl)."""
     if mode == "auto":
         try:

@@ -1,0 +1,167 @@
+"""Backend settings: one tagged, frozen pydantic model per backend, validated once.
+
+A config is plain, hashable data: the tool hands it to whichever process runs the call (its
+own, or a Ray pool actor), and that process keeps one backend per config (`build()` once).
+The `type` field is the tag (`http`, `local`, `daytona`), as in a tool yaml's `backend:` key.
+
+Adding a backend is one class in this module::
+
+    class ClusterBackendConfig(BackendConfig):
+        type: Literal["cluster"] = "cluster"
+        nodes: int = Field(1, ge=1)          # its options, range-checked here
+
+        def backend_class(self) -> type[SandboxBackend]:
+            from verl_sf.backends.cluster import ClusterSandboxBackend  # __init__(self, config)
+            return ClusterSandboxBackend
+
+Defining the subclass registers it: `parse_backend_config({"type": "cluster", ...})`, the tool's
+`backend: cluster` (options from the yaml's `cluster:` block) and `AnyBackendConfig` all know it.
+Whether the backend keeps sessions is its class's `supports_sessions` flag, read through here.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+from verl_sf.executor import ExecutorConfig
+
+if TYPE_CHECKING:
+    from verl_sf.backends.base import SandboxBackend
+
+
+class BackendConfig(BaseModel):
+    """Base of the per-backend configs; subclasses register themselves under their `type`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    registry: ClassVar[dict[str, type[BackendConfig]]] = {}
+    tool_block_field: ClassVar[Optional[str]] = None
+    """The field the tool yaml's `<type>:` block fills; None: the block holds this config's own fields."""
+
+    type: str
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        BackendConfig.registry[cls.model_fields["type"].default] = cls
+
+    def __hash__(self) -> int:  # fields may hold dicts or dataclasses: hash the canonical JSON instead
+        return hash((type(self), self.model_dump_json()))
+
+    def backend_class(self) -> type[SandboxBackend]:
+        """The backend this config builds (imported lazily: a config is cheap to load and pickle)."""
+        raise NotImplementedError
+
+    def build(self) -> SandboxBackend:
+        """A new backend; it connects and starts nothing until its first call."""
+        return self.backend_class()(self)  # type: ignore[call-arg]
+
+    @property
+    def supports_sessions(self) -> bool:
+        return self.backend_class().supports_sessions
+
+    @classmethod
+    def from_tool_block(cls, block: dict[str, Any], *, sandbox_fusion_url: Optional[str]) -> dict[str, Any]:
+        """The raw config a tool yaml's flat keys and `<type>:` block describe (validated by the caller)."""
+        name = cls.model_fields["type"].default
+        return {"type": name, **(block if cls.tool_block_field is None else {cls.tool_block_field: block})}
+
+
+def normalize_base_url(url: str) -> str:
+    """`http://host:port`, `.../run_code` (verl's `sandbox_fusion_url`) or `.../run_jupyter`
+    -> the base URL the endpoints hang off.  Raises ValueError for anything else."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"sandbox URL must be a non-empty string, got {url!r}")
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"sandbox URL must look like http(s)://host[:port][/run_code], got {url!r}")
+    path = parts.path.rstrip("/")
+    for endpoint in ("/run_code", "/run_jupyter"):
+        if path.endswith(endpoint):
+            path = path[: -len(endpoint)]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+class HttpBackendConfig(BackendConfig):
+    """`backend: http`: any Sandbox Fusion compatible server; the yaml's `http:` block sets the retry policy."""
+
+    type: Literal["http"] = "http"
+    url: str
+    """Base URL; verl's `sandbox_fusion_url` (ending in /run_code) is accepted and trimmed."""
+    max_retries: int = Field(5, ge=0)
+    backoff_base_s: float = Field(0.5, ge=0)
+    backoff_max_s: float = Field(10.0, ge=0)
+    max_retry_after_s: float = Field(60.0, ge=0)
+    """A Retry-After longer than this is not waited for: the call fails at once."""
+    connect_timeout_s: float = Field(10.0, ge=0)
+    server_margin_s: float = Field(60.0, ge=0)
+    """Time the server may spend beyond the request's own time-outs (queueing, sandbox start)."""
+    connection_limit: int = Field(256, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        return normalize_base_url(value)
+
+    def backend_class(self) -> type[SandboxBackend]:
+        from verl_sf.backends.http import HttpSandboxBackend
+
+        return HttpSandboxBackend
+
+    @classmethod
+    def from_tool_block(cls, block: dict[str, Any], *, sandbox_fusion_url: Optional[str]) -> dict[str, Any]:
+        if not sandbox_fusion_url:
+            raise ValueError("sandbox_fusion_url is required for the http backend "
+                             "(or set backend: local / backend: daytona)")
+        return {**super().from_tool_block(block, sandbox_fusion_url=None), "url": sandbox_fusion_url}
+
+
+class LocalBackendConfig(BackendConfig):
+    """`backend: local`: the executor inside the calling process; the yaml's `local:` block is its settings."""
+
+    type: Literal["local"] = "local"
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    tool_block_field: ClassVar[Optional[str]] = "executor"
+
+    def backend_class(self) -> type[SandboxBackend]:
+        from verl_sf.backends.local import LocalSandboxBackend
+
+        return LocalSandboxBackend
+
+
+class DaytonaBackendConfig(BackendConfig):
+    """`backend: daytona`: the yaml's `daytona:` block.  Credentials come from the SDK's own environment
+    variables (DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET), never from the yaml."""
+
+    type: Literal["daytona"] = "daytona"
+    snapshot: Optional[str] = None
+    """Snapshot to create sandboxes from (the SDK's default python snapshot when unset)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels; the verl-sf labels the reaper selects on are always added."""
+    auto_stop_interval: int = Field(15, ge=0)
+    """Minutes of inactivity before Daytona stops a sandbox: the backstop for leaked ones."""
+    auto_delete_interval: int = Field(0, ge=-1)
+    """Minutes after stopping before Daytona deletes it (0: at once, -1: never)."""
+    create_timeout: float = Field(60, gt=0)
+
+    def backend_class(self) -> type[SandboxBackend]:
+        from verl_sf.backends.daytona import DaytonaSandboxBackend
+
+        return DaytonaSandboxBackend
+
+
+if TYPE_CHECKING:
+    AnyBackendConfig = BackendConfig
+else:
+    # Every registered config, told apart by `type`; a subclass defined above joins it automatically.
+    AnyBackendConfig = Annotated[Union[tuple(BackendConfig.registry.values())], Field(discriminator="type")]
+
+_ANY_BACKEND_CONFIG: TypeAdapter[BackendConfig] = TypeAdapter(AnyBackendConfig)
+
+
+def parse_backend_config(data: Any) -> BackendConfig:
+    """The config `data` (a mapping with a `type` tag) describes; pydantic's ValidationError names bad fields."""
+    return _ANY_BACKEND_CONFIG.validate_python(data)
