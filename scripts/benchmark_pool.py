@@ -10,7 +10,7 @@ Two measurements, both on a local Ray instance this script starts (and stops):
                direct     `HttpSandboxBackend.run_code` from this process (no pool);
                ray        the tool's default under Ray (`pool: ray`): the same call in this
                           process, under a permit of the cluster-wide limiter
-                          (`verl_sf.tools.pools.RayLimiterPool`, num_workers=rate_limit=C);
+                          (`verl_sf.tools.dispatch.RayLimiterPool`, num_workers=rate_limit=C);
                ray_actor  `pool: ray_actor`: through an ExecutionWorker actor
                           (`init_execution_pool(num_workers=C, rate_limit=C)`).
              The pooled paths send what the tool sends (`run_request` + a BackendConfig).
@@ -48,9 +48,9 @@ import ray
 
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_limiter
-from verl_sf.tools.pools import RayLimiterPool
+from verl_sf.tools.dispatch import RayLimiterPool
 from verl_sf.backends.config import HttpBackendConfig
-from verl_sf.tools.runner import backend_for, close_backend, run_request
+from verl_sf.tools.backend_calls import backend_for, close_backend, run_request
 from verl_sf.server.process import start_server_process, stop_server_process as stop_server
 
 BENCH_LIMITER = "verl-sf-benchmark-limiter"

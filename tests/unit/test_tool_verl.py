@@ -38,7 +38,7 @@ from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle, start_server, stop_server
 from verl_sf.tools import SandboxFusionTool
 from verl_sf.backends.config import BackendConfig
-from verl_sf.tools.runner import backend_for
+from verl_sf.tools.backend_calls import backend_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.asyncio(loop_scope="module")]
 

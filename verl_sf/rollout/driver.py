@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from tqdm.auto import tqdm
 
+from verl_sf.enums import StrEnum
 from verl_sf.rollout.client import ChatClient, ModelServerError
 from verl_sf.rollout.data import Sample
 from verl_sf.rollout.parsing import ToolCall, parse_hermes, parse_openai_tool_calls
@@ -34,7 +35,9 @@ from verl_sf.rollout.tools import AgentContext, ToolCallRecord, ToolRunner
 RewardFn = Callable[..., Any]  # verl's compute_score(data_source, solution_str, ground_truth, extra_info)
 
 
-class StopReason:
+class StopReason(StrEnum):
+    """Why a trajectory ended (the dump's and the summary's `stop_reason`)."""
+
     answer = "answer"  # the model replied without calling a tool
     max_turns = "max_turns"  # it still wanted tools after `max_turns` assistant turns
     length = "length"  # the response-length budget ran out (or a turn was cut by it)

@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from verl_sf.enums import StrEnum
 from verl_sf.errors import VerlSfError
 from verl_sf.rollout.parsing import ToolCall, decode_arguments
 
@@ -29,7 +30,7 @@ class ToolConfigLoadError(VerlSfError, ValueError):
     """The tool-config yaml is missing or does not describe loadable tools."""
 
 
-class ErrorKind:
+class ErrorKind(StrEnum):
     """Why a call failed, as counted in the summary (beside the tool's own `status` metric)."""
 
     malformed_call = "malformed_call"  # the model's call could not be read at all

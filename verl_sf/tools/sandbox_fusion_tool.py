@@ -20,12 +20,12 @@ from uuid import uuid4
 from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
-from verl_sf.tools import render
+from verl_sf.tools import reply
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
 from verl_sf.tools.code import extract_python_block, print_last_expression
 from verl_sf.tools.config import ToolConfig
-from verl_sf.tools.pools import Pool, make_pool
-from verl_sf.tools.runner import close_backend, end_session, run_request
+from verl_sf.tools.dispatch import Pool, make_pool
+from verl_sf.tools.backend_calls import close_backend, end_session, run_request
 from verl_sf.tools.schema import code_interpreter_schema
 
 log = logging.getLogger(__name__)
@@ -95,19 +95,19 @@ class SandboxFusionTool(BaseTool):
         try:
             request = self._request(parameters)
         except ToolArgumentError as exc:
-            return ToolResponse(text=f"Invalid arguments: {exc}"), None, render.metrics(
-                None, self.backend_name, truncated=False, outcome="invalid_arguments")
+            return ToolResponse(text=f"Invalid arguments: {exc}"), None, reply.metrics(
+                None, self.backend_name, truncated=False, outcome=reply.Outcome.invalid_arguments)
         session = self._session(instance_id, kwargs.get("agent_data"))
         submitted = time.time()
         try:
             execution = await self.pool.run(run_request, self.backend_config, request, session)
         except SandboxUnavailable as exc:
             log.warning("code_interpreter: sandbox unavailable: %s", exc)
-            return ToolResponse(text=render.render_unavailable(exc)), None, render.metrics(
+            return ToolResponse(text=reply.unavailable_text(exc)), None, reply.metrics(
                 None, self.backend_name, truncated=False)
         response = execution.response
-        text, cut = render.render(response, request.run_timeout, self.settings.max_output_chars)
-        metrics = render.metrics(response, self.backend_name, truncated=cut)
+        text, cut = reply.reply_text(response, request.run_timeout, self.settings.max_output_chars)
+        metrics = reply.metrics(response, self.backend_name, truncated=cut)
         metrics["pool_wait"] = max(0.0, execution.started_at - submitted)
         metrics["queue_wait"] = metrics["pool_wait"] + (response.queue_wait or 0.0)
         return ToolResponse(text=text), None, metrics

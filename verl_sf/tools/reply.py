@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from verl_sf.enums import StrEnum
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus
 
 NO_OUTPUT = "(no output; print() the values you want to see)"
 
 
-class Outcome:
+class Outcome(StrEnum):
     """Values of the `status` metric (one word per way a call can end)."""
 
     success = "success"
@@ -22,9 +23,10 @@ class Outcome:
     compile_error = "compile_error"
     timeout = "timeout"
     sandbox_error = "sandbox_error"  # the sandbox (or the way to it) failed, not the code
+    invalid_arguments = "invalid_arguments"  # the model's arguments could not be run at all
 
 
-def outcome_of(response: RunCodeResponse) -> str:
+def outcome_of(response: RunCodeResponse) -> Outcome:
     compile_result, run_result = response.compile_result, response.run_result
     for stage in (compile_result, run_result):
         if stage is not None and stage.status == CommandRunStatus.TimeLimitExceeded:
@@ -38,7 +40,7 @@ def outcome_of(response: RunCodeResponse) -> str:
     return Outcome.sandbox_error
 
 
-def render(response: RunCodeResponse, timeout: float, max_chars: int) -> tuple[str, bool]:
+def reply_text(response: RunCodeResponse, timeout: float, max_chars: int) -> tuple[str, bool]:
     """(text for the model, whether this function cut it to `max_chars`)."""
     outcome = outcome_of(response)
     if outcome == Outcome.timeout:
@@ -58,13 +60,13 @@ def render(response: RunCodeResponse, timeout: float, max_chars: int) -> tuple[s
     return _cap(text, max_chars)
 
 
-def render_unavailable(error: BaseException) -> str:
+def unavailable_text(error: BaseException) -> str:
     """The text for a call that got no answer at all (network, dead server, retries used up)."""
     return f"Sandbox error: {_one_line(str(error)) or type(error).__name__}"
 
 
 def metrics(response: Optional[RunCodeResponse], backend: str, *, truncated: bool,
-            outcome: Optional[str] = None) -> dict[str, Any]:
+            outcome: Optional[Outcome] = None) -> dict[str, Any]:
     """The tool's metrics dict (verl returns it alongside the response and the reward)."""
     run = response.run_result if response else None
     return {
