@@ -79,7 +79,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     _add_serve(sub)
     _add_rollout(sub)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(args, "log_level", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 

@@ -9,5 +9,8 @@ class StrEnum(str, enum.Enum):
     """Members are their values everywhere text is made (f-strings, str(), json, logs), as
     Python 3.11's `enum.StrEnum` does; plain `str, Enum` prints `Class.member` there since 3.11."""
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)

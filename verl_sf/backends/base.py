@@ -39,11 +39,11 @@ class SandboxBackend(abc.ABC):
         """Run `request` (in `session`, if the backend keeps sessions); raise SandboxUnavailable
         when no answer could be had."""
 
-    async def end_session(self, session: str) -> None:
+    async def end_session(self, session: str) -> None:  # noqa: B027 (a no-op default: most backends hold nothing)
         """Release what `session` holds (a sandbox, a process).  Idempotent; a no-op without sessions."""
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         raise NotImplementedError(f"backend {self.name!r} does not support run_jupyter")
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (a no-op default: most backends hold nothing)
         """Release connections, sandboxes, processes.  Idempotent."""

@@ -10,7 +10,7 @@ Adding a backend is one class in this module::
         type: Literal["cluster"] = "cluster"
         nodes: int = Field(1, ge=1)          # its options, range-checked here
 
-        def backend_class(self) -> type[SandboxBackend]:
+        def backend_class(self) -> BackendClass:
             from verl_sf.backends.cluster import ClusterSandboxBackend  # __init__(self, config)
             return ClusterSandboxBackend
 
@@ -22,7 +22,7 @@ Whether the backend keeps sessions is its class's `supports_sessions` flag, read
 from __future__ import annotations
 
 import urllib.parse
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Optional, TypeAlias, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -31,13 +31,17 @@ from verl_sf.executor import ExecutorConfig
 if TYPE_CHECKING:
     from verl_sf.backends.base import SandboxBackend
 
+# Spelled out here: inside the config classes `type` is the tag field, not the builtin.
+BackendClass: TypeAlias = "type[SandboxBackend]"
+ConfigClass: TypeAlias = "type[BackendConfig]"
+
 
 class BackendConfig(BaseModel):
     """Base of the per-backend configs; subclasses register themselves under their `type`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    registry: ClassVar[dict[str, type[BackendConfig]]] = {}
+    registry: ClassVar[dict[str, ConfigClass]] = {}
     tool_block_field: ClassVar[Optional[str]] = None
     """The field the tool yaml's `<type>:` block fills; None: the block holds this config's own fields."""
 
@@ -51,13 +55,13 @@ class BackendConfig(BaseModel):
     def __hash__(self) -> int:  # fields may hold dicts or dataclasses: hash the canonical JSON instead
         return hash((type(self), self.model_dump_json()))
 
-    def backend_class(self) -> type[SandboxBackend]:
+    def backend_class(self) -> BackendClass:
         """The backend this config builds (imported lazily: a config is cheap to load and pickle)."""
         raise NotImplementedError
 
     def build(self) -> SandboxBackend:
         """A new backend; it connects and starts nothing until its first call."""
-        return self.backend_class()(self)  # type: ignore[call-arg]
+        return self.backend_class()(self)  # type: ignore[call-arg]  # each backend's __init__ takes its config
 
     @property
     def supports_sessions(self) -> bool:
@@ -106,7 +110,7 @@ class HttpBackendConfig(BackendConfig):
     def _base_url(cls, value: str) -> str:
         return normalize_base_url(value)
 
-    def backend_class(self) -> type[SandboxBackend]:
+    def backend_class(self) -> BackendClass:
         from verl_sf.backends.http import HttpSandboxBackend
 
         return HttpSandboxBackend
@@ -126,7 +130,7 @@ class LocalBackendConfig(BackendConfig):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     tool_block_field: ClassVar[Optional[str]] = "executor"
 
-    def backend_class(self) -> type[SandboxBackend]:
+    def backend_class(self) -> BackendClass:
         from verl_sf.backends.local import LocalSandboxBackend
 
         return LocalSandboxBackend
@@ -147,7 +151,7 @@ class DaytonaBackendConfig(BackendConfig):
     """Minutes after stopping before Daytona deletes it (0: at once, -1: never)."""
     create_timeout: float = Field(60, gt=0)
 
-    def backend_class(self) -> type[SandboxBackend]:
+    def backend_class(self) -> BackendClass:
         from verl_sf.backends.daytona import DaytonaSandboxBackend
 
         return DaytonaSandboxBackend

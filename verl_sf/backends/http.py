@@ -53,7 +53,7 @@ class SandboxRequestRejected(VerlSfError, ValueError):
 
 # loop -> {session key -> session}.  Weak on the loop: a session is bound to the loop it
 # was created on and must never be used from another one.
-_SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aiohttp.ClientSession]]" = \
+_SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aiohttp.ClientSession]] = \
     weakref.WeakKeyDictionary()
 
 

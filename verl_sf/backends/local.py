@@ -8,7 +8,8 @@ construction, so building a tool or a pool that never runs code costs nothing.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Optional, TypeVar
+from collections.abc import Awaitable
+from typing import Optional, TypeVar
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
 from verl_sf.backends.config import LocalBackendConfig

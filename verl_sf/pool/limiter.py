@@ -59,10 +59,10 @@ def validate_limits(rate_limit: Any, requests_per_second: Any) -> None:
     """Raise ValueError naming the bad setting; shared by the pool and the limiter."""
     if isinstance(rate_limit, bool) or not isinstance(rate_limit, int) or rate_limit < 1:
         raise ValueError(f"rate_limit must be an integer >= 1 (executions in flight), got {rate_limit!r}")
-    if requests_per_second is not None:
-        if isinstance(requests_per_second, bool) or not isinstance(requests_per_second, (int, float)) \
-                or not math.isfinite(requests_per_second) or requests_per_second <= 0:
-            raise ValueError(f"requests_per_second must be a number > 0 or None, got {requests_per_second!r}")
+    if requests_per_second is not None and (
+            isinstance(requests_per_second, bool) or not isinstance(requests_per_second, (int, float))
+            or not math.isfinite(requests_per_second) or requests_per_second <= 0):
+        raise ValueError(f"requests_per_second must be a number > 0 or None, got {requests_per_second!r}")
 
 
 def validate_lease_ttl(lease_ttl_s: Any) -> None:
@@ -151,7 +151,7 @@ class TokenBucketWorker:
         self._waiting: dict[str, _Waiter] = {}   # permit -> waiter, queued and not granted
         self._holders: dict[str, _Lease] = {}    # permit -> lease, granted and not returned
         self._waits: collections.deque[float] = collections.deque(maxlen=_WAIT_SAMPLES)
-        self._counts = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()
         self._contention_signalled = False
         self._refill_timer: Optional[asyncio.TimerHandle] = None
         self._sweeper: Optional[asyncio.Task] = None
@@ -342,6 +342,7 @@ class TokenBucketWorker:
             self._metrics.granted(wait_s)
 
     def _take_token(self) -> bool:
+        assert self._rps is not None  # only called with a requests_per_second limit
         now = time.monotonic()
         self._tokens = min(self._burst(), self._tokens + (now - self._refilled_at) * self._rps)
         self._refilled_at = now
@@ -352,6 +353,7 @@ class TokenBucketWorker:
 
     def _schedule_refill(self) -> None:
         if self._refill_timer is None:
+            assert self._rps is not None  # only called with a requests_per_second limit
             delay = (1.0 - self._tokens) / self._rps
             self._refill_timer = asyncio.get_running_loop().call_later(delay, self._on_refill)
 

@@ -21,9 +21,10 @@ import contextlib
 import functools
 import inspect
 import os
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
-from typing import Any, AsyncIterator, Callable, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 
 import ray
 
@@ -173,7 +174,7 @@ class ExecutionWorker:
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _as_mode(mode: Union[PoolMode, str]) -> PoolMode:
@@ -192,7 +193,7 @@ def _validate_pool_args(num_workers: Any, mode: Any) -> None:
 def init_execution_pool(num_workers: int, enable_global_rate_limit: bool = True, rate_limit: int = 10,
                         mode: PoolMode = PoolMode.ThreadMode, *, requests_per_second: Optional[float] = None,
                         limiter_name: str = DEFAULT_LIMITER_NAME, lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
-                        **actor_options: Any) -> "ray.actor.ActorHandle":
+                        **actor_options: Any) -> ray.actor.ActorHandle:
     """Create one `ExecutionWorker` actor; call it with `await pool.execute.remote(fn, *args)`.
 
     `rate_limit` caps executions in flight across the Ray namespace (all pools sharing
@@ -205,7 +206,7 @@ def init_execution_pool(num_workers: int, enable_global_rate_limit: bool = True,
         validate_limits(rate_limit, requests_per_second)
         validate_lease_ttl(lease_ttl_s)
     options = {"max_concurrency": max(_MIN_ACTOR_CONCURRENCY, 4 * num_workers), **actor_options}
-    pool = ray.remote(ExecutionWorker).options(**options).remote(
+    pool: ray.actor.ActorHandle = ray.remote(ExecutionWorker).options(**options).remote(  # type: ignore[assignment]
         enable_global_rate_limit=enable_global_rate_limit, rate_limit=rate_limit, mode=mode,
         num_workers=num_workers, requests_per_second=requests_per_second, limiter_name=limiter_name,
         lease_ttl_s=lease_ttl_s)

@@ -11,7 +11,8 @@ verl trains on), `acc` and `pred`, which verl logs and writes into the rollout d
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from verl_sf.rewards import boxed, gsm8k
 

@@ -21,7 +21,8 @@ import asyncio
 import dataclasses
 import inspect
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 from tqdm.auto import tqdm
 
@@ -153,13 +154,15 @@ async def run_trajectory(
     return traj
 
 
-def _append_assistant_turn(traj: Trajectory, content: str, raw_calls: list[Any], max_parallel_calls: int) -> list[ToolCall]:
+def _append_assistant_turn(traj: Trajectory, content: str, raw_calls: list[Any],
+                           max_parallel_calls: int) -> list[ToolCall]:
     """Record the assistant message; return the calls to run (the first `max_parallel_calls`)."""
     id_prefix = f"call_{traj.request_id}_{traj.assistant_turns}_"
     if raw_calls:
         calls = parse_openai_tool_calls(raw_calls, id_prefix)
         kept = calls[:max_parallel_calls]
-        message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": [c.openai_dict() for c in kept]}
+        message: dict[str, Any] = {"role": "assistant", "content": content,
+                                   "tool_calls": [c.openai_dict() for c in kept]}
     else:
         # Raw text: keep it verbatim (blocks included) so the model sees exactly what it wrote.
         _, calls = parse_hermes(content, id_prefix)
@@ -207,7 +210,8 @@ async def run_rollouts(
     async def one(sample: Sample, k: int) -> Trajectory:
         nonlocal done, correct
         t0 = time.perf_counter()
-        traj = await run_trajectory(sample, client, runner, config, uid=str(sample.index), request_id=f"{sample.index}_{k}")
+        traj = await run_trajectory(sample, client, runner, config, uid=str(sample.index),
+                                    request_id=f"{sample.index}_{k}")
         if reward_fn is not None:
             await score_trajectory(traj, reward_fn)
         traj.wall_seconds = time.perf_counter() - t0

@@ -86,7 +86,7 @@ class ToolConfig(BaseModel):
         return value
 
     @classmethod
-    def parse(cls, config: Optional[dict[str, Any]]) -> "ToolConfig":
+    def parse(cls, config: Optional[dict[str, Any]]) -> ToolConfig:
         """Validate verl's `config:` dict; raise ToolConfigError naming each bad key."""
         try:
             return cls.model_validate(dict(config or {}))

@@ -22,10 +22,10 @@ from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
 from verl_sf.tools import reply
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
+from verl_sf.tools.backend_calls import close_backend, end_session, run_request
 from verl_sf.tools.code import extract_python_block, print_last_expression
 from verl_sf.tools.config import ToolConfig
-from verl_sf.tools.dispatch import Pool, make_pool
-from verl_sf.tools.backend_calls import close_backend, end_session, run_request
+from verl_sf.tools.dispatch import Closer, Pool, make_pool
 from verl_sf.tools.schema import code_interpreter_schema
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class SandboxFusionTool(BaseTool):
         self._pool: Optional[Pool] = None
         self._instances: dict[str, _Instance] = {}
         # Backend sessions of live trajectories: AgentData -> session, session -> its finalizer.
-        self._trajectory_sessions: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        self._trajectory_sessions: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._trajectories: dict[str, weakref.finalize] = {}
         self._background: set[asyncio.Task] = set()
 
@@ -138,7 +138,8 @@ class SandboxFusionTool(BaseTool):
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._pool is not None:
-            closers = [(end_session, (self.backend_config, s)) for s in sessions] + [(close_backend, (self.backend_config,))]
+            closers: list[Closer] = [(end_session, (self.backend_config, s)) for s in sessions]
+            closers.append((close_backend, (self.backend_config,)))
             pool, self._pool = self._pool, None
             await pool.close(*closers)
 
