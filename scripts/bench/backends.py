@@ -9,6 +9,7 @@ benchmark moves on to the next backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -80,10 +81,8 @@ async def _run_process(argv: list[str], timeout: float, cwd: Optional[str] = Non
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
         timed_out = False
     except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it finished in the meantime
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # it finished in the meantime
-            pass
         if on_timeout:
             cleanup = await asyncio.create_subprocess_exec(
                 *on_timeout, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
@@ -141,7 +140,7 @@ class DockerBackend(BenchBackend):
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
-            raise BackendSkipped("docker: `docker info` did not answer within 30 s; is the engine running?")
+            raise BackendSkipped("docker: `docker info` did not answer within 30 s; is the engine running?") from None
         if proc.returncode != 0:
             reason = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             raise BackendSkipped(f"docker: no Docker engine answers (`docker info` failed: {reason[0]})")
@@ -181,9 +180,10 @@ class HttpAdapter(Adapter):
         result says what it measured; other Sandbox Fusion servers have no such endpoint."""
         if self.name != "verl-sf":
             return None
-        async with aiohttp.ClientSession() as session:
-            async with session.get(self.inner.base_url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                return await resp.json() if resp.status == 200 else {"health_http_status": resp.status}
+        health_url = self.inner.base_url + "/health"
+        async with aiohttp.ClientSession() as session, \
+                session.get(health_url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return await resp.json() if resp.status == 200 else {"health_http_status": resp.status}
 
 
 class VerlSfServerBackend(BenchBackend):

@@ -86,7 +86,8 @@ def load_run(directory: Path) -> dict:
     """One earlier run's summary.json, or a BadOutputDir naming what is missing."""
     summary_path = directory / "summary.json"
     if not summary_path.is_file():
-        raise BadOutputDir(f"--compare {directory}: no summary.json there (expected an outputs/<backend>/<time> directory)")
+        raise BadOutputDir(f"--compare {directory}: no summary.json there "
+                           "(expected an outputs/<backend>/<time> directory)")
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -111,6 +112,7 @@ def compare(summaries: list[dict], out_dir: Path, baseline: str) -> list[dict]:
                              result["throughput_calls_per_s"] / reference if reference else None})
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(out_dir / "comparison.csv", rows, COMPARE_COLUMNS)
+    title = f"throughput by backend (ratios vs {baseline} in comparison.csv)" if base else "throughput by backend"
     plot_throughput([(s.get("label", s["backend"]), s["results"]) for s in summaries], out_dir / "throughput.png",
-                    f"throughput by backend (ratios vs {baseline} in comparison.csv)" if base else "throughput by backend")
+                    title)
     return rows

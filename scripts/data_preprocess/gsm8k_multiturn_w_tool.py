@@ -21,7 +21,8 @@ import json
 import os
 import re
 import sys
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 from verl_sf.errors import VerlSfError
 

@@ -26,7 +26,6 @@ sys.path.insert(0, str(SCRIPT.parent))
 from bench.report import CSV_COLUMNS  # noqa: E402
 from bench.runner import percentile  # noqa: E402
 from bench.scenarios import SCENARIOS, Outcome, classify  # noqa: E402
-
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus  # noqa: E402
 
 GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",

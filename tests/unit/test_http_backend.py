@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web

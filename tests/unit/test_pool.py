@@ -13,8 +13,9 @@ import re
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -168,7 +169,7 @@ async def test_grants_are_fifo_across_pools(make_pool, limiter_name: str) -> Non
         refs = []
         for i in range(8):  # alternate pools; each request reaches the queue before the next
             refs.append(pools[i % 2].execute.remote(started_at))
-            await eventually(lambda: _queue_is(limiter_name, i + 1), f"request {i} queued")
+            await eventually(lambda i=i: _queue_is(limiter_name, i + 1), f"request {i} queued")
         holder.release(permit)
         starts = await asyncio.gather(*refs)
     finally:

@@ -13,8 +13,9 @@ import json
 import os
 import re
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import hydra
 import pytest
@@ -36,8 +37,8 @@ from verl.workers.rollout.replica import TokenOutput
 from tests.intervals import max_overlap
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle, start_server, stop_server
-from verl_sf.tools import SandboxFusionTool
 from verl_sf.backends.config import BackendConfig
+from verl_sf.tools import SandboxFusionTool
 from verl_sf.tools.backend_calls import backend_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.asyncio(loop_scope="module")]
