@@ -13,9 +13,9 @@ mode=${1:-}
 
 pick_python() {
   # $PYTHON if given; otherwise the distribution's own interpreter (/usr/bin) before any other
-  # of the same version: Debian and Ubuntu build theirs with PGO and LTO, and it runs
-  # Python ~1.5x faster here than a default pyenv build (docs/performance.md) -- every sandbox
-  # run, the server and the load generator are Python.  `ensurepip` is what `-m venv` needs.
+  # of the same version: Debian and Ubuntu build theirs with PGO and LTO, which runs Python
+  # faster than a default pyenv build (docs/performance.md) -- every sandbox run, the server
+  # and the load generator are Python.  `ensurepip` is what `-m venv` needs.
   if [ -n "${PYTHON:-}" ]; then
     if "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then echo "$PYTHON"; return 0; fi
     echo "verl-sf: PYTHON=$PYTHON is not a Python 3.10 or newer" >&2; exit 1

@@ -14,8 +14,8 @@ while holding a permit leaked it forever.  This limiter instead
 * applies a different `rate_limit` asked for by a later client (reconfiguration, logged),
   instead of silently keeping the old one.
 
-The protocol is batched so one round trip carries many grants and releases (a Ray call
-costs ~0.5 ms; per-permit calls could not reach thousands of grants per second).  Clients
+The protocol is batched so one round trip carries many grants and releases (one Ray call per
+permit would cap the grant rate far below what a cluster's rollouts ask; docs/pool.md).  Clients
 name their own permit ids, so a release or cancellation can be sent before the grant
 arrives.  Use it through `verl_sf.pool.client.LimiterClient`, not directly.
 """

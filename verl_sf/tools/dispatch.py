@@ -4,7 +4,7 @@
 from the cluster-wide `TokenBucketWorker`, so `rate_limit` caps executions in flight across
 every rollout worker of the cluster.  verl's execution-pool actor existed to take blocking
 `requests` calls off the rollout worker; our backends are async, so a call is one awaited
-HTTP request either way and the actor hop (~1.5 ms of Ray CPU per call) buys nothing.
+HTTP request either way and the actor hop (Ray's per-call CPU, docs/pool.md) buys nothing.
 `ray_actor`: verl's execution pool (an `ExecutionWorker` actor per tool object) behind the
 same limiter, for running the backend in a process of its own.  `inprocess`: an asyncio
 semaphore, for TRL / plain asyncio users without Ray; `rate_limit` then caps this process
