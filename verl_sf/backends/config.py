@@ -4,27 +4,31 @@ A config is plain, hashable data: the tool hands it to whichever process runs th
 own, or a Ray pool actor), and that process keeps one backend per config (`build()` once).
 The `type` field is the tag (`http`, `local`, `daytona`), as in a tool yaml's `backend:` key.
 
-Adding a backend is one class in this module::
+Adding a backend is its module (a `SandboxBackend` subclass whose `__init__` takes the config)
+plus one config class in this module (so its name is known before the backend is imported)::
 
     class ClusterBackendConfig(BackendConfig):
         type: Literal["cluster"] = "cluster"
-        nodes: int = Field(1, ge=1)          # its options, range-checked here
+        spill_at: Optional[int] = Field(None, ge=1)   # its options, range-checked by pydantic
 
         def backend_class(self) -> BackendClass:
-            from verl_sf.backends.cluster import ClusterSandboxBackend  # __init__(self, config)
+            from verl_sf.backends.cluster import ClusterSandboxBackend
             return ClusterSandboxBackend
 
-Defining the subclass registers it: `parse_backend_config({"type": "cluster", ...})`, the tool's
-`backend: cluster` (options from the yaml's `cluster:` block) and `AnyBackendConfig` all know it.
-Whether the backend keeps sessions is its class's `supports_sessions` flag, read through here.
+Defining the subclass registers it: `parse_backend_config({"type": "cluster", ...})`, fields typed
+`AnyBackendConfig` and the tool's `backend: cluster` (options from the yaml's `cluster:` block) all
+know it; nothing else changes.  Override `build()` for a backend that takes keyword options instead of its
+config.  Whether a backend keeps sessions is its class's `supports_sessions` flag, read through
+here, so the tool decides without building one.
 """
 
 from __future__ import annotations
 
 import urllib.parse
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Optional, TypeAlias, Union
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Optional, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, TypeAdapter, field_validator
 
 from verl_sf.executor import ExecutorConfig
 
@@ -157,11 +161,18 @@ class DaytonaBackendConfig(BackendConfig):
         return DaytonaSandboxBackend
 
 
-if TYPE_CHECKING:
-    AnyBackendConfig = BackendConfig
-else:
-    # Every registered config, told apart by `type`; a subclass defined above joins it automatically.
-    AnyBackendConfig = Annotated[Union[tuple(BackendConfig.registry.values())], Field(discriminator="type")]
+def _registered_config(value: Any) -> Any:
+    """A mapping becomes the config its `type` names; pydantic reports its errors under the field."""
+    if not isinstance(value, Mapping):
+        return value
+    config_class = BackendConfig.registry.get(value.get("type"))  # type: ignore[arg-type]
+    if config_class is None:
+        raise ValueError(f"unknown backend {value.get('type')!r}; expected one of {', '.join(BackendConfig.registry)}")
+    return config_class.model_validate(value)
+
+
+# Any registered config, told apart by `type` (dumped with its own fields, not just the base's).
+AnyBackendConfig = Annotated[SerializeAsAny[BackendConfig], BeforeValidator(_registered_config)]
 
 _ANY_BACKEND_CONFIG: TypeAdapter[BackendConfig] = TypeAdapter(AnyBackendConfig)
 

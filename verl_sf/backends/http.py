@@ -85,7 +85,12 @@ class HttpSandboxBackend(SandboxBackend):
 
     def __init__(self, config: HttpBackendConfig | str, **options: Any):
         """`HttpSandboxBackend(HttpBackendConfig(...))`, or the shorthand `HttpSandboxBackend(url, **options)`."""
-        self.config = config if isinstance(config, HttpBackendConfig) else HttpBackendConfig(url=config, **options)
+        if isinstance(config, HttpBackendConfig):
+            if options:
+                raise TypeError(f"options {sorted(options)} go into the HttpBackendConfig, not beside it")
+            self.config = config
+        else:
+            self.config = HttpBackendConfig(url=config, **options)
         self.base_url = self.config.url
 
     def __repr__(self) -> str:

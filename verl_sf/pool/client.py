@@ -33,16 +33,15 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from verl_sf.pool.limiter import (
     DEFAULT_IDLE_EXIT_S,
+    DEFAULT_LEASE_TTL_S,
     DEFAULT_LIMITER_NAME,
     LeaseExpired,
+    LimiterSettings,
     TokenBucketWorker,
-    validate_lease_ttl,
-    validate_limits,
 )
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LEASE_TTL_S = 30.0
 IDLE_RETURN_S = 1.0
 _RECONNECT_ATTEMPTS = 5
 _RECONNECT_BACKOFF_S = 0.5
@@ -105,10 +104,8 @@ class LimiterClient:
                  name: str = DEFAULT_LIMITER_NAME, namespace: Optional[str] = None,
                  lease_ttl_s: float = DEFAULT_LEASE_TTL_S, client_name: Optional[str] = None,
                  keep_idle: int = 0):
-        validate_limits(rate_limit, requests_per_second)
-        if isinstance(keep_idle, bool) or not isinstance(keep_idle, int) or keep_idle < 0:
-            raise ValueError(f"keep_idle must be an integer >= 0, got {keep_idle!r}")
-        validate_lease_ttl(lease_ttl_s)
+        LimiterSettings(rate_limit=rate_limit, requests_per_second=requests_per_second, lease_ttl_s=lease_ttl_s,
+                        keep_idle=keep_idle)
         self.rate_limit = rate_limit
         self.requests_per_second = requests_per_second
         self.name = name

@@ -27,9 +27,10 @@ from enum import Enum
 from typing import Any, Optional, TypeVar, Union
 
 import ray
+from pydantic import BaseModel, ConfigDict, Field
 
-from verl_sf.pool.client import DEFAULT_LEASE_TTL_S, LimiterClient
-from verl_sf.pool.limiter import DEFAULT_LIMITER_NAME, validate_lease_ttl, validate_limits
+from verl_sf.pool.client import LimiterClient
+from verl_sf.pool.limiter import DEFAULT_LEASE_TTL_S, DEFAULT_LIMITER_NAME, LimiterSettings
 from verl_sf.pool.process_runner import ProcessRunner
 
 T = TypeVar("T")
@@ -183,9 +184,14 @@ def _as_mode(mode: Union[PoolMode, str]) -> PoolMode:
     return PoolMode[mode]
 
 
+class _PoolSize(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    num_workers: int = Field(ge=1)
+
+
 def _validate_pool_args(num_workers: Any, mode: Any) -> None:
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    _PoolSize(num_workers=num_workers)
     if not isinstance(mode, PoolMode) and mode not in PoolMode.__members__:
         raise ValueError(f"mode must be a PoolMode ({', '.join(PoolMode.__members__)}), got {mode!r}")
 
@@ -203,8 +209,7 @@ def init_execution_pool(num_workers: int, enable_global_rate_limit: bool = True,
     """
     _validate_pool_args(num_workers, mode)
     if enable_global_rate_limit:
-        validate_limits(rate_limit, requests_per_second)
-        validate_lease_ttl(lease_ttl_s)
+        LimiterSettings(rate_limit=rate_limit, requests_per_second=requests_per_second, lease_ttl_s=lease_ttl_s)
     options = {"max_concurrency": max(_MIN_ACTOR_CONCURRENCY, 4 * num_workers), **actor_options}
     pool: ray.actor.ActorHandle = ray.remote(ExecutionWorker).options(**options).remote(  # type: ignore[assignment]
         enable_global_rate_limit=enable_global_rate_limit, rate_limit=rate_limit, mode=mode,

@@ -63,7 +63,7 @@ class ToolConfig(BaseModel):
         blocks = {key: data.pop(key) for key in list(data) if key in BackendConfig.registry}
         config_class = BackendConfig.registry.get(name)
         if config_class is None:
-            raise ValueError(f"backend: unknown backend {name!r}; expected one of {', '.join(BackendConfig.registry)}")
+            raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BackendConfig.registry)}")
         block = blocks.get(name) or {}
         if not isinstance(block, dict):
             raise ValueError(f"{name}: must be a mapping of {name} backend options, got {type(block).__name__}")
@@ -91,19 +91,20 @@ class ToolConfig(BaseModel):
         try:
             return cls.model_validate(dict(config or {}))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{_where(err['loc'])}: {_reason(err)}" for err in exc.errors())
+            backend = str((config or {}).get("backend") or "http")
+            problems = "; ".join(f"{_where(err['loc'], backend)}: {_reason(err)}" for err in exc.errors())
             raise ToolConfigError(f"invalid SandboxFusionTool config: {problems}") from None
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    """A yaml path: `backend_config.local.executor.workers` is the `local:` block's `workers`."""
-    if loc[:1] == ("backend_config",) and len(loc) > 1:
-        config_class = BackendConfig.registry[str(loc[1])]
-        rest = loc[2:]
-        if config_class.tool_block_field is not None and rest[:1] == (config_class.tool_block_field,):
+def _where(loc: tuple[Any, ...], backend: str) -> str:
+    """A yaml path: with `backend: local`, `backend_config.executor.workers` is the `local:` block's `workers`."""
+    if loc[:1] == ("backend_config",):
+        rest = loc[1:]
+        config_class = BackendConfig.registry.get(backend)
+        if config_class is not None and config_class.tool_block_field is not None \
+                and rest[:1] == (config_class.tool_block_field,):
             rest = rest[1:]
-        loc = (loc[1], *rest)
+        loc = (backend, *rest)
     return ".".join(str(part) for part in loc) or "config"
 
 
