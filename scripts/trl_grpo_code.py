@@ -51,7 +51,8 @@ def grpo_config(args: argparse.Namespace) -> Any:
     """The example's GRPOConfig on TRL 1.x (which no longer has max_prompt_length: prompts are short here)."""
     from trl import GRPOConfig
 
-    vllm = {} if args.no_vllm else {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.15}
+    vllm: dict[str, Any] = {} if args.no_vllm else {"use_vllm": True, "vllm_mode": "colocate",
+                                                    "vllm_gpu_memory_utilization": 0.15}
     return GRPOConfig(
         output_dir=args.output_dir,
         per_device_train_batch_size=args.per_device_train_batch_size,
@@ -92,8 +93,8 @@ def plot_rewards(log_history: list[dict[str, Any]], output_dir: Path, reward_nam
     std = [r.get("reward_std", 0.0) for r in steps]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(3, 1))
     top.plot(x, mean, marker="o", label="mean reward")
-    top.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
-                     label="± std")
+    top.fill_between(x, [m - s for m, s in zip(mean, std, strict=True)],
+                     [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="± std")
     top.set_ylabel("reward (-1 error/banned, else pass rate)")
     top.legend()
     bottom.bar(x, [r.get(f"{reward_name}/sandbox_failures", 0.0) for r in steps], color="tab:red")
@@ -109,7 +110,7 @@ def plot_rewards(log_history: list[dict[str, Any]], output_dir: Path, reward_nam
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
-    from datasets import Dataset
+    from datasets import Dataset  # type: ignore[import-untyped]
     from trl import GRPOTrainer
 
     output_dir = Path(args.output_dir)

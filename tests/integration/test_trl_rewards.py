@@ -154,7 +154,8 @@ def test_grpo_trainer_two_steps_with_rewards_from_the_server(reward_server: Serv
     tokenizer_model = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer_model.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]*\n"), behavior="isolated")
     tokenizer_model.decoder = decoders.Fuse()
-    tokenizer_model.train_from_iterator(lines * 4, trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]", "[EOS]"]))
+    special_tokens = ["[UNK]", "[PAD]", "[EOS]"]
+    tokenizer_model.train_from_iterator(lines * 4, trainers.WordLevelTrainer(special_tokens=special_tokens))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer_model, unk_token="[UNK]", pad_token="[PAD]",
                                         eos_token="[EOS]")
     torch.manual_seed(0)
