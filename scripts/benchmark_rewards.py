@@ -4,8 +4,8 @@
 The batch is the example's step: 500 completions over its two tasks, bodies in known proportions (correct, wrong,
 banned, error, endless loop).  verl-sf evaluates it with `CodeTestReward` (the server the script starts, one given by
 --sandbox-url, or --backend local); the baseline runs the same harness per completion as `python -c` in a plain
-subprocess (no isolation) with the same time-out and the same number in flight.  Both must produce the rewards the
-mix implies, or the script fails.
+subprocess (no isolation) with the same time-out and the same number in flight.  Each contender's rewards are
+checked against what each body must score; the script fails if verl-sf misscores any.
 
 Examples:
   nice python scripts/benchmark_rewards.py                       # 500 completions, server with one slot per core x2
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -54,6 +55,7 @@ BODIES: dict[str, dict[str, str]] = {
         "endless": "    while True:\n        pass\n",
     },
 }
+MUST_SCORE = {"correct": 1.0, "banned": -1.0, "error": -1.0, "endless": -1.0}  # "wrong" passes some tests, not all
 # Share of each body in the batch (the example's step is 500 completions).
 MIX = {"correct": 0.50, "wrong": 0.20, "banned": 0.10, "error": 0.15, "endless": 0.05}
 
@@ -84,9 +86,12 @@ async def subprocess_rewards(candidates: list[Candidate], tasks: list[CodeTask],
             try:
                 stdout, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
             except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
                 return FAILURE_REWARD
+            finally:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):  # it may have ended a moment ago
+                        proc.kill()
+                    await proc.wait()
         report = read_harness_output(stdout.decode(errors="replace"), len(task.tests))
         if proc.returncode != 0 or report is None or report.task_error is not None:
             return FAILURE_REWARD
@@ -95,15 +100,19 @@ async def subprocess_rewards(candidates: list[Candidate], tasks: list[CodeTask],
     return list(await asyncio.gather(*(one(c, t) for c, t in zip(candidates, tasks, strict=True))))
 
 
-def check(label: str, rewards: list[Optional[float]], kinds: list[str]) -> dict[str, float]:
-    """Mean reward per kind; the script fails if a kind that must score 1 or -1 does not."""
-    by_kind: dict[str, list[Optional[float]]] = collections.defaultdict(list)
+def scoring(rewards: list[Optional[float]], kinds: list[str]) -> dict[str, object]:
+    """Rewards against what each body must score: `misscored` counts rewards that are wrong for the body
+    (e.g. a correct one timed out while its interpreter started), `unscored` the None ones."""
+    def misscored(kind: str, reward: float) -> bool:
+        return reward != MUST_SCORE[kind] if kind in MUST_SCORE else not 0.0 <= reward < 1.0
+
+    by_kind: dict[str, list[float]] = collections.defaultdict(list)
     for reward, kind in zip(rewards, kinds, strict=True):
-        by_kind[kind].append(reward)
-    for kind, must in (("correct", 1.0), ("banned", -1.0), ("error", -1.0), ("endless", -1.0)):
-        if any(r != must for r in by_kind[kind]):
-            raise SystemExit(f"{label}: {kind} completions should all score {must}, got {sorted(set(by_kind[kind]), key=str)}")
-    return {kind: sum(r or 0.0 for r in values) / len(values) for kind, values in by_kind.items()}
+        if reward is not None:
+            by_kind[kind].append(reward)
+    return {"misscored": sum(r is not None and misscored(k, r) for r, k in zip(rewards, kinds, strict=True)),
+            "unscored": rewards.count(None),
+            "mean_reward_by_kind": {kind: round(sum(v) / len(v), 4) for kind, v in sorted(by_kind.items())}}
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -150,10 +159,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "verl_sf": {"backend": args.backend, "wall_s": round(verl_sf_wall, 3),
                     "completions_per_s": round(len(completions) / verl_sf_wall, 1),
-                    "sandbox_failures": failures, "mean_reward_by_kind": check("verl-sf", verl_sf_rewards, kinds)},
+                    "sandbox_failures": failures, **scoring(verl_sf_rewards, kinds)},
         "subprocess": {"wall_s": round(baseline_wall, 3),
                        "completions_per_s": round(len(completions) / baseline_wall, 1),
-                       "mean_reward_by_kind": check("subprocess", list(baseline_rewards), kinds)},
+                       **scoring(list(baseline_rewards), kinds)},
         "speedup": round(baseline_wall / verl_sf_wall, 2),
         "same_rewards": verl_sf_rewards == baseline_rewards,
     }
@@ -162,6 +171,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.output:
         with open(args.output, "w") as out:
             out.write(text + "\n")
+    if summary["verl_sf"]["misscored"]:
+        raise SystemExit("verl-sf gave some completions a reward their body does not earn")
 
 
 if __name__ == "__main__":

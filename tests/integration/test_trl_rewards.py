@@ -181,3 +181,20 @@ def test_grpo_trainer_two_steps_with_rewards_from_the_server(reward_server: Serv
     assert sum(outcomes.values()) == 2 * 4
     ran = outcomes.get("scored", 0) + outcomes.get("error", 0)
     assert ran >= 1 and runs_finished(reward_server) - runs_before == ran
+
+
+def test_verl_compute_score_reports_and_excludes_sandbox_failures(reward_server: ServerHandle) -> None:
+    from verl_sf.rewards.code_test import SandboxFailure, compute_score
+
+    task = dict(EXAMPLE_TASKS["max_subarray"])
+    fenced = "Here it is:\n```python\ndef max_subarray_sum(xs):\n" + KADANE + "```"
+    assert compute_score("code", fenced, task, sandbox_url=reward_server.url) == {
+        "score": 1.0, "acc": 1.0, "passed": 7.0, "total": 7.0, "sandbox_failure": 0.0}
+    body = compute_score("code", "    return sum(xs)\n", task, sandbox_url=reward_server.url)
+    assert (body["score"], body["sandbox_failure"]) == (pytest.approx(3 / 7), 0.0)
+    with CodeTestReward(EXAMPLE_TASKS, sandbox_url="http://127.0.0.1:9", max_retries=0) as unreachable:
+        with pytest.raises(SandboxFailure, match="no verdict"):
+            unreachable.compute_score("code", KADANE, "max_subarray")
+    scored = compute_score("code", KADANE, task, sandbox_url="http://127.0.0.1:9", on_sandbox_failure="score",
+                           failure_score=0.25, max_retries=0)
+    assert (scored["score"], scored["sandbox_failure"]) == (0.25, 1.0)

@@ -353,16 +353,17 @@ _SHARED_LOCK = threading.Lock()
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, *,
                   sandbox_url: Optional[str] = None, backend: Literal["http", "local"] = "http",
                   timeout_s: float = DEFAULT_TIMEOUT_S, on_sandbox_failure: OnSandboxFailure = "raise",
-                  failure_score: float = 0.0, **kwargs: Any) -> dict[str, float]:
+                  failure_score: float = 0.0, max_retries: int = 5, **kwargs: Any) -> dict[str, float]:
     """verl's `custom_reward_function`: the options come from `reward_kwargs`; one reward object per option set
     is kept for the process, so connections (or the local executor) are reused across calls."""
-    key = (sandbox_url, backend, float(timeout_s), on_sandbox_failure, float(failure_score))
+    key = (sandbox_url, backend, float(timeout_s), on_sandbox_failure, float(failure_score), max_retries)
     with _SHARED_LOCK:
         reward = _SHARED.get(key)
         if reward is None:
             reward = _SHARED[key] = CodeTestReward(
                 sandbox_url=sandbox_url if backend == "http" else None, backend=backend, timeout_s=timeout_s,
-                on_sandbox_failure=on_sandbox_failure, failure_score=failure_score, progress=False)
+                on_sandbox_failure=on_sandbox_failure, failure_score=failure_score, max_retries=max_retries,
+                progress=False)
     return reward.compute_score(data_source, solution_str, ground_truth, extra_info)
 
 
