@@ -28,7 +28,6 @@ import logging
 import threading
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
 
-from prometheus_client import Counter
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from verl_sf.backends.base import SandboxBackend
@@ -47,6 +46,7 @@ from verl_sf.rewards.code_harness import (
     parse_task,
     read_harness_output,
 )
+from verl_sf.rewards.reward_metrics import SANDBOX_FAILURES, TASK_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +55,6 @@ DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_MAX_CONCURRENCY = 64
 # Batches at least this long get a progress bar unless `progress` says otherwise.
 PROGRESS_MIN_BATCH = 64
-
-SANDBOX_FAILURES = Counter(
-    "verl_sf_reward_sandbox_failures", "Completions left unscored (reward None) because the sandbox could not run them",
-    ["reward", "reason"])
-TASK_ERRORS = Counter(
-    "verl_sf_reward_task_errors", "Completions left unscored because the task's own tests or reference raised",
-    ["reward"])
 
 Completion = Union[str, Sequence[Mapping[str, Any]]]
 OnSandboxFailure = Literal["raise", "score"]
