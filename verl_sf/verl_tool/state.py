@@ -74,6 +74,7 @@ class Trajectories(abc.ABC):
 
     async def end(self, trajectory_id: str) -> None:
         """The finish signal: the trajectory's state goes (after a turn of it that is running)."""
+        self._expired.pop(trajectory_id, None)  # a later turn with this id starts a new trajectory
         trajectory = self._live.get(trajectory_id)
         if trajectory is None:
             return
@@ -142,9 +143,16 @@ class SessionTrajectories(Trajectories):
                 return Turn(await self.sessions.run(trajectory.session_id, self._request(code, stdin)))
             except SessionGone as exc:
                 lost_state = exc.reason
-        trajectory.session_id = await self.sessions.open()
+        trajectory.session_id = None
+        session_id = await self.sessions.open()
         program = build_program(code, pre_import=self.config.pre_import)  # a new interpreter: pre-imports first
-        return Turn(await self.sessions.run(trajectory.session_id, self._request(program, stdin)), lost_state)
+        try:
+            response = await self.sessions.run(session_id, self._request(program, stdin))
+        except Exception:
+            await self.sessions.close(session_id)  # its pre-imports never ran: the next turn opens another
+            raise
+        trajectory.session_id = session_id
+        return Turn(response, lost_state)
 
     async def _release(self, trajectory: Trajectory) -> None:
         if trajectory.session_id is not None:
