@@ -26,6 +26,7 @@ from verl_sf.verl_tool.parsing import (
     wrap_observation,
 )
 from verl_sf.verl_tool.protocol import GetObservationRequest, GetObservationResponse, Step, StepOutcome
+from verl_sf.verl_tool.sessions import ExecutorSessions
 from verl_sf.verl_tool.state import ReplayTrajectories, SessionTrajectories, Trajectories
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,4 @@ def add_verl_tool_routes(app: web.Application, config: VerlToolConfig) -> None:
 def _trajectories(config: VerlToolConfig, executor: Executor) -> Trajectories:
     if config.state is VerlToolState.replay:
         return ReplayTrajectories(executor, config)
-    from verl_sf.verl_tool.sessions import ExecutorSessions  # imported on use: replay needs no session API
-
     return SessionTrajectories(executor, config, ExecutorSessions(executor, config.idle_ttl_s))
