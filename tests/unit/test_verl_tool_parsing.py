@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus
+from verl_sf.verl_tool.config import VerlToolConfig
 from verl_sf.verl_tool.parsing import (
     extract_code,
     extract_stdin,
@@ -190,3 +191,9 @@ def test_malformed_requests_name_the_field(body: dict, field: str) -> None:
     with pytest.raises(ValidationError) as excinfo:
         GetObservationRequest.model_validate(body)
     assert excinfo.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize("fields", [{"run_timeout": 0}, {"run_timeout": 4000}, {"idle_ttl_s": 0}])
+def test_config_refuses_time_limits_no_run_could_use(fields: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(fields))):
+        VerlToolConfig(**fields)
