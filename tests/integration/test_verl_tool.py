@@ -54,6 +54,14 @@ def turn(server: ServerHandle, trajectory_id: str, action: str, **fields: Any) -
     return body["observations"][0]
 
 
+def finish(server: ServerHandle, trajectory_ids: list[str]) -> None:
+    """End trajectories as verl-tool's agent loop closes them (their sessions would otherwise idle on)."""
+    count = len(trajectory_ids)
+    body = observe(server, trajectory_ids, [""] * count, finish=[True] * count, is_last_step=[True] * count)
+    assert body["observations"] == [""] * count and body["dones"] == [True] * count
+    assert body["valids"] == [True] * count
+
+
 def new_ids(count: int = 1) -> list[str]:
     prefix = uuid.uuid4().hex[:8]
     return [f"{prefix}-{index}" for index in range(count)]
@@ -74,7 +82,8 @@ def server(request: pytest.FixtureRequest) -> ServerHandle:
 def test_verl_tools_own_example_actions(server: ServerHandle) -> None:
     actions = [HELLO, HELLO_ARGS, FENCED, SEVERAL_BLOCKS, SLEEP, SYNTAX_ERROR, RAISES,
                ALLOCATION.format(n=5000), ALLOCATION.format(n=40000), BIG_PRINT]
-    body = observe(server, new_ids(len(actions)), actions)  # one batch: the entries run side by side
+    ids = new_ids(len(actions))
+    body = observe(server, ids, actions)  # one batch: the entries run side by side
     assert body["valids"] == [True] * len(actions) and body["dones"] == [False] * len(actions)
     hello, args, fenced, several, sleep, syntax, raises, small, huge, big_print = body["observations"]
     assert hello == result("Hello from Python!")
@@ -89,6 +98,7 @@ def test_verl_tools_own_example_actions(server: ServerHandle) -> None:
     assert small == result("Memory test completed after allocating a 5000x5000 array, which is 190.73 MB.")
     assert "Memory test completed" not in huge and ("MemoryError" in huge or "memory limit" in huge), huge
     assert big_print == result("x" * (68 * 1024))
+    finish(server, ids)
 
 
 def test_an_action_without_code_is_not_valid(server: ServerHandle) -> None:
@@ -100,7 +110,10 @@ def test_an_action_without_code_is_not_valid(server: ServerHandle) -> None:
 
 def test_three_turns_use_earlier_variables(server: ServerHandle) -> None:
     [trajectory] = new_ids()
-    assert turn(server, trajectory, "<python>x = 10\nprint(f'Value of x is {x}')</python>") == \
+    # As verl-tool's agent loop sends a turn: the dataset's extra_info as extra_fields, finish and is_last_step beside.
+    agent_loop_fields = {"extra_fields": [{"index": 7, "split": "train", "question": "What is x?"}],
+                         "finish": [False], "is_last_step": [False]}
+    assert turn(server, trajectory, "<python>x = 10\nprint(f'Value of x is {x}')</python>", **agent_loop_fields) == \
         result("Value of x is 10")
     second = "Now a function.\n```python\ndef scale(y):\n    return x * y\nprint(scale(2))\n```\n```output"
     assert turn(server, trajectory, second) == "\n20\n```\n"  # earlier turns' output is not repeated
@@ -108,6 +121,7 @@ def test_three_turns_use_earlier_variables(server: ServerHandle) -> None:
     observation = turn(server, trajectory, third)
     assert observation.startswith("\n<result>\n101\n\nTraceback") and "ValueError: after the print" in observation
     assert turn(server, trajectory, "<python>print(x, scale(1))</python>") == result("101 101")
+    finish(server, [trajectory])
 
 
 def test_stdin_from_extra_fields_and_from_an_input_block(server: ServerHandle) -> None:
@@ -116,6 +130,7 @@ def test_stdin_from_extra_fields_and_from_an_input_block(server: ServerHandle) -
                                  "```python\nprint(int(input()) * 2)\n```\n```input\n21\n```"],
                    extra_fields=[{"stdin": "olleh\n"}, {"stdin": "ignored"}])
     assert body["observations"] == [result("hello"), "\n```result\n42\n```\n"]
+    finish(server, ids)
 
 
 def test_256_trajectories_in_one_batch(server: ServerHandle) -> None:
@@ -125,9 +140,7 @@ def test_256_trajectories_in_one_batch(server: ServerHandle) -> None:
     assert first["valids"] == [True] * 256 and first["dones"] == [False] * 256
     second = observe(server, ids, ["<python>print(n + 1)</python>"] * 256)
     assert second["observations"] == [result(str(index + 1)) for index in range(256)]
-    finished = observe(server, ids, [""] * 256, finish=[True] * 256)
-    assert finished["observations"] == [""] * 256 and finished["dones"] == [True] * 256
-    assert finished["valids"] == [True] * 256
+    finish(server, ids)
 
 
 def test_the_finish_signal_ends_the_trajectorys_state(server: ServerHandle) -> None:
@@ -143,6 +156,7 @@ def test_the_finish_signal_ends_the_trajectorys_state(server: ServerHandle) -> N
         observation = turn(server, trajectory, "<python>print(secret)</python>")
         assert observation.endswith("NameError: name 'secret' is not defined\n</result>\n"), observation
         assert "state is gone" not in observation  # a finished trajectory is simply new again
+    finish(server, [top_level, in_extra_fields, last_step])
 
 
 def test_one_trajectorys_turns_in_one_batch_run_in_order(server: ServerHandle) -> None:
@@ -151,6 +165,7 @@ def test_one_trajectorys_turns_in_one_batch_run_in_order(server: ServerHandle) -
                                               "", "<python>print('v' in globals())</python>"],
                    finish=[False, False, True, False])
     assert body["observations"] == [result("1"), result("2"), "", result("False")]
+    finish(server, [trajectory])
 
 
 def test_hostile_code_is_contained_as_through_run_code(server: ServerHandle) -> None:
@@ -163,20 +178,24 @@ def test_hostile_code_is_contained_as_through_run_code(server: ServerHandle) -> 
         "environment": "import os\nprint('secret', os.environ.get('VERL_SF_TEST_SECRET'))",
         "server files": f"import os\nprint('visible', os.path.exists({os.path.abspath(__file__)!r}))",
     }
-    body = observe(server, new_ids(len(probes)), [f"<python>{code}</python>" for code in probes.values()])
+    ids = new_ids(len(probes))
+    body = observe(server, ids, [f"<python>{code}</python>" for code in probes.values()])
     for (name, code), observation in zip(probes.items(), body["observations"], strict=True):
         direct = run_code(server, code)["run_result"]["stdout"].strip()
         assert observation == result(direct), name
         assert direct.split()[0] in {"blocked", "secret", "visible"} and direct.split()[-1] != "True", name
         assert "READ" not in direct and "CONNECTED" not in direct and SERVER_SECRET not in direct
     assert body["valids"] == [True] * len(probes)
+    finish(server, ids)
 
 
 def test_a_fork_bomb_is_contained_as_through_run_code(server: ServerHandle) -> None:
     code = ("import os\ncount = 0\nfor _ in range(100000):\n    try:\n        if os.fork() == 0:\n"
             "            import time; time.sleep(60); os._exit(0)\n        count += 1\n"
             "    except OSError:\n        break\nprint('forked', count)")
-    observation = turn(server, new_ids()[0], f"<python>{code}</python>")
+    [trajectory] = new_ids()
+    observation = turn(server, trajectory, f"<python>{code}</python>")
+    finish(server, [trajectory])
     direct = run_code(server, code)["run_result"]["stdout"].split()
     forked = observation.split("forked ")[1].split()[0]
     assert direct[0] == "forked" and int(direct[1]) < 300 and int(forked) < 300  # the per-run process cap
@@ -194,7 +213,9 @@ def test_malformed_bodies_get_422_naming_the_field(server: ServerHandle) -> None
         assert response.json()["detail"][0]["loc"] == ["body", field]
     assert requests.post(url, data=b"{not json", timeout=30).status_code == 400
     assert requests.post(url, json=["a"], timeout=30).status_code == 422
-    assert turn(server, new_ids()[0], HELLO) == result("Hello from Python!")  # still serving
+    [trajectory] = new_ids()
+    assert turn(server, trajectory, HELLO) == result("Hello from Python!")  # still serving
+    finish(server, [trajectory])
 
 
 @pytest.fixture(params=["session", "replay"], scope="module")
@@ -214,6 +235,7 @@ def test_an_idle_trajectory_loses_its_state_and_is_told(short_ttl_server: Server
     assert observation.endswith("NameError: name 'kept' is not defined\n</result>\n")
     assert turn(short_ttl_server, trajectory, "<python>kept = 2</python>") == result("")
     assert turn(short_ttl_server, trajectory, "<python>print(kept)</python>") == result("2")
+    finish(short_ttl_server, [trajectory])
 
 
 @pytest.fixture(scope="module")
