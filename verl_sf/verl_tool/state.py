@@ -36,6 +36,8 @@ class SessionGone(VerlSfError):
 
 @dataclasses.dataclass
 class Trajectory:
+    """What the server keeps of one trajectory between its turns."""
+
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     last_used: float = dataclasses.field(default_factory=time.monotonic)
     earlier_code: list[str] = dataclasses.field(default_factory=list)
@@ -52,14 +54,13 @@ class Turn:
 
 
 class Trajectories(abc.ABC):
+    """The live trajectories by id, least recently used first, and the ids that expired lately."""
+
     def __init__(self, executor: Executor, config: VerlToolConfig):
         self.executor = executor
         self.config = config
         self._live: collections.OrderedDict[str, Trajectory] = collections.OrderedDict()  # least recently used first
         self._expired: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> when it expired
-
-    def __len__(self) -> int:
-        return len(self._live)
 
     async def run_turn(self, trajectory_id: str, code: str, stdin: Optional[str]) -> Turn:
         while True:
