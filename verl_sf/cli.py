@@ -10,6 +10,7 @@ from typing import Optional
 
 from verl_sf import __version__
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
+from verl_sf.verl_tool import VerlToolConfig, VerlToolState
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +37,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="processes+threads per run")
     p.add_argument("--max-body-mb", type=int, default=64, help="larger request bodies get HTTP 413")
     p.add_argument("--python", default=defaults.python, help="runtime interpreter the code runs with")
+    p.add_argument("--verl-tool-state", choices=[s.value for s in VerlToolState], default=VerlToolState.session.value,
+                   help="/get_observation: a live interpreter per trajectory, or verl-tool's replay of earlier code")
+    p.add_argument("--verl-tool-timeout", type=float, default=VerlToolConfig.run_timeout,
+                   help="/get_observation: seconds one turn's code may run")
+    p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
+                   help="/get_observation: seconds a trajectory keeps its state without a turn")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -50,7 +57,10 @@ def _serve(args: argparse.Namespace) -> int:
         default_memory_mb=args.default_memory_mb, output_limit_bytes=args.output_limit_kb << 10,
         workdir_size_mb=args.workdir_size_mb, max_processes=args.max_processes, python=args.python,
     )
-    config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb, executor=executor)
+    verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
+                               idle_ttl_s=args.verl_tool_idle_ttl)
+    config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb, executor=executor,
+                          verl_tool=verl_tool)
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, workers: {args.workers})",

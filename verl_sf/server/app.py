@@ -22,6 +22,7 @@ from verl_sf import __version__
 from verl_sf.executor import Executor, ExecutorConfig, Overloaded
 from verl_sf.models import RunCodeRequest, RunJupyterRequest
 from verl_sf.server.metrics import ServerMetrics
+from verl_sf.verl_tool import VerlToolConfig
 
 log = logging.getLogger(__name__)
 EXECUTOR_KEY = web.AppKey("executor", Executor)
@@ -37,6 +38,7 @@ class ServerConfig:
     """Larger request bodies get 413 before any of them is parsed."""
     retry_after_s: int = 1
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
+    verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
 
 
 def _error(status: int, detail: Any) -> web.Response:
@@ -146,6 +148,9 @@ def build_app(config: ServerConfig, executor: Executor) -> web.Application:
     app.router.add_get("/v1/ping", ping)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    from verl_sf.verl_tool.routes import add_verl_tool_routes  # imported here: it imports this module's helpers
+
+    add_verl_tool_routes(app, config.verl_tool)
     return app
 
 
