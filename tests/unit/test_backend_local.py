@@ -14,9 +14,9 @@ from verl_sf.models import CommandRunStatus, RunCodeRequest, RunJupyterRequest, 
 
 def test_options_map_to_executor_config() -> None:
     config = executor_config_from({"workers": 3, "isolation": "none", "preload": ["math"]})
-    assert (config.workers, config.isolation, config.preload) == (3, IsolationMode.none, ("math",))
-    with pytest.raises(ValueError, match=r"unknown local executor option\(s\) \['slots'\]"):
-        executor_config_from({"slots": 2})
+    assert (config.slots, config.isolation, config.preload) == (3, IsolationMode.none, ("math",))
+    with pytest.raises(ValueError, match=r"unknown local executor option\(s\) \['bogus'\]"):
+        executor_config_from({"bogus": 2})
     with pytest.raises(ValueError, match="local.isolation must be one of"):
         executor_config_from({"isolation": "docker"})
 
@@ -28,7 +28,7 @@ async def test_starts_on_first_call_and_only_once() -> None:
         first, *rest = await asyncio.gather(*(backend.run_code(RunCodeRequest(code=f"print({i})", language="python"))
                                               for i in range(6)))
         executor = backend._executor
-        assert executor is not None and len(executor._slots) == 2
+        assert executor is not None and executor.config.slots == 2
         assert [r.run_result.stdout for r in [first, *rest]] == [f"{i}\n" for i in range(6)]
         timed_out = await backend.run_code(RunCodeRequest(code="while True: pass", language="python", run_timeout=1))
         assert timed_out.status == RunStatus.Failed
@@ -43,7 +43,7 @@ async def test_starts_on_first_call_and_only_once() -> None:
 
 
 async def test_overload_is_sandbox_unavailable() -> None:
-    backend = LocalSandboxBackend({"workers": 1, "max_queue": 0})
+    backend = LocalSandboxBackend({"workers": 1, "max_queue": 1})
     try:
         slow = asyncio.ensure_future(backend.run_code(
             RunCodeRequest(code="import time; time.sleep(2)", language="python")))

@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Optional, TypeVar
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
 from verl_sf.executor import Executor, ExecutorConfig, IsolationMode, IsolationUnavailable, Overloaded
+from verl_sf.executor.config import CONFIG_ALIASES
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 ResponseT = TypeVar("ResponseT", RunCodeResponse, RunJupyterResponse)
@@ -20,11 +21,11 @@ ResponseT = TypeVar("ResponseT", RunCodeResponse, RunJupyterResponse)
 
 def executor_config_from(options: dict[str, Any]) -> ExecutorConfig:
     """ExecutorConfig from a yaml `local:` block; unknown keys raise ValueError naming them."""
-    known = {f.name for f in dataclasses.fields(ExecutorConfig)}
+    known = {f.name for f in dataclasses.fields(ExecutorConfig)} | set(CONFIG_ALIASES)
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown local executor option(s) {unknown}; known: {sorted(known)}")
-    values = dict(options)
+    values = {CONFIG_ALIASES.get(key, key): value for key, value in options.items()}
     if "isolation" in values:
         try:
             values["isolation"] = IsolationMode(values["isolation"])

@@ -30,6 +30,10 @@ def default_max_in_flight() -> int:
     return max(512, min(4096, _memory_mb() // RUN_MEMORY_ESTIMATE_MB))
 
 
+CONFIG_ALIASES = {"workers": "slots", "max_queue": "max_in_flight"}
+"""Earlier names of settings, still accepted in configs."""
+
+
 class IsolationMode(str, enum.Enum):
     """`sandbox`: bubblewrap + namespaces + cgroups + seccomp.  `none`: plain child processes (unsafe)."""
 

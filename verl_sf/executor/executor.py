@@ -187,8 +187,9 @@ class Executor:
 
     def warm_interpreters(self) -> dict[str, int]:
         """Running warm interpreters by flavor (heavy ones start on first use)."""
-        return {flavor: sum(1 for z in group if z.process is not None and z.process.returncode is None)
-                for flavor, group in self._zygotes.items()}
+        running = {flavor: sum(1 for z in group if z.process is not None and z.process.returncode is None)
+                   for flavor, group in self._zygotes.items()}
+        return {flavor: count for flavor, count in running.items() if count}
 
     def cgroups_status(self) -> str:
         if self.cgroups is None:

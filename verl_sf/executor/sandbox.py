@@ -36,7 +36,8 @@ from verl_sf.executor.languages import Toolchains
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED
 
 CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+STAGE_DIR = "/tmp/verl-sf-stage"
 _libc = ctypes.CDLL(None, use_errno=True)
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_TMP = "/tmp"
@@ -120,14 +121,16 @@ class SandboxLauncher:
         self.extra_etc = extra_etc
         self._state_dir = tempfile.mkdtemp(prefix="verl-sf-")
         os.chmod(self._state_dir, 0o755)
-        self._write_identity_files()
-        # Where each bound directory is staged (as root, before the user namespace exists) for bwrap.
-        self._staged: dict[str, str] = {}
-        if self.isolated:
-            for index, directory in enumerate(self.bound_dirs()):
-                staged = os.path.join(self._state_dir, f"bind{index}")
-                os.mkdir(staged, 0o755)
-                self._staged[directory] = staged if not self.single_uid else directory
+        # As root, what bwrap reads is staged in a private tmpfs (see _stage) that the sandbox's
+        # unprivileged root can traverse, wherever the runtime and $TMPDIR live; otherwise it is read in place.
+        self.stage_dir = STAGE_DIR if self.isolated and not self.single_uid else self._state_dir
+        self._staged = {d: (f"{STAGE_DIR}/bind{i}" if self.stage_dir == STAGE_DIR else d)
+                        for i, d in enumerate(self.bound_dirs())} if self.isolated else {}
+        self.identity_files = self._identity_files()
+        if self.stage_dir != STAGE_DIR:
+            for name, text in self.identity_files.items():
+                Path(self._state_dir, name).write_text(text)
+                os.chmod(os.path.join(self._state_dir, name), 0o644)
 
     @property
     def run_uid(self) -> int:
@@ -141,10 +144,10 @@ class SandboxLauncher:
         base = self.config.host_uid_base
         return base, base + self.config.sandbox_uid
 
-    def _write_identity_files(self) -> None:
+    def _identity_files(self) -> dict[str, str]:
         # getpwuid() must work inside (Python's getpass, javac), without showing host accounts.
         uid = self.config.sandbox_uid
-        files = {
+        return {
             "passwd": f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}:sandbox:{SANDBOX_WORKDIR}:"
                       "/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
             "group": f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n",
@@ -154,9 +157,6 @@ class SandboxLauncher:
             "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n"
                              "protocols: files\nservices: files\n",
         }
-        for name, text in files.items():
-            Path(self._state_dir, name).write_text(text)
-            os.chmod(os.path.join(self._state_dir, name), 0o644)
 
     def heavy_preload(self, flavor: str) -> list[str]:
         """A flavor is `lean` (stdlib only), one preloaded library by name, or `full` (all of them)."""
@@ -250,7 +250,7 @@ class SandboxLauncher:
             elif os.path.exists(path):
                 args += ["--ro-bind", path, path]
         for name in ("passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf"):
-            args += ["--ro-bind", os.path.join(self._state_dir, name), os.path.join("/etc", name)]
+            args += ["--ro-bind", os.path.join(self.stage_dir, name), os.path.join("/etc", name)]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:
@@ -260,6 +260,7 @@ class SandboxLauncher:
         root_uid, run_uid = self.host_uids()
         inner_uid = self.config.sandbox_uid
         staged = {d: s for d, s in self._staged.items() if d != s}
+        identity = self.identity_files
 
         def _preexec() -> None:
             if procs_files:
@@ -269,7 +270,7 @@ class SandboxLauncher:
             elif single:
                 _enter_own_user_namespace()
             else:
-                _stage_binds(staged)
+                _stage(staged, identity)
                 _enter_mapped_user_namespace(root_uid, inner_uid, run_uid)
 
         return _preexec
@@ -283,15 +284,31 @@ def _unshare(flag: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"unshare({what}) failed")
 
 
-def _stage_binds(staged: dict[str, str]) -> None:
-    """In a private mount namespace, still as host root, bind each directory at its staged path
-    (the sandbox's root is an unprivileged host uid that cannot traverse e.g. /root)."""
+def _stage(staged: dict[str, str], identity: dict[str, str]) -> None:
+    """In a mount namespace of the sandbox's own, still as host root: a fresh tmpfs on /tmp (the
+    sandbox never sees the host's /tmp) holding the identity files and, bound from descriptors
+    opened before it hid anything, every directory bwrap binds.  The sandbox's root is an
+    unprivileged host uid that could not traverse e.g. /root or a private $TMPDIR to reach them."""
     _unshare(CLONE_NEWNS, "CLONE_NEWNS")
-    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "making / private failed")
-    for directory, target in staged.items():
-        if _libc.mount(directory.encode(), target.encode(), None, MS_BIND | MS_REC, None) != 0:
-            raise OSError(ctypes.get_errno(), f"staging {directory} failed")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    sources = {target: os.open(directory, os.O_PATH | os.O_DIRECTORY) for directory, target in staged.items()}
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    os.mkdir(STAGE_DIR, 0o755)
+    for name, text in identity.items():
+        with open(os.path.join(STAGE_DIR, name), "w") as fh:
+            fh.write(text)
+        os.chmod(os.path.join(STAGE_DIR, name), 0o644)
+    for target, fd in sources.items():
+        os.mkdir(target, 0o755)
+        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
+        os.close(fd)
+
+
+def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, options: Optional[str]) -> None:
+    encode = (lambda v: None if v is None else v.encode())
+    if _libc.mount(encode(source), encode(target), encode(fstype), flags, encode(options)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
 def _enter_own_user_namespace() -> None:

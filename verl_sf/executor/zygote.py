@@ -27,6 +27,7 @@ import base64
 import contextlib
 import ctypes
 import errno
+import fcntl
 import gc
 import io
 import json
@@ -961,10 +962,9 @@ class Child:
         os.setsid()
         # Everything that does not depend on the job is done while waiting for it, off the
         # request's path: the job pipe sits on fd 9 until the job is read.
-        os.dup2(job_r, 9)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.dup2(meta_w, 3)
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_r, out_w, err_w, meta_w)]  # above every target
+        for fd, target in zip(moved, (9, 1, 2, 3)):
+            os.dup2(fd, target)
         os.closerange(4, 9)
         os.closerange(10, 1 << 16)
         oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
