@@ -563,7 +563,7 @@ class Run:
         self.open_fds = set()
         self.records = []
         self.meta = bytearray()
-        self.call = None  # the head of the session call in progress
+        self.current_call = None  # the head of the session call in progress
         self.compile_result = None
         self.interrupted_at = None
         self.end_reason = ""
@@ -605,12 +605,12 @@ class Run:
         return min(self.stage_started + self.stage_timeout + self.wait_seen, self.hard_deadline)
 
     def next_timer(self):
-        if self.session is not None and self.call is None:
+        if self.session is not None and self.current_call is None:
             return None  # an idle session holds no timer
         if self.exited:
             return self.exit_time + DRAIN_AFTER_EXIT
         if self.interrupted_at is not None:
-            return self.interrupted_at + self.call["grace"]
+            return self.interrupted_at + self.current_call["grace"]
         due = self.deadline()
         if not self.demoted:
             return min(due, self.stage_started + _demote_after)
@@ -667,9 +667,9 @@ class Run:
                 self.compile_result["stdout"] = record.get("stdout", "")
                 self.compile_result["stderr"] = record.get("stderr", "")
                 self._begin_stage(self.limits["timeout"])
-            elif record.get("call_done") is True and self.call is not None:
+            elif record.get("call_done") is True and self.current_call is not None:
                 self._finish_call(zygote, record)
-            elif record.get("session_ready") is True and self.session is not None and self.call is None:
+            elif record.get("session_ready") is True and self.session is not None and self.current_call is None:
                 group = os.path.basename(self.groups["memory"]) if "memory" in self.groups else None
                 zygote._reply({"id": self.id, "status": "Finished", "session_alive": True, "group": group})
             else:
@@ -678,14 +678,14 @@ class Run:
                     self._maybe_finish(zygote)
 
     def on_time(self, zygote, now):
-        if self.session is not None and self.call is None:
+        if self.session is not None and self.current_call is None:
             return
         if self.exited:
             if now >= self.exit_time + DRAIN_AFTER_EXIT:
                 self._finish(zygote)
             return
         if self.interrupted_at is not None:
-            if now >= self.interrupted_at + self.call["grace"]:
+            if now >= self.interrupted_at + self.current_call["grace"]:
                 self.kill(zygote, "the call ignored the interrupt at its time-out")
             return
         if not self.demoted and now >= self.stage_started + _demote_after:
@@ -801,11 +801,11 @@ class Run:
 
     # -- sessions --------------------------------------------------------------------------------
     def call(self, zygote, head, body):
-        if self.call is not None:
+        if self.current_call is not None:
             zygote._reply({"id": head["id"], "status": "Error", "session_alive": True,
                            "error": "the session is busy with another call"})
             return
-        self.call = head
+        self.current_call = head
         self.call_id = head["id"]
         self.limits = head["limits"]
         self.records = []
@@ -816,7 +816,8 @@ class Run:
             os.setpriority(os.PRIO_PGRP, self.pid, 0)
         _set_cgroup_limits(self.groups, zygote.cfg["cgroup_v2"], self.limits, memory=False)
         try:
-            _write_all(self.job_w, body + (b"\0" if self.session == "bash" else b"\n"))
+            # bash reads NUL-terminated code; the python session reads the JSON line itself.
+            _write_all(self.job_w, _loads(body.decode()).encode() + b"\0" if self.session == "bash" else body + b"\n")
         except OSError:
             self.kill(zygote, "the session's interpreter is gone")
 
@@ -831,7 +832,7 @@ class Run:
             reply["files"] = record["files"]
         if self.records:
             reply["cells"] = [r for r in self.records if "display" in r]
-        self.call = None
+        self.current_call = None
         self.interrupted_at = None
         zygote._reply(reply)
 
@@ -844,13 +845,13 @@ class Run:
             reason = "killed for exceeding its memory limit"
         else:
             reason = self.end_reason or "its interpreter exited"
-        if self.call is not None:
+        if self.current_call is not None:
             reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished", {"return_code": None})
             reply["id"] = self.call_id
             reply["session_alive"] = False
             reply["session_end"] = reason
             zygote._reply(reply)
-            self.call = None
+            self.current_call = None
         zygote._reply({"id": self.id, "status": "Finished", "session_alive": False, "session_end": reason})
         if self.job_w >= 0:
             os.close(self.job_w)
