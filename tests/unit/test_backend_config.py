@@ -56,7 +56,7 @@ def test_configs_are_frozen_hashable_and_pickle() -> None:
     ({"type": "docker"}, "unknown backend 'docker'; expected one of http, local, daytona"),
     ({"type": "http"}, "url\n  Field required"),
     ({"type": "http", "url": "http://x", "connection_limit": 0}, "connection_limit\n  Input should be greater"),
-    ({"type": "local", "executor": {"workers": "two"}}, "executor.workers\n  Input should be a valid integer"),
+    ({"type": "local", "executor": {"workers": "two"}}, "executor.slots\n  Input should be a valid integer"),
     ({"type": "daytona", "auto_delete_interval": -2}, "auto_delete_interval\n  Input should be greater"),
     ({"type": "daytona", "snapshoot": "x"}, "snapshoot\n  Extra inputs are not permitted"),
 ])

@@ -18,23 +18,23 @@ def test_options_map_to_executor_config() -> None:
                                                                   "preload": ["math"]}})
     assert isinstance(config, LocalBackendConfig) and isinstance(config.build(), LocalSandboxBackend)
     executor = config.executor
-    assert (executor.workers, executor.isolation, executor.preload) == (3, IsolationMode.none, ("math",))
-    assert hash(config) == hash(LocalBackendConfig(executor=ExecutorConfig(workers=3, isolation=IsolationMode.none,
+    assert (executor.slots, executor.isolation, executor.preload) == (3, IsolationMode.none, ("math",))
+    assert hash(config) == hash(LocalBackendConfig(executor=ExecutorConfig(slots=3, isolation=IsolationMode.none,
                                                                            preload=("math",))))
-    with pytest.raises(ValueError, match=r"executor\.slots\n  Unexpected keyword argument"):
-        parse_backend_config({"type": "local", "executor": {"slots": 2}})
+    with pytest.raises(ValueError, match=r"executor\.bogus\n  Unexpected keyword argument"):
+        parse_backend_config({"type": "local", "executor": {"bogus": 2}})
     with pytest.raises(ValueError, match=r"executor\.isolation\n  Input should be 'sandbox' or 'none'"):
         parse_backend_config({"type": "local", "executor": {"isolation": "docker"}})
 
 
 async def test_starts_on_first_call_and_only_once() -> None:
-    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(workers=2, max_queue=64)))
+    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(slots=2, max_in_flight=64)))
     assert backend._executor is None  # construction starts nothing
     try:
         first, *rest = await asyncio.gather(*(backend.run_code(RunCodeRequest(code=f"print({i})", language="python"))
                                               for i in range(6)))
         executor = backend._executor
-        assert executor is not None and len(executor._slots) == 2
+        assert executor is not None and executor.config.slots == 2
         assert [r.run_result.stdout for r in [first, *rest]] == [f"{i}\n" for i in range(6)]
         timed_out = await backend.run_code(RunCodeRequest(code="while True: pass", language="python", run_timeout=1))
         assert timed_out.status == RunStatus.Failed
@@ -49,7 +49,7 @@ async def test_starts_on_first_call_and_only_once() -> None:
 
 
 async def test_overload_is_sandbox_unavailable() -> None:
-    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(workers=1, max_queue=0)))
+    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(slots=1, max_in_flight=1)))
     try:
         slow = asyncio.ensure_future(backend.run_code(
             RunCodeRequest(code="import time; time.sleep(2)", language="python")))

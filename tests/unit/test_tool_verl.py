@@ -213,7 +213,7 @@ async def test_verl_truncation_still_applies_on_top(http_tool: VerlHarness) -> N
 
 
 async def test_sandbox_down_is_a_short_sandbox_error(tmp_path: Path, ray_local: RayCluster) -> None:
-    server = start_server("--workers", "1")
+    server = start_server("--slots", "1")
     url = server.run_code_url
     harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=url,
                                             http={"max_retries": 1, "backoff_base_s": 0.05}))

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Optional, T
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, TypeAdapter, field_validator
 
 from verl_sf.executor import ExecutorConfig
+from verl_sf.executor.config import CONFIG_ALIASES
 
 if TYPE_CHECKING:
     from verl_sf.backends.base import SandboxBackend
@@ -133,6 +134,14 @@ class LocalBackendConfig(BackendConfig):
     type: Literal["local"] = "local"
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     tool_block_field: ClassVar[Optional[str]] = "executor"
+
+    @field_validator("executor", mode="before")
+    @classmethod
+    def _earlier_names(cls, value: object) -> object:
+        """`workers` and `max_queue` are the earlier names of `slots` and `max_in_flight`."""
+        if isinstance(value, dict):
+            return {CONFIG_ALIASES.get(key, key): item for key, item in value.items()}
+        return value
 
     def backend_class(self) -> BackendClass:
         from verl_sf.backends.local import LocalSandboxBackend

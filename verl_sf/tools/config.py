@@ -97,7 +97,7 @@ class ToolConfig(BaseModel):
 
 
 def _where(loc: tuple[Any, ...], backend: str) -> str:
-    """A yaml path: with `backend: local`, `backend_config.executor.workers` is the `local:` block's `workers`."""
+    """A yaml path: with `backend: local`, `backend_config.executor.slots` is the `local:` block's `slots`."""
     if loc[:1] == ("backend_config",):
         rest = loc[1:]
         config_class = BackendConfig.registry.get(backend)
