@@ -176,7 +176,7 @@ class HttpAdapter(Adapter):
                                                   server_margin_s=client_timeout))
 
     async def describe(self) -> Optional[dict]:
-        """A verl-sf server's /health (isolation, fast path, workers, preloaded modules), so a
+        """A verl-sf server's /health (isolation, fast path, slots, preloaded modules), so a
         result says what it measured; other Sandbox Fusion servers have no such endpoint."""
         if self.name != "verl-sf":
             return None

@@ -46,9 +46,9 @@ def test_configs_are_frozen_hashable_and_pickle() -> None:
     assert len({first, same, HttpBackendConfig(url="http://127.0.0.1:8080", max_retries=0)}) == 2
     with pytest.raises(ValidationError, match="frozen"):
         first.max_retries = 0  # type: ignore[misc]
-    local = LocalBackendConfig(executor=ExecutorConfig(workers=3))
+    local = LocalBackendConfig(executor=ExecutorConfig(slots=3))
     daytona = DaytonaBackendConfig(labels={"team": "rl"})  # dict and dataclass fields still hash
-    assert {local: 1, daytona: 2}[LocalBackendConfig(executor=ExecutorConfig(workers=3))] == 1
+    assert {local: 1, daytona: 2}[LocalBackendConfig(executor=ExecutorConfig(slots=3))] == 1
     assert pickle.loads(pickle.dumps(daytona)) == daytona
 
 
