@@ -841,12 +841,12 @@ class Run:
             return
         self.alive = False
         self._drain()
-        if _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"]):
-            reason = "killed for exceeding its memory limit"
-        else:
-            reason = self.end_reason or "its interpreter exited"
+        memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        reason = "killed for exceeding its memory limit" if memory_exceeded else self.end_reason or "its interpreter exited"
         if self.current_call is not None:
             reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished", {"return_code": None})
+            if memory_exceeded:
+                reply["memory_exceeded"] = True
             reply["id"] = self.call_id
             reply["session_alive"] = False
             reply["session_end"] = reason
