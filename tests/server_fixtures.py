@@ -50,3 +50,9 @@ def run_code(server: ServerHandle, code: str, language: str = "python", **fields
     response = requests.post(server.run_code_url, json={"code": code, "language": language, **fields}, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def runs_finished(server: ServerHandle) -> float:
+    """Requests the server has finished, from its Prometheus counter (`verl_sf_runs_total`)."""
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("verl_sf_runs_total{"))
