@@ -7,6 +7,8 @@ import enum
 import os
 import sys
 
+from verl_sf.executor.languages import default_runtime_dir
+
 # Every warm interpreter imports these (cheap, stdlib); the "full" one also imports `preload`.
 # Not `random` (nor `statistics`, which imports it) or `threading`: they register fork hooks
 # (reseed; rebuild the thread state) that every forked run would pay for, ~0.25 and ~0.4 ms of
@@ -52,3 +54,5 @@ class ExecutorConfig:
     sandbox_uid: int = 1000
     """uid (inside the sandbox) that code runs as; mapped to the host's `nobody`."""
     pod_name: str = dataclasses.field(default_factory=lambda: os.uname().nodename)
+    runtime_dir: str = dataclasses.field(default_factory=default_runtime_dir)
+    """verl-sf's own runtime directory (npm packages for nodejs, jest, typescript), bound read-only."""

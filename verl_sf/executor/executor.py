@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from verl_sf.executor.cgroups import CgroupManager
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
-from verl_sf.executor.languages import SPECS, Toolchains, detect_toolchains
+from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains
 from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
 from verl_sf.executor.slot import FULL, LEAN, Slot, SlotCrashed
 from verl_sf.executor.slot_queue import SlotQueue
@@ -69,7 +69,12 @@ class Executor:
         if self.config.isolation == IsolationMode.sandbox:
             check_isolation_support()
             self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}")
-        self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload)
+        self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload,
+                                                  self.config.runtime_dir)
+        absent = sorted(self.toolchains.missing)
+        if absent:
+            log.info("languages without a toolchain here (`verl-sf languages list` says how to add them): %s",
+                     ", ".join(absent))
         self._launcher = SandboxLauncher(self.config, self.toolchains)
         cgroups = self.cgroups if self.cgroups and self.cgroups.available else None
         self._slots = [Slot(i, self._launcher, cgroups.slot(i) if cgroups else None) for i in range(self.config.workers)]
@@ -169,25 +174,31 @@ class Executor:
         if request.language in self.toolchains.missing:
             return RunCodeResponse(status=RunStatus.SandboxError, message=self.toolchains.missing_message(request.language),
                                    executor_pod_name=self.config.pod_name)
+        try:
+            source = spec.prepare_source(request.code)
+        except SourceRejected as exc:
+            rejected = CommandRunResult(status=CommandRunStatus.Finished, return_code=1, stderr=str(exc))
+            return self._response(rejected, None, {}, 0.0, {})
+        written = {source.filename: source.code, **source.extra_files}
         files = {**{k: v or "" for k, v in request.files.items()},
-                 spec.source: base64.b64encode(request.code.encode()).decode()}
+                 **{name: base64.b64encode(text.encode()).decode() for name, text in written.items()}}
         use_fast_path = request.language == "python" and self.config.fast_path
         run_job: dict[str, Any] = {**self._limits(request.run_timeout), "stdin": request.stdin,
                                    "fetch_files": request.fetch_files, "last": True}
         flavor = LEAN
         if use_fast_path:
             run_job.update(mode="python", code=request.code)
-            files = {k: v for k, v in files.items() if k != spec.source}
+            files = {k: v for k, v in files.items() if k != source.filename}
             flavor = self._flavor_for(request.code)
         else:
-            run_job.update(mode="exec", argv=self.toolchains.argv(spec.run))
+            run_job.update(mode="exec", argv=self.toolchains.argv(spec.run, source.params))
         memory_mb = self._memory_mb(request.memory_limit_MB)
         slot, queue_wait = await self._acquire(flavor)
         try:
             compile_result = None
             if spec.compile:
                 compile_job = {**self._limits(request.compile_timeout), "mode": "exec", "files": files, "last": False,
-                               "argv": self.toolchains.argv(spec.compile)}
+                               "argv": self.toolchains.argv(spec.compile, source.params)}
                 compile_reply = await slot.job(compile_job, memory_mb, flavor)
                 compile_result = _command_result(compile_reply, memory_mb)
                 if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:

@@ -62,6 +62,7 @@ def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
+        **toolchains.env(),
     }
     for key, value in os.environ.items():
         if key.startswith(ENV_PASSTHROUGH_PREFIXES) and key not in env:
