@@ -60,7 +60,8 @@ class LanguageSpec:
     etc: tuple[str, ...] = ()
     """/etc entries the toolchain reads besides COMMON_ETC (the sandbox binds only these)."""
     env: tuple[tuple[str, str], ...] = ()
-    """Environment the toolchain needs inside the sandbox; `{runtime}` is filled in."""
+    """Environment the toolchain needs inside the sandbox; `{runtime}` is filled in.  Every run sees
+    the union, so no variable here may change another language (FORCE_COLOR would colour pytest)."""
     prepare: Callable[[str], PreparedSource] | None = None
     """How the code becomes the source file, when it is more than writing it to `source`."""
 
@@ -141,7 +142,7 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("nodejs", "main.js", ("node", "main.js"), needs=("node",), env=NODE_ENV),
     LanguageSpec("jest", "main.test.ts",
                  ("node", f"{NODE_MODULES}/jest/bin/jest.js", "--config", "{runtime}/node/jest.config.js", "--ci"),
-                 needs=("node", "jest"), env=(*NODE_ENV, ("FORCE_COLOR", "0"))),
+                 needs=("node", "jest"), env=NODE_ENV),
     LanguageSpec("react", "main.jsx", ("node", "main.jsx"), needs=("node", "react")),
     LanguageSpec("typescript", "main.ts", ("tsx", "main.ts"), needs=("tsx",), env=NODE_ENV),
     LanguageSpec("rust", "main.rs", ("./main",), ("rustc", "-O", "-C", "debug-assertions=on", "--edition", "2021",
