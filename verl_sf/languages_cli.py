@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from verl_sf.executor.language_packages import (
+    DEFAULT_SET,
     NPM_PACKAGES,
     PYTHON_IMPORT_NAMES,
     PYTHON_LIBRARIES,
@@ -83,9 +84,12 @@ class InstallPlan:
 
 
 def resolve_names(names: list[str]) -> list[str]:
-    """`all` means every language a package here can provide; anything else must be an SF name."""
+    """`all` means every language a package here can provide, `default` the quick common set;
+    anything else must be an SF name."""
     if names == ["all"]:
         return [name for name, source in SOURCES.items() if not source.unavailable]
+    if names == ["default"]:
+        return list(DEFAULT_SET)
     unknown = [name for name in names if name not in SPECS]
     if unknown:
         raise UnknownLanguage(f"unknown language(s) {', '.join(map(repr, unknown))}; Sandbox Fusion's are: "
@@ -185,7 +189,7 @@ def install_languages(args: argparse.Namespace) -> int:
         return 2
     toolchains = _detect(args.python, args.runtime_dir)
     plan = plan_install(names, toolchains)
-    explicit_unavailable = {} if args.names == ["all"] else plan.unavailable
+    explicit_unavailable = {} if args.names in (["all"], ["default"]) else plan.unavailable
     for name, why in plan.unavailable.items():
         print(f"{name}: cannot be installed here: {why}", file=sys.stderr)
     steps = plan.commands(args.python, args.runtime_dir)
@@ -223,7 +227,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                   ("install", install_languages, "install toolchains (root), or say what to ask for")):
         p = sub.add_parser(name, help=help_text)
         if name == "install":
-            p.add_argument("names", nargs="+", metavar="NAME", help="Sandbox Fusion language names, or `all`")
+            p.add_argument("names", nargs="+", metavar="NAME", help="Sandbox Fusion language names, `all`, or `default` (the common set)")
         p.add_argument("--python", default=sys.executable, help="runtime interpreter the code runs with (as serve)")
         p.add_argument("--runtime-dir", default=default_runtime_dir(),
                        help="verl-sf's runtime directory for npm packages (as serve's)")

@@ -74,7 +74,8 @@ SOURCES: dict[str, Source] = {
     "verilog": Source(apt=("iverilog",), version=("iverilog", "-V")),
 }
 DEFAULT_SET = ("python", "pytest", "bash", "cpp", "java", "nodejs", "go")
-"""What `scripts/dev.sh serve` installs: the common languages of code-RL sets, quick to add."""
+"""`verl-sf languages install default` (what `scripts/dev.sh serve` runs): the common languages of
+code-RL sets, quick to add."""
 
 
 def install_hint(language: str) -> str:
