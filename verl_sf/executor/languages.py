@@ -58,7 +58,10 @@ class LanguageSpec:
     """Executables (besides the runtime python) that must exist on PATH or in the runtime dir's
     bin; absolute paths are files (headers, jars, devices) that must exist."""
     etc: tuple[str, ...] = ()
-    """/etc entries the toolchain reads besides COMMON_ETC (the sandbox binds only these)."""
+    """/etc entries the toolchain reads besides COMMON_ETC (the sandbox binds only these): found by
+    running it under bubblewrap with one entry left out at a time (tests/unit/test_language_etc.py
+    keeps the lists sufficient).  /etc/alternatives is where Debian's `java`, `php`, `lua`, `cc` lead;
+    /etc/php loads PHP's extensions and /etc/racket Racket's collection paths."""
     env: tuple[tuple[str, str], ...] = ()
     """Environment the toolchain needs inside the sandbox; `{runtime}` is filled in.  Every run sees
     the union, so no variable here may change another language (FORCE_COLOR would colour pytest)."""
@@ -123,11 +126,11 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     # Assertions stay on everywhere (java -ea, rust debug assertions, no NDEBUG, no dmd -release):
     # MultiPL-E style tests are assert statements, and with them off every candidate passes.
     LanguageSpec("cpp", "main.cpp", ("./main",), ("g++", "-std=c++17", "-O2", "main.cpp", "-o", "main", "-lm", "-lpthread"),
-                 needs=("g++",), etc=("/etc/alternatives",)),
+                 needs=("g++",)),
     LanguageSpec("cuda", "main.cu", ("./main",), ("nvcc", "main.cu", "-o", "main"), needs=("nvcc", GPU_DEVICE)),
     LanguageSpec("gtest", "main.cpp", ("./main",),
                  ("g++", "-std=c++17", "-O2", "main.cpp", "-o", "main", "-lgtest", "-lgtest_main", "-lpthread"),
-                 needs=("g++", "/usr/include/gtest/gtest.h"), etc=("/etc/alternatives",)),
+                 needs=("g++", "/usr/include/gtest/gtest.h")),
     LanguageSpec("go", "main.go", ("./main",), ("go", "build", "-o", "main", "main.go"), needs=("go",), env=GO_ENV),
     LanguageSpec("go_test", "main_test.go", ("go", "test", "main_test.go"),
                  needs=("go", "/usr/share/gocode/src/github.com/stretchr/testify/assert"), env=GO_ENV),
@@ -147,13 +150,14 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("typescript", "main.ts", ("tsx", "main.ts"), needs=("tsx",), env=NODE_ENV),
     LanguageSpec("rust", "main.rs", ("./main",), ("rustc", "-O", "-C", "debug-assertions=on", "--edition", "2021",
                                                   "main.rs", "-o", "main"),
-                 needs=("rustc",), etc=("/etc/alternatives",)),
-    LanguageSpec("perl", "main.pl", ("perl", "main.pl"), needs=("perl",), etc=("/etc/perl",)),
-    LanguageSpec("php", "main.php", ("php", "-d", "zend.assertions=1", "-f", "main.php"), needs=("php",), etc=("/etc/php", "/etc/alternatives"),
-                 prepare=_php_source),
-    LanguageSpec("ruby", "main.rb", ("ruby", "main.rb"), needs=("ruby",), etc=("/etc/alternatives",)),
+                 needs=("rustc",), etc=("/etc/alternatives",)),  # `cc`, the linker
+    LanguageSpec("perl", "main.pl", ("perl", "main.pl"), needs=("perl",)),
+    # Debian's php.ini is the production one (zend.assertions=-1: assert() compiled out).
+    LanguageSpec("php", "main.php", ("php", "-d", "zend.assertions=1", "-f", "main.php"), needs=("php",),
+                 etc=("/etc/php", "/etc/alternatives"), prepare=_php_source),
+    LanguageSpec("ruby", "main.rb", ("ruby", "main.rb"), needs=("ruby",)),
     LanguageSpec("lua", "main.lua", ("lua", "main.lua"), needs=("lua",), etc=("/etc/alternatives",)),
-    LanguageSpec("R", "main.R", ("Rscript", "main.R"), needs=("Rscript",), etc=("/etc/R",)),
+    LanguageSpec("R", "main.R", ("Rscript", "main.R"), needs=("Rscript",), etc=("/etc/R", "/etc/alternatives")),
     LanguageSpec("julia", "main.jl", ("julia", "main.jl"), needs=("julia",)),
     LanguageSpec("scala", "main.scala", ("scala", "-J-ea", "{object}"), ("scalac", "main.scala"),
                  needs=("scalac", "scala"), etc=JVM_ETC, prepare=_scala_source),
@@ -162,8 +166,7 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("csharp", "main.cs", ("mono", "main.exe"), ("mcs", "-d:DEBUG", "-d:TRACE", "main.cs", "-out:main.exe"),
                  needs=("mcs", "mono"), etc=("/etc/mono",), prepare=_csharp_source),
     LanguageSpec("sql", "main.sql", ("sqlite3", ":memory:", ".read main.sql"), needs=("sqlite3",)),
-    LanguageSpec("D_ut", "main.d", ("./main",), ("gdc", "-funittest", "main.d", "-o", "main"), needs=("gdc",),
-                 etc=("/etc/alternatives",)),
+    LanguageSpec("D_ut", "main.d", ("./main",), ("gdc", "-funittest", "main.d", "-o", "main"), needs=("gdc",)),
     LanguageSpec("lean", "Main.lean", ("lake", "build"), needs=("lake",)),
     LanguageSpec("swift", "main.swift", ("./main",), ("swiftc", "main.swift", "-o", "main"), needs=("swiftc",)),
     LanguageSpec("racket", "main.rkt", ("racket", "main.rkt"), needs=("racket",), etc=("/etc/racket",)),
