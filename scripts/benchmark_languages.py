@@ -38,9 +38,10 @@ def call(url: str, language: str) -> dict:
             "run": body["run_result"]["execution_time"]}
 
 
-def p50(values: list[float | None]) -> float | None:
+def p50_ms(values: list[float | None]) -> float | None:
+    """Median in milliseconds of the values present (a language without a compile stage has none)."""
     present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+    return 1000 * statistics.median(present) if present else None
 
 
 def measure(url: str, language: str, calls: int, concurrency: int) -> dict:
@@ -49,10 +50,8 @@ def measure(url: str, language: str, calls: int, concurrency: int) -> dict:
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(lambda _: call(url, language), range(calls * 2)))
-    return {"language": language, "p50_ms": 1000 * p50([r["latency"] for r in serial]),
-            "compile_p50_ms": None if p50([r["compile"] for r in serial]) is None
-            else 1000 * p50([r["compile"] for r in serial]),
-            "run_p50_ms": 1000 * p50([r["run"] for r in serial]),
+    return {"language": language, "p50_ms": p50_ms([r["latency"] for r in serial]),
+            "compile_p50_ms": p50_ms([r["compile"] for r in serial]), "run_p50_ms": p50_ms([r["run"] for r in serial]),
             "calls_per_s": calls * 2 / (time.perf_counter() - started)}
 
 

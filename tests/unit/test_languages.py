@@ -8,6 +8,8 @@ test_language_assertions.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import requests
 
@@ -101,9 +103,9 @@ RUNNER_VERDICT = {"gtest": ("[  PASSED  ] 1 test", "[  FAILED  ] 1 test"), "go_t
                   "jest": ("1 passed", "1 failed"), "pytest": ("1 passed", "1 failed"),
                   "D_ut": ("1 modules passed unittests", "unittest failure")}
 UNINSTALLABLE = sorted(name for name, source in SOURCES.items() if source.unavailable)
-LONG = {"compile_timeout": 180, "run_timeout": 90}
+LONG: dict[str, Any] = {"compile_timeout": 180, "run_timeout": 90}
 # Generous for JVM start-up: a time-out must come from the sleep, not from a slow launcher.
-SLEEP_LIMITS = {"compile_timeout": 180, "run_timeout": 10}
+SLEEP_LIMITS: dict[str, Any] = {"compile_timeout": 180, "run_timeout": 10}
 
 
 @pytest.fixture(scope="module")
