@@ -147,7 +147,7 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
                  ("node", f"{NODE_MODULES}/jest/bin/jest.js", "--config", "{runtime}/node/jest.config.js", "--ci"),
                  needs=("node", "jest"), env=NODE_ENV),
     LanguageSpec("react", "main.jsx", ("node", "main.jsx"), needs=("node", "react")),
-    LanguageSpec("typescript", "main.ts", ("tsx", "main.ts"), needs=("tsx",), env=NODE_ENV),
+    LanguageSpec("typescript", "main.ts", ("tsx", "main.ts"), needs=("node", "tsx"), env=NODE_ENV),
     LanguageSpec("rust", "main.rs", ("./main",), ("rustc", "-O", "-C", "debug-assertions=on", "--edition", "2021",
                                                   "main.rs", "-o", "main"),
                  needs=("rustc",), etc=("/etc/alternatives",)),  # `cc`, the linker
@@ -178,14 +178,19 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
 STANDARD_DIRS = ("/usr/", "/bin/", "/sbin/", "/lib", "/etc/")
 
 
+SYSTEM_RUNTIME_DIR = "/opt/verl-sf/runtime"
+
+
 def default_runtime_dir() -> str:
-    """Where `verl-sf languages install` puts npm packages: system-wide for root, per user otherwise."""
+    """Where `verl-sf languages install` puts npm packages: system-wide for root; for anyone else
+    their own directory, or the system-wide one when only that exists (an administrator filled it)."""
     if os.environ.get(RUNTIME_DIR_ENV):
         return os.environ[RUNTIME_DIR_ENV]
     if os.geteuid() == 0:
-        return "/opt/verl-sf/runtime"
+        return SYSTEM_RUNTIME_DIR
     data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(data_home, "verl-sf", "runtime")
+    own = os.path.join(data_home, "verl-sf", "runtime")
+    return SYSTEM_RUNTIME_DIR if not os.path.isdir(own) and os.path.isdir(SYSTEM_RUNTIME_DIR) else own
 
 
 @dataclasses.dataclass
