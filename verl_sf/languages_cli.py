@@ -51,7 +51,8 @@ module.exports = {
     watchman: false,
 };
 """
-APT_PROVIDED_BY_COMMAND = {"npm": "npm"}
+COMMAND_OF_PACKAGE = {"npm": "npm", "nodejs": "node", "rustc": "rustc", "golang-go": "go",
+                      "openjdk-17-jdk-headless": "javac", "g++": "g++", "bash": "bash", "perl": "perl"}
 PACKAGE_JSON = '{"name": "verl-sf-node-runtime", "private": true}\n'
 
 
@@ -126,9 +127,9 @@ def plan_install(names: list[str], toolchains: Toolchains) -> InstallPlan:
         npm |= source.npm
         pip |= source.pip
     missing_pip = [lib for lib in PYTHON_LIBRARIES if PYTHON_IMPORT_NAMES.get(lib, lib) not in toolchains.importable]
-    # A command already on PATH stands for its package (NodeSource's nodejs carries npm and
-    # conflicts with Debian's npm package).
-    apt -= {package for package, command in APT_PROVIDED_BY_COMMAND.items() if shutil.which(command)}
+    # A toolchain already on PATH from elsewhere stands for its package: rustup's rustc, NodeSource's
+    # nodejs (which carries npm, and conflicts with Debian's npm package), a JDK or Go of one's own.
+    apt -= {package for package, command in COMMAND_OF_PACKAGE.items() if shutil.which(command)}
     return InstallPlan(apt=sorted(apt - _installed_debs(apt)), npm=npm and not _npm_complete(toolchains.runtime_dir),
                        pip=missing_pip if pip else [], unavailable=unavailable)
 
