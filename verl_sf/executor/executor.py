@@ -20,7 +20,12 @@ from typing import Any, Optional
 
 from verl_sf.executor.cgroups import CgroupManager
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
-from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains
+from verl_sf.executor.languages import (
+    SPECS,
+    SourceRejected,
+    Toolchains,
+    detect_toolchains,
+)
 from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
 from verl_sf.executor.slot import FULL, LEAN, Slot, SlotCrashed
 from verl_sf.executor.slot_queue import SlotQueue
