@@ -89,6 +89,7 @@ def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
         "MPLBACKEND": "Agg",
+        **toolchains.env(),
     }
     for key, value in os.environ.items():
         if key.startswith(ENV_PASSTHROUGH_PREFIXES) and key not in env:
@@ -148,8 +149,11 @@ class SandboxLauncher:
         entries runtimes read, and synthetic identity files.  Nothing added to the host's /etc
         later shows inside."""
         os.mkdir(self._etc_dir, 0o755)
-        for entry in dict.fromkeys(ETC_ENTRIES + self.extra_etc):
-            _copy_readable(os.path.join("/etc", entry), os.path.join(self._etc_dir, entry))
+        entries = [os.path.relpath(os.path.normpath(os.path.join("/etc", e)), "/etc") for e in ETC_ENTRIES + self.extra_etc]
+        for entry in dict.fromkeys(e for e in entries if not e.startswith("..")):
+            target = os.path.join(self._etc_dir, entry)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            _copy_readable(os.path.join("/etc", entry), target)
         uid = self.config.sandbox_uid
         identity = {
             # getpwuid() must work inside (Python's getpass, javac), without showing host accounts.
@@ -349,6 +353,8 @@ def _enter_mapped_user_namespace(root_host_uid: int, run_uid: int, run_host_uid:
 
 def _copy_readable(source: str, target: str) -> None:
     """Copy what anyone may read of `source` (a file, a symlink as a symlink, or a directory tree)."""
+    if os.path.lexists(target):
+        return
     if os.path.islink(source):
         os.symlink(os.readlink(source), target)
         return
