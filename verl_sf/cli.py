@@ -9,6 +9,7 @@ import sys
 from typing import Optional
 
 from verl_sf import __version__
+from verl_sf.cluster import cli as cluster_cli
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
 
 
@@ -78,6 +79,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_rollout(sub)
+    cluster_cli.add_arguments(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return args.func(args)

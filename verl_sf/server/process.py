@@ -18,9 +18,10 @@ LISTEN_RE = re.compile(r"listening on (http://[\w.\-\[\]:]+)")
 
 
 def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120.0,
-                         preexec_fn: Optional[Callable[[], None]] = None) -> tuple[subprocess.Popen, str]:
-    """Run `verl-sf serve --host 127.0.0.1 --port 0 *args`; return the process and its base URL."""
-    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+                         preexec_fn: Optional[Callable[[], None]] = None, host: str = "127.0.0.1",
+                         port: int = 0) -> tuple[subprocess.Popen, str]:
+    """Run `verl-sf serve --host HOST --port PORT *args`; return the process and its base URL."""
+    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", host, "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env or os.environ.copy(),
                             start_new_session=True, preexec_fn=preexec_fn)
     assert proc.stdout is not None

@@ -1,0 +1,2 @@
+class VerlSfError(Exception):
+    """Base of every error verl-sf raises."""
