@@ -116,7 +116,8 @@ def format_table(rows: Sequence["ServerStatus"]) -> str:
     lines = [header] + [(row.node_id[:12], row.url or "-", row.health, *(_cell(v) for v in (
         row.slots, row.in_flight, row.queued, row.sessions, row.restarts))) for row in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+                     for line in lines)
 
 
 def _cell(value: object) -> str:

@@ -64,7 +64,7 @@ def up(namespace: str, resource: Optional[str], serve_args: list[str], *, poll_s
     import ray
 
     wanted = {"namespace": namespace, "resource": resource, "serve_args": list(serve_args)}
-    supervisor = _supervisor(namespace)
+    supervisor: Any = _supervisor(namespace)
     if supervisor is not None:
         running = ray.get(supervisor.settings.remote(), timeout=INFO_TIMEOUT_S)
         if running != wanted:
@@ -86,15 +86,15 @@ def server_infos(namespace: str, timeout_s: float = INFO_TIMEOUT_S) -> list[Serv
     """Every server actor's `info()`; actors that do not answer in time (restarting, node gone) are left out."""
     import ray
 
-    handles = []
+    handles: list[Any] = []
     for name in server_actor_names(namespace):
         try:
             handles.append(ray.get_actor(name, namespace=namespace))
         except ValueError:
             continue  # died between the listing and the lookup
-    refs = [handle.info.remote() for handle in handles]
+    refs: list[Any] = [handle.info.remote() for handle in handles]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    infos = []
+    infos: list[ServerInfo] = []
     for ref in ready:
         try:
             infos.append(ray.get(ref))
@@ -108,15 +108,15 @@ def status(namespace: str, timeout_s: float = INFO_TIMEOUT_S) -> list[ServerStat
     import ray
 
     names = server_actor_names(namespace)
-    handles = [ray.get_actor(name, namespace=namespace) for name in names]
-    info_refs = [handle.info.remote() for handle in handles]
-    health_refs = [handle.health.remote() for handle in handles]
+    handles: list[Any] = [ray.get_actor(name, namespace=namespace) for name in names]
+    info_refs: list[Any] = [handle.info.remote() for handle in handles]
+    health_refs: list[Any] = [handle.health.remote() for handle in handles]
     ray.wait(info_refs + health_refs, num_returns=len(info_refs) * 2, timeout=timeout_s)
     rows = []
-    for name, info_ref, health_ref in zip(names, info_refs, health_refs):
+    for name, info_ref, health_ref in zip(names, info_refs, health_refs, strict=True):
         try:
-            info = ray.get(info_ref, timeout=0)
-            health = ray.get(health_ref, timeout=0)
+            info: ServerInfo = ray.get(info_ref, timeout=0)
+            health: dict[str, Any] = ray.get(health_ref, timeout=0)
         except (ray.exceptions.RayError, TimeoutError) as exc:
             from verl_sf.cluster.names import node_of
 
@@ -152,15 +152,15 @@ def down(namespace: str, timeout_s: float = 60.0) -> int:
             pass  # dead already: killing it below is all that is left
         ray.kill(supervisor, no_restart=True)
     stopped = 0
-    handles = []
+    handles: list[Any] = []
     for name in server_actor_names(namespace):
         try:
             handles.append(ray.get_actor(name, namespace=namespace))
         except ValueError:
             continue
-    refs = [handle.stop.remote() for handle in handles]
+    refs: list[Any] = [handle.stop.remote() for handle in handles]
     ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    for handle, ref in zip(handles, refs):
+    for handle, ref in zip(handles, refs, strict=True):
         try:
             ray.get(ref, timeout=0)
             stopped += 1

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from verl_sf.backends.daytona import DaytonaOptions
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES
 
-BackendName = Literal["http", "local", "daytona"]
+BackendName = Literal["http", "local", "daytona", "cluster"]
 
 
 class ToolConfigError(ValueError):
@@ -28,7 +28,8 @@ class ToolConfig(BaseModel):
 
     type: Literal["native"] = "native"
     backend: Optional[BackendName] = None
-    """http (the Sandbox Fusion API at `sandbox_fusion_url`), local (in-process executor), daytona."""
+    """http (the Sandbox Fusion API at `sandbox_fusion_url`), local (in-process executor), daytona,
+    cluster (the Ray-placed fleet of `verl-sf cluster up`: the caller's own node's server first)."""
     sandbox_fusion_url: Optional[str] = None
     num_workers: int = Field(10, gt=0)
     """Concurrent calls one tool object runs at once (verl's meaning: its pool actor's slots)."""
@@ -53,6 +54,8 @@ class ToolConfig(BaseModel):
     local: dict[str, Any] = Field(default_factory=dict)
     """`local:` sub-block: ExecutorConfig fields for the in-process executor."""
     daytona: DaytonaOptions = Field(default_factory=DaytonaOptions)
+    cluster: dict[str, Any] = Field(default_factory=dict)
+    """`cluster:` sub-block: ClusterSandboxBackend options (namespace, address, spill_at, http, ...)."""
 
     @field_validator("default_language")
     @classmethod

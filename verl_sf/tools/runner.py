@@ -25,9 +25,9 @@ from verl_sf.models import RunCodeRequest, RunCodeResponse
 class BackendSpec:
     """Everything needed to build a backend in another process (plain, hashable data)."""
 
-    kind: str  # "http" | "local" | "daytona"
+    kind: str  # "http" | "local" | "daytona" | "cluster"
     url: Optional[str] = None
-    options_json: str = "{}"  # the `http:`, `local:` or `daytona:` block, canonical JSON
+    options_json: str = "{}"  # the `http:`, `local:`, `daytona:` or `cluster:` block, canonical JSON
 
     @property
     def options(self) -> dict[str, Any]:
@@ -44,6 +44,10 @@ class BackendSpec:
             return LocalSandboxBackend(self.options)
         if self.kind == "daytona":
             return DaytonaSandboxBackend(DaytonaOptions(**self.options))
+        if self.kind == "cluster":
+            from verl_sf.backends.cluster import ClusterSandboxBackend
+
+            return ClusterSandboxBackend(**self.options)
         raise ValueError(f"unknown backend kind {self.kind!r}")
 
 

@@ -46,7 +46,7 @@ class SandboxFusionTool(BaseTool):
 
     Config (the tool yaml's `config:`): verl's `type`, `num_workers`, `rate_limit`,
     `enable_global_rate_limit`, `default_timeout`, `default_language`, `sandbox_fusion_url`,
-    `memory_limit_mb`, plus `backend` (http | local | daytona), the ReTool switches
+    `memory_limit_mb`, plus `backend` (http | local | daytona | cluster), the ReTool switches
     `extract_code_block` and `print_last_expression`, `max_output_chars` and `pool`.
     See docs/verl.md.
     """
@@ -56,7 +56,7 @@ class SandboxFusionTool(BaseTool):
         super().__init__(config, tool_schema or code_interpreter_schema())
         self.backend_name = self.settings.resolved_backend
         options = {"http": self.settings.http, "local": self.settings.local,
-                   "daytona": self.settings.daytona.model_dump()}[self.backend_name]
+                   "daytona": self.settings.daytona.model_dump(), "cluster": self.settings.cluster}[self.backend_name]
         self.spec = BackendSpec(self.backend_name, self.settings.sandbox_fusion_url,
                                 json.dumps(options, sort_keys=True))
         try:  # builds nothing that connects or starts: just checks the options here, not hours later
