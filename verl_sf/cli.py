@@ -10,6 +10,7 @@ from typing import Optional
 
 from verl_sf import __version__
 from verl_sf.cluster import cli as cluster_cli
+from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
 
 
@@ -37,6 +38,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="processes+threads per run")
     p.add_argument("--max-body-mb", type=int, default=64, help="larger request bodies get HTTP 413")
     p.add_argument("--python", default=defaults.python, help="runtime interpreter the code runs with")
+    p.add_argument("--fronts", type=int, default=1,
+                   help="server processes sharing the port (SO_REUSEPORT), each with a share of --workers")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -58,9 +61,16 @@ def _serve(args: argparse.Namespace) -> int:
               flush=True)
 
     try:
+        if args.fronts != 1:
+            from verl_sf.server.fronts import run_fronts
+
+            return run_fronts(config, args.fronts, ready, args.log_level)
         asyncio.run(serve(config, ready))
     except IsolationUnavailable as exc:
         print(f"verl-sf: cannot isolate runs: {exc}", file=sys.stderr)
+        return 2
+    except VerlSfError as exc:  # FrontsError: a bad --fronts, or a front that could not start
+        print(f"verl-sf serve: {exc}", file=sys.stderr)
         return 2
     return 0
 

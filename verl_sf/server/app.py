@@ -36,6 +36,8 @@ class ServerConfig:
     max_body_mb: int = 64
     """Larger request bodies get 413 before any of them is parsed."""
     retry_after_s: int = 1
+    reuse_port: bool = False
+    """Share the port with other processes (SO_REUSEPORT): `verl-sf serve --fronts N` runs N."""
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
 
 
@@ -149,18 +151,23 @@ def build_app(config: ServerConfig, executor: Executor) -> web.Application:
     return app
 
 
-async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = None) -> None:
-    """Run until SIGTERM/SIGINT; `ready` gets the base URL once the port is bound."""
+async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = None,
+                app_hook: Optional[Callable[[web.Application], None]] = None) -> None:
+    """Run until SIGTERM/SIGINT; `ready` gets the base URL once the port is bound; `app_hook`
+    may add middlewares and startup steps to the app before it starts (the fronts' routing)."""
     executor = Executor(config.executor)
     await executor.start()
     # Long-lived objects (modules, the app) leave the collector's view: full collections
     # otherwise rescan them every few thousand requests (~13% of server CPU under load).
     gc.collect()
     gc.freeze()
-    runner = web.AppRunner(build_app(config, executor), access_log=None, handle_signals=False)
+    app = build_app(config, executor)
+    if app_hook:
+        app_hook(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+        site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_port=config.reuse_port or None)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         url = f"http://{config.host}:{port}"
