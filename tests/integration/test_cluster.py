@@ -9,6 +9,7 @@ its node.  The tests run in file order: the later ones take node B away and add 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -235,3 +236,26 @@ def test_node_leaving_and_joining(fleet: Any) -> None:
     rows = wait_for(lambda: [r for r in status(fleet) if r["node_id"] == joined.node_id and r["health"] == "ok"])
     assert rows, status(fleet)
     assert drive(fleet, "calls", node="node_d", n=2)["stats"][rows[0]["url"]]["served"] == 2
+
+
+async def test_rollout_with_the_cluster_backend(fleet: Any, tmp_path: Path) -> None:
+    """`verl-sf rollout` with a `backend: cluster` tool: joins Ray from RAY_ADDRESS, runs the code on the fleet."""
+    from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
+    from tests.subprocesses import communicate_or_kill
+
+    tools = tmp_path / "tools.yaml"
+    tools.write_text((ROOT / "configs" / "cluster_tool_config.yaml").read_text()
+                     .replace('namespace: "verl-sf-cluster"', f'namespace: "{NAMESPACE}"'))
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "Q-code"}],
+                                "reward_model": {"ground_truth": "42"}, "extra_info": {}}) + "\n")
+    script = Script([Turn("", [Call("code_interpreter", json.dumps({"code": "print(6 * 7)"}))]), Turn("So #### {tool}")])
+    async with PolicyServer({"Q-code": script}) as server:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "verl_sf.cli", "rollout", "--server", server.url, "--data", str(data),
+            "--tool-config", str(tools), "--n", "2", "--no-progress", cwd=ROOT,
+            env={**os.environ, "RAY_ADDRESS": fleet.address},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout, stderr = await communicate_or_kill(proc, timeout=240)
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    assert "accuracy: 1.0000" in stdout.decode(), stdout.decode()
