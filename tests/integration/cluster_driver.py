@@ -23,20 +23,28 @@ from verl_sf.backends.cluster import ClusterSandboxBackend, SandboxCallInterrupt
 from verl_sf.models import RunCodeRequest
 
 
-def _backend(namespace: str) -> ClusterSandboxBackend:
-    return ClusterSandboxBackend(namespace=namespace, refresh_s=2.0)
+def _backend(namespace: str, spill_at: int | None = None) -> ClusterSandboxBackend:
+    return ClusterSandboxBackend(namespace=namespace, refresh_s=2.0, spill_at=spill_at)
 
 
 @ray.remote(num_cpus=0)
-def calls_from_here(namespace: str, n: int) -> dict[str, Any]:
-    """n sequential `print(1)` calls from this task's node: who served them."""
+def calls_from_here(namespace: str, n: int, concurrency: int = 1, spill_at: int | None = None,
+                    sleep: float = 0.0) -> dict[str, Any]:
+    """n `print(1)` calls (after `sleep` s in the sandbox) at `concurrency` from this task's node: who served them."""
+    code = f"import time\ntime.sleep({sleep})\nprint(1)" if sleep else "print(1)"
 
     async def run() -> dict[str, Any]:
-        async with _backend(namespace) as backend:
-            outputs = [(await backend.run_code(RunCodeRequest(code="print(1)", language="python"))).run_result
-                       for _ in range(n)]
+        async with _backend(namespace, spill_at) as backend:
+            slots = asyncio.Semaphore(concurrency)
+
+            async def one() -> str | None:
+                async with slots:
+                    result = (await backend.run_code(RunCodeRequest(code=code, language="python"))).run_result
+                    return result.stdout if result else None
+
+            outputs = await asyncio.gather(*(one() for _ in range(n)))
             return {"node_id": ray.get_runtime_context().get_node_id(), "stats": backend.stats(),
-                    "stdout": [o.stdout if o else None for o in outputs]}
+                    "stdout": outputs}
 
     return asyncio.run(run())
 

@@ -177,6 +177,18 @@ def test_caller_is_served_by_its_own_node(fleet: Any) -> None:
         assert served == {urls[ids[tag]]: 4}, result["stats"]
 
 
+def test_saturated_local_server_spills_to_the_other(fleet: Any) -> None:
+    """With this process's calls on its local server at `spill_at`, further calls go to the other server."""
+    ids = node_ids(fleet)
+    urls = {row["node_id"]: row["url"] for row in status(fleet)}
+    result = drive(fleet, "calls", node="node_a", n=12, concurrency=4, spill_at=2, sleep=0.3)
+    assert result["stdout"] == ["1\n"] * 12
+    served = {url: s["served"] for url, s in result["stats"].items()}
+    assert served[urls[ids["node_a"]]] >= 6, "the local server is filled first"
+    assert served[urls[ids["node_b"]]] >= 1, "the rest spilled to the other node"
+    assert sum(served.values()) == 12
+
+
 def test_caller_without_sandbox_resource_is_served_by_a_sandbox_node(fleet: Any) -> None:
     ids = node_ids(fleet)
     urls = {row["url"] for row in status(fleet)}
@@ -249,7 +261,8 @@ async def test_rollout_with_the_cluster_backend(fleet: Any, tmp_path: Path) -> N
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "Q-code"}],
                                 "reward_model": {"ground_truth": "42"}, "extra_info": {}}) + "\n")
-    script = Script([Turn("", [Call("code_interpreter", json.dumps({"code": "print(6 * 7)"}))]), Turn("So #### {tool}")])
+    call = Call("code_interpreter", json.dumps({"code": "print(6 * 7)"}))
+    script = Script([Turn("", [call]), Turn("So #### {tool}")])
     async with PolicyServer({"Q-code": script}) as server:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "verl_sf.cli", "rollout", "--server", server.url, "--data", str(data),

@@ -57,7 +57,7 @@ def test_schema_defaults_to_code_interpreter() -> None:
     ({"sandbox_fusion_url": "http://x", "default_language": "cobol"}, "default_language: unknown language 'cobol'"),
     ({"sandbox_fusion_url": "http://x", "memory_limit_mb": 3}, "memory_limit_mb: must be -1"),
     ({"sandbox_fusion_url": "http://x", "type": "mcp"}, "type: Input should be 'native'"),
-    ({"backend": "docker"}, "backend: Input should be 'http', 'local' or 'daytona'"),
+    ({"backend": "docker"}, "backend: Input should be 'http', 'local', 'daytona' or 'cluster'"),
     ({"backend": "local", "local": {"wrokers": 2}}, "local: unknown local executor option(s) ['wrokers']"),
     ({"backend": "local", "local": {"isolation": "chroot"}}, "local.isolation must be one of"),
     ({"sandbox_fusion_url": "http://x", "http": {"max_retries": -1}}, "http: max_retries must be an integer >= 0"),

@@ -56,6 +56,9 @@ class SessionLost(VerlSfError):
         self.session_id = session_id
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray and process pools intact
+        return type(self), (self.session_id, self.reason)
+
 
 @dataclasses.dataclass
 class _Server:
@@ -94,7 +97,7 @@ class ClusterSandboxBackend(SandboxBackend):
                              ("backoff_max_s", backoff_max_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{field} must be a number >= 0, got {value!r}")
-        for field, value, low in (("max_rounds", max_rounds, 1), ("spill_at", spill_at if spill_at else 1, 1)):
+        for field, value, low in (("max_rounds", max_rounds, 1), ("spill_at", 1 if spill_at is None else spill_at, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{field} must be an integer >= {low}, got {value!r}")
         self.http = dict(http or {})

@@ -56,6 +56,9 @@ class SandboxRequestRejected(ValueError):
         self.status = status
         self.body = body
 
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # crosses Ray and process pools intact
+        return type(self), (self.url, self.status, self.body)
+
 
 class SandboxUnreachable(SandboxUnavailable):
     """No connection could be made (refused, connect time-out): the call never reached the server."""

@@ -45,6 +45,12 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+def _drain(proc: subprocess.Popen) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.info("verl-sf serve: %s", line.rstrip())
+
+
 class NodeServer:
     """One node's sandbox server, started in the constructor (the actor is ready once it listens)."""
 
@@ -84,6 +90,8 @@ class NodeServer:
             with self._lock:
                 self._proc, self._url, self._error = proc, url, None
                 self._generation += 1
+            # Whatever else it prints must not fill the pipe and stall it; Ray's log has its stderr.
+            threading.Thread(target=_drain, args=(proc,), name="verl-sf-serve-stdout", daemon=True).start()
             self._first_start.set()
             port = int(url.rsplit(":", 1)[1])  # come back on the same URL after a crash
             code = proc.wait()

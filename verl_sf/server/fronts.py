@@ -32,7 +32,7 @@ from verl_sf.server.app import EXECUTOR_KEY, ServerConfig, build_app, serve
 log = logging.getLogger(__name__)
 SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")
 SUMMED_HEALTH_FIELDS = ("workers", "in_flight", "queued", "max_queue", "sessions")
-PEERS_KEY = web.AppKey("front_peers", list)
+PEERS_KEY = web.AppKey("front_peers", list[int])
 CLIENT_KEY = web.AppKey("front_client", aiohttp.ClientSession)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -122,7 +122,8 @@ class FrontRouting:
         assert isinstance(own, web.Response) and own.body is not None
         health = json.loads(own.body)  # type: ignore[arg-type]
         client = request.app[CLIENT_KEY]
-        others = [port for i, port in enumerate(request.app[PEERS_KEY]) if i != self.index]
+        peers: list[int] = request.app[PEERS_KEY]
+        others = [port for i, port in enumerate(peers) if i != self.index]
         answers = await asyncio.gather(*(_peer_health(client, port) for port in others))
         for answer in answers:
             if answer is None:
