@@ -9,6 +9,7 @@ Three measurements, one load generator (`drive`: N calls of a workload at concur
              128-core node at with one front, and with one front per core (`serve --fronts`).
   pinned     two servers pinned to one core each (`taskset -c 0` / `-c 1`), calls spread over both,
              against one server pinned to core 0: calls/s for print and numpy at c=64.
+  fronts     one server with `--fronts 1` against `--fronts 2` (same slots, all cores), print at c=64.
   routed     the same server reached through the `cluster` backend (`verl-sf cluster up` on a local
              one-node Ray) against direct HTTP, at c=64, interleaved: overhead in %.
 
@@ -157,6 +158,18 @@ async def pinned(calls: int, concurrency: int, workers: int) -> dict[str, dict[s
     return results
 
 
+async def fronts(calls: int, concurrency: int, workers: int) -> dict[int, float]:
+    """calls/s of one server with 1 and with 2 front processes (the same total slots)."""
+    results = {}
+    for count in (1, 2):
+        proc, url = start_server_process("--workers", str(workers), "--fronts", str(count))
+        try:
+            results[count] = await drive(RoundRobin([url]), "print", calls, concurrency)
+        finally:
+            stop_server_process(proc)
+    return results
+
+
 async def routed(calls: int, concurrency: int, workers: int, rounds: int) -> dict[str, list[float]]:
     import ray
 
@@ -188,8 +201,8 @@ async def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--workers", type=int, default=4, help="sandbox slots per server")
     parser.add_argument("--rounds", type=int, default=3, help="routed: direct/cluster pairs, interleaved")
-    parser.add_argument("--only", nargs="+", choices=["front-cpu", "pinned", "routed"],
-                        default=["front-cpu", "pinned", "routed"])
+    parser.add_argument("--only", nargs="+", choices=["front-cpu", "pinned", "fronts", "routed"],
+                        default=["front-cpu", "pinned", "fronts", "routed"])
     args = parser.parse_args(argv)
     print(f"host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; calls={args.calls} "
           f"c={args.concurrency} workers/server={args.workers}", flush=True)
@@ -199,12 +212,17 @@ async def main(argv: Optional[list[str]] = None) -> None:
         for workload, rates in (await pinned(args.calls, args.concurrency, args.workers)).items():
             print(f"pinned {workload}: one server on 1 core {rates['one']:.0f} calls/s; two servers on 1 core "
                   f"each {rates['two']:.0f} calls/s ({rates['two'] / rates['one']:.2f}x)", flush=True)
+    if "fronts" in args.only:
+        by_fronts = await fronts(args.calls, args.concurrency, args.workers)
+        print(f"fronts print c={args.concurrency}: --fronts 1 {by_fronts[1]:.0f} calls/s, --fronts 2 "
+              f"{by_fronts[2]:.0f} calls/s ({by_fronts[2] / by_fronts[1]:.2f}x)", flush=True)
     if "routed" in args.only:
-        rates = await routed(args.calls, args.concurrency, args.workers, args.rounds)
-        direct, cluster = statistics.median(rates["direct"]), statistics.median(rates["cluster"])
+        routed_rates = await routed(args.calls, args.concurrency, args.workers, args.rounds)
+        direct, cluster = statistics.median(routed_rates["direct"]), statistics.median(routed_rates["cluster"])
         print(f"routed print c={args.concurrency}: direct HTTP {direct:.0f} calls/s, cluster backend "
               f"{cluster:.0f} calls/s (median of {args.rounds}; overhead {100 * (1 - cluster / direct):+.1f}%) "
-              f"direct={[round(r) for r in rates['direct']]} cluster={[round(r) for r in rates['cluster']]}")
+              f"direct={[round(r) for r in routed_rates['direct']]} "
+              f"cluster={[round(r) for r in routed_rates['cluster']]}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ FRONTS = 2
 
 @pytest.fixture(scope="module")
 def fronts_server() -> Iterator[ServerHandle]:
-    handle = start_server("--workers", "3", "--max-queue", "10", "--fronts", str(FRONTS))
+    handle = start_server("--workers", "3", "--max-queue", "10", "--max-body-mb", "1", "--fronts", str(FRONTS))
     yield handle
     stop_server(handle.process)
 
@@ -63,6 +63,13 @@ def test_runs_on_every_front(fronts_server: ServerHandle) -> None:
         answer = fresh("POST", fronts_server.run_code_url, json={"code": f"print({i} * 2)", "language": "python"})
         assert answer.status_code == 200
         assert answer.json()["run_result"]["stdout"] == f"{i * 2}\n"
+
+
+def test_oversized_body_is_a_413_in_the_servers_shape(fronts_server: ServerHandle) -> None:
+    big = "x" * (2 << 20)
+    answer = fresh("POST", fronts_server.run_code_url, json={"code": big, "language": "python", "session_id": "f0-x"})
+    assert answer.status_code == 413
+    assert "larger than" in answer.json()["detail"]
 
 
 def test_foreign_session_id_is_a_404_naming_it(fronts_server: ServerHandle) -> None:

@@ -151,7 +151,15 @@ async def _session_of(request: web.Request) -> Optional[str]:
     if request.path.startswith("/sessions/"):
         return request.path.split("/")[2] or None
     if request.method == "POST" and request.path == "/run_code":
-        raw = await request.read()  # aiohttp keeps it: the handler reads the same bytes
+        if (request.content_length or 0) > request.app["max_body_bytes"]:
+            return None  # the handler answers 413 without reading it
+        try:
+            raw = await request.read()  # aiohttp keeps it: the handler reads the same bytes
+        except web.HTTPRequestEntityTooLarge:
+            raise web.HTTPRequestEntityTooLarge(  # a chunked body: FastAPI's error shape, as the handler's
+                max_size=request.app["max_body_bytes"], actual_size=0,
+                text=json.dumps({"detail": f"request body larger than {request.app['max_body_bytes']} bytes"}),
+                content_type="application/json") from None
         if b'"session_id"' in raw:
             try:
                 body = json.loads(raw)
