@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
-from verl_sf.cluster.names import DEFAULT_NAMESPACE, SUPERVISOR_NAME
+from verl_sf.cluster.names import DEFAULT_NAMESPACE, SUPERVISOR_NAME, node_of
 from verl_sf.cluster.node_server import ServerInfo
 from verl_sf.cluster.supervisor import DEFAULT_POLL_S, FleetSupervisor, server_actor_names
 from verl_sf.errors import VerlSfError
@@ -82,47 +82,52 @@ def up(namespace: str, resource: Optional[str], serve_args: list[str], *, poll_s
     return status(namespace, timeout_s=timeout_s)
 
 
-def server_infos(namespace: str, timeout_s: float = INFO_TIMEOUT_S) -> list[ServerInfo]:
-    """Every server actor's `info()`; actors that do not answer in time (restarting, node gone) are left out."""
+def _server_actors(namespace: str) -> list[tuple[str, Any]]:
+    """(name, handle) of every server actor; a name that went away since the listing is skipped."""
     import ray
 
-    handles: list[Any] = []
+    actors = []
     for name in server_actor_names(namespace):
         try:
-            handles.append(ray.get_actor(name, namespace=namespace))
+            actors.append((name, ray.get_actor(name, namespace=namespace)))
         except ValueError:
-            continue  # died between the listing and the lookup
-    refs: list[Any] = [handle.info.remote() for handle in handles]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    infos: list[ServerInfo] = []
-    for ref in ready:
-        try:
-            infos.append(ray.get(ref))
-        except ray.exceptions.RayError:
             continue
+    return actors
+
+
+def _results(refs: list[Any], timeout_s: float) -> list[Any]:
+    """Each ref's value, or the RayError standing for it (GetTimeoutError if it did not finish in time)."""
+    import ray
+
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    results: list[Any] = []
+    for ref in refs:
+        try:
+            results.append(ray.get(ref, timeout=0))
+        except ray.exceptions.RayError as exc:
+            results.append(exc)
+    return results
+
+
+def server_infos(namespace: str, timeout_s: float = INFO_TIMEOUT_S) -> list[ServerInfo]:
+    """Every server actor's `info()`; actors that do not answer in time (restarting, node gone) are left out."""
+    answers = _results([handle.info.remote() for _, handle in _server_actors(namespace)], timeout_s)
+    infos = [cast(ServerInfo, answer) for answer in answers if isinstance(answer, dict)]
     return sorted(infos, key=lambda info: info["node_id"])
 
 
 def status(namespace: str, timeout_s: float = INFO_TIMEOUT_S) -> list[ServerStatus]:
     """One row per server actor, health as its server reports it (asked by the actor, on its node)."""
-    import ray
-
-    names = server_actor_names(namespace)
-    handles: list[Any] = [ray.get_actor(name, namespace=namespace) for name in names]
-    info_refs: list[Any] = [handle.info.remote() for handle in handles]
-    health_refs: list[Any] = [handle.health.remote() for handle in handles]
-    ray.wait(info_refs + health_refs, num_returns=len(info_refs) * 2, timeout=timeout_s)
+    actors = _server_actors(namespace)
+    answers = _results([ref for _, handle in actors for ref in (handle.info.remote(), handle.health.remote())],
+                       timeout_s)
     rows = []
-    for name, info_ref, health_ref in zip(names, info_refs, health_refs, strict=True):
-        try:
-            info: ServerInfo = ray.get(info_ref, timeout=0)
-            health: dict[str, Any] = ray.get(health_ref, timeout=0)
-        except (ray.exceptions.RayError, TimeoutError) as exc:
-            from verl_sf.cluster.names import node_of
-
+    for (name, _), info, health in zip(actors, answers[0::2], answers[1::2], strict=True):
+        if not isinstance(info, dict) or not isinstance(health, dict):
+            error = info if isinstance(info, Exception) else health
             rows.append(ServerStatus(node_id=node_of(name), node_ip="?", url=None, health="unreachable",
                                      slots=None, in_flight=None, queued=None, sessions=None, restarts=0,
-                                     pid=None, fronts=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+                                     pid=None, fronts=None, error=f"{type(error).__name__}: {error}"[:200]))
             continue
         rows.append(ServerStatus(
             node_id=info["node_id"], node_ip=info["node_ip"], url=info["url"],
@@ -151,20 +156,9 @@ def down(namespace: str, timeout_s: float = 60.0) -> int:
         except ray.exceptions.RayError:
             pass  # dead already: killing it below is all that is left
         ray.kill(supervisor, no_restart=True)
-    stopped = 0
-    handles: list[Any] = []
-    for name in server_actor_names(namespace):
-        try:
-            handles.append(ray.get_actor(name, namespace=namespace))
-        except ValueError:
-            continue
-    refs: list[Any] = [handle.stop.remote() for handle in handles]
-    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    for handle, ref in zip(handles, refs, strict=True):
-        try:
-            ray.get(ref, timeout=0)
-            stopped += 1
-        except (ray.exceptions.RayError, TimeoutError):
-            pass  # unreachable: its server dies with it (parent-death signal) when the actor is killed
+    actors = _server_actors(namespace)
+    outcomes = _results([handle.stop.remote() for _, handle in actors], timeout_s)
+    for _, handle in actors:
+        # One that did not stop in time is killed: its server dies with it (parent-death signal).
         ray.kill(handle, no_restart=True)
-    return stopped
+    return sum(1 for outcome in outcomes if not isinstance(outcome, Exception))
