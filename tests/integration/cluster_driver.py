@@ -58,14 +58,10 @@ def load_and_kill_local_server(namespace: str, n: int, concurrency: int, kill_af
     local = next(info for info in fleet.server_infos(namespace) if info["node_id"] == node_id)
     outcomes: dict[str, int] = {"ok": 0, "interrupted": 0}
     errors: list[str] = []
-    started_before_kill = 0
     killed = asyncio.Event()
 
     async def one(backend: ClusterSandboxBackend, slots: asyncio.Semaphore) -> None:
-        nonlocal started_before_kill
         async with slots:
-            if not killed.is_set():
-                started_before_kill += 1
             try:
                 response = await backend.run_code(RunCodeRequest(
                     code="import time\ntime.sleep(0.3)\nprint('done')", language="python"))

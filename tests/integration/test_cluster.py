@@ -208,6 +208,8 @@ def test_sigkill_server_under_load(fleet: Any) -> None:
     assert result["ok"] + result["interrupted"] == 40
     assert result["interrupted"] <= concurrency, "only calls that were running can be interrupted"
     assert result["ok"] >= 40 - concurrency
+    other = next(row["url"] for row in status(fleet) if row["node_id"] == ids["node_b"])
+    assert result["stats"][other]["served"] >= 1, "calls sent while the local server was down went to the other"
     rows = wait_for(lambda: [r for r in status(fleet) if r["node_id"] == ids["node_a"] and r["health"] == "ok"
                              and r["pid"] != result["killed_pid"]])
     assert rows, status(fleet)
