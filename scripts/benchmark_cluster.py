@@ -52,8 +52,11 @@ class RoundRobin(SandboxBackend):
         return await next(self._backends).run_code(request)
 
 
-async def drive(backend: SandboxBackend, workload: str, calls: int, concurrency: int) -> float:
-    """calls/s for `calls` runs of `workload` at `concurrency`; every answer is checked."""
+async def drive(backend: SandboxBackend, workload: str, calls: int, concurrency: int,
+                client_cpu: Optional[list[float]] = None) -> float:
+    """calls/s for `calls` runs of `workload` at `concurrency`; every answer is checked.  The CPU
+    seconds per call of the load generator's event-loop thread (Ray's own threads excluded) are appended
+    to `client_cpu`: the routing cost, without the noise of a shared machine's wall clock."""
     code, expected = WORKLOADS[workload]
     request = RunCodeRequest(code=code, language="python")
     slots = asyncio.Semaphore(concurrency)
@@ -66,9 +69,11 @@ async def drive(backend: SandboxBackend, workload: str, calls: int, concurrency:
                 wrong.append(response.model_dump_json()[:200])
 
     await asyncio.gather(*(one() for _ in range(min(concurrency, calls))))  # warm connections and interpreters
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.thread_time()
     await asyncio.gather(*(one() for _ in range(calls)))
     elapsed = time.perf_counter() - started
+    if client_cpu is not None:
+        client_cpu.append((time.thread_time() - cpu_started) / calls)
     if wrong:
         raise RuntimeError(f"{len(wrong)} wrong answers, e.g. {wrong[0]}")
     return calls / elapsed
@@ -171,6 +176,7 @@ async def fronts(calls: int, concurrency: int, workers: int) -> dict[int, float]
 
 
 async def routed(calls: int, concurrency: int, workers: int, rounds: int) -> dict[str, list[float]]:
+    """calls/s and the load generator's CPU per call, direct HTTP and through the cluster backend."""
     import ray
 
     from verl_sf.backends.cluster import ClusterSandboxBackend
@@ -184,10 +190,10 @@ async def routed(calls: int, concurrency: int, workers: int, rounds: int) -> dic
         rows = fleet.up(namespace, None, ["--workers", str(workers)])
         direct = HttpSandboxBackend(rows[0].url or "")
         cluster = ClusterSandboxBackend(namespace=namespace)
-        results: dict[str, list[float]] = {"direct": [], "cluster": []}
+        results: dict[str, list[float]] = {"direct": [], "cluster": [], "direct_cpu": [], "cluster_cpu": []}
         for _ in range(rounds):
-            results["direct"].append(await drive(direct, "print", calls, concurrency))
-            results["cluster"].append(await drive(cluster, "print", calls, concurrency))
+            results["direct"].append(await drive(direct, "print", calls, concurrency, results["direct_cpu"]))
+            results["cluster"].append(await drive(cluster, "print", calls, concurrency, results["cluster_cpu"]))
         await cluster.close()
         return results
     finally:
@@ -223,6 +229,10 @@ async def main(argv: Optional[list[str]] = None) -> None:
               f"{cluster:.0f} calls/s (median of {args.rounds}; overhead {100 * (1 - cluster / direct):+.1f}%) "
               f"direct={[round(r) for r in routed_rates['direct']]} "
               f"cluster={[round(r) for r in routed_rates['cluster']]}")
+        direct_cpu = statistics.median(routed_rates["direct_cpu"]) * 1e3
+        cluster_cpu = statistics.median(routed_rates["cluster_cpu"]) * 1e3
+        print(f"routed client CPU per call: direct HTTP {direct_cpu:.3f} ms, cluster backend {cluster_cpu:.3f} ms "
+              f"(+{cluster_cpu - direct_cpu:.3f} ms)")
 
 
 if __name__ == "__main__":
