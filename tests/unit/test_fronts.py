@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -46,6 +47,13 @@ def front_processes(pid: int) -> list[int]:
         if parent == pid and b"spawn_main" in cmdline:
             found.append(int(stat.parent.name))
     return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_health_sums_the_fronts_and_both_answer(fronts_server: ServerHandle) -> None:
@@ -107,10 +115,22 @@ def test_a_front_dying_stops_the_server() -> None:
         assert len(fronts) == 2
         os.kill(fronts[0], signal.SIGKILL)
         assert handle.process.wait(timeout=60) == 1
-        assert not [pid for pid in fronts if Path(f"/proc/{pid}").exists()
-                    and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        assert [pid for pid in fronts if running(pid)] == []
     finally:
         stop_server(handle.process)
+
+
+def test_a_killed_parent_takes_its_fronts_along() -> None:
+    """SIGKILL of the parent (no cleanup code runs): the fronts still go, so nothing keeps the port."""
+    handle = start_server("--workers", "2", "--fronts", "2")
+    fronts = front_processes(handle.process.pid)
+    assert len(fronts) == 2
+    os.kill(handle.process.pid, signal.SIGKILL)
+    handle.process.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and [pid for pid in fronts if running(pid)]:
+        time.sleep(0.5)
+    assert [pid for pid in fronts if running(pid)] == []
 
 
 def test_more_fronts_than_slots_is_refused() -> None:

@@ -9,10 +9,8 @@ leaving an orphan holding the node's cores.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import signal
 import subprocess
 import threading
 import time
@@ -20,10 +18,9 @@ import urllib.error
 import urllib.request
 from typing import Any, Optional, TypedDict
 
-from verl_sf.server.process import start_server_process, stop_server_process
+from verl_sf.server.process import die_with_parent, start_server_process, stop_server_process
 
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1
 START_TIMEOUT_S = 120.0
 RESTART_BACKOFF_S = 1.0
 
@@ -38,11 +35,6 @@ class ServerInfo(TypedDict):
     generation: int  # 1 for the first server process, +1 per restart
     restarts: int
     error: Optional[str]  # why the last start failed, if it did
-
-
-def _die_with_parent() -> None:
-    """In the server child before exec: SIGTERM it when the forking thread (the actor's) dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _drain(proc: subprocess.Popen) -> None:
@@ -78,7 +70,7 @@ class NodeServer:
         while not self._stopping.is_set():
             try:
                 proc, url = start_server_process(*self.serve_args, host=self.node_ip, port=port,
-                                                 preexec_fn=_die_with_parent, timeout=START_TIMEOUT_S)
+                                                 preexec_fn=die_with_parent, timeout=START_TIMEOUT_S)
             except RuntimeError as exc:
                 with self._lock:
                     self._error = str(exc)

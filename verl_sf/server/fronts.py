@@ -18,6 +18,7 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import re
 import signal
 import socket
@@ -28,6 +29,7 @@ from aiohttp import web
 
 from verl_sf.errors import VerlSfError
 from verl_sf.server.app import EXECUTOR_KEY, ServerConfig, build_app, serve
+from verl_sf.server.process import die_with_parent
 
 log = logging.getLogger(__name__)
 SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")
@@ -183,7 +185,8 @@ def _rewrite_session_id(response: web.StreamResponse, rename: Callable[[str], st
 
 
 def _front_main(config: ServerConfig, index: int, parent: multiprocessing.connection.Connection,
-                log_level: str) -> None:
+                log_level: str, parent_pid: int) -> None:
+    die_with_parent(parent_pid)  # a SIGKILLed parent must not leave fronts holding the port
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s front{index} %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when fronts stop (SIGTERM)
     routing = FrontRouting(index, config, parent)
@@ -207,7 +210,8 @@ def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], 
                                        max_queue=share(config.executor.max_queue, fronts, index))
         front = dataclasses.replace(config, port=port, reuse_port=True, executor=executor)
         ours, theirs = context.Pipe()
-        process = context.Process(target=_front_main, args=(front, index, theirs, log_level), name=f"front{index}")
+        process = context.Process(target=_front_main, args=(front, index, theirs, log_level, os.getpid()),
+                                  name=f"front{index}")
         process.start()
         processes.append(process)
         pipes.append(ours)

@@ -6,6 +6,7 @@ the one place that reads it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -15,6 +16,16 @@ import time
 from typing import Callable, Optional
 
 LISTEN_RE = re.compile(r"listening on (http://[\w.\-\[\]:]+)")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """SIGTERM this process when the thread that forked it exits, so a killed supervisor (a node
+    actor, the fronts' parent) never leaves a server holding the node's port and cores.  With
+    `parent_pid`, exit at once if that parent is already gone."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120.0,
