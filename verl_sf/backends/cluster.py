@@ -91,7 +91,7 @@ class ClusterSandboxBackend(SandboxBackend):
 
     def __init__(self, *, address: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE,
                  refresh_s: float = 10.0, spill_at: Optional[int] = None, busy_s: float = 0.5,
-                 max_rounds: int = 5, backoff_base_s: float = 0.25, backoff_max_s: float = 5.0,
+                 max_rounds: int = 5, backoff_base_s: float = 0.5, backoff_max_s: float = 10.0,
                  http: Optional[dict[str, Any]] = None):
         for field, value in (("refresh_s", refresh_s), ("busy_s", busy_s), ("backoff_base_s", backoff_base_s),
                              ("backoff_max_s", backoff_max_s)):
