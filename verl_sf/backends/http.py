@@ -202,7 +202,7 @@ class HttpSandboxBackend(SandboxBackend):
             retry_after = 0.0
             try:
                 async with self._session().request(method, url, json=payload, timeout=timeout) as response:
-                    if response.status == 200:
+                    if 200 <= response.status < 300:  # 201 Created, 204 No Content (the session API)
                         return parse(await response.read())
                     body = (await response.text(errors="replace"))[:500]
                     if response.status not in RETRY_STATUSES:
@@ -241,6 +241,8 @@ def _parse(url: str, body: bytes, response_type: type[ResponseT]) -> ResponseT:
 
 
 def _json(url: str, body: bytes) -> Any:
+    if not body.strip():
+        return None
     try:
         return json.loads(body)
     except ValueError as exc:

@@ -25,6 +25,7 @@ import socket
 from typing import Any, Awaitable, Callable, Optional
 
 import aiohttp
+import aiohttp.payload
 from aiohttp import web
 
 from verl_sf.errors import VerlSfError
@@ -121,8 +122,9 @@ class FrontRouting:
     async def _health(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """This front's /health with the counters summed over every front (a peer that fails is reported)."""
         own = await handler(request)
-        assert isinstance(own, web.Response) and own.body is not None
-        health = json.loads(own.body)  # type: ignore[arg-type]
+        health = _json_body(own)
+        if not isinstance(health, dict):
+            return own
         client = request.app[CLIENT_KEY]
         peers: list[int] = request.app[PEERS_KEY]
         others = [port for i, port in enumerate(peers) if i != self.index]
@@ -172,15 +174,28 @@ async def _session_of(request: web.Request) -> Optional[str]:
     return None
 
 
-def _rewrite_session_id(response: web.StreamResponse, rename: Callable[[str], str]) -> None:
-    if not isinstance(response, web.Response) or response.status != 200 or not isinstance(response.body, bytes):
-        return
+def _json_body(response: web.StreamResponse) -> Any:
+    """A handler's JSON answer, whether it was built from bytes (json_response) or a str body; else None."""
+    if not isinstance(response, web.Response) or not 200 <= response.status < 300:
+        return None
+    body = response.body
+    if isinstance(body, aiohttp.payload.BytesPayload):  # web.Response(body=str) holds a StringPayload
+        text: str | bytes = body.decode()
+    elif isinstance(body, bytes):
+        text = body
+    else:
+        return None
     try:
-        payload = json.loads(response.body)
+        return json.loads(text)
     except ValueError:
-        return
+        return None
+
+
+def _rewrite_session_id(response: web.StreamResponse, rename: Callable[[str], str]) -> None:
+    payload = _json_body(response)
     if isinstance(payload, dict) and isinstance(payload.get("session_id"), str):
         payload["session_id"] = rename(payload["session_id"])
+        assert isinstance(response, web.Response)
         response.body = json.dumps(payload).encode()
 
 
