@@ -25,7 +25,9 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -48,7 +50,7 @@ class RoundRobin(SandboxBackend):
     def __init__(self, urls: list[str]):
         self._backends = itertools.cycle([HttpSandboxBackend(url) for url in urls])
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
         return await next(self._backends).run_code(request)
 
 
@@ -86,7 +88,7 @@ def pinned_to(core: int) -> Callable[[], None]:
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """(own utime+stime, utime+stime+cutime+cstime) of one process, in seconds."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
     return (utime + stime) / CLK_TCK, (utime + stime + cutime + cstime) / CLK_TCK
 
@@ -96,7 +98,7 @@ def tree(pid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
             children.setdefault(ppid, []).append(int(entry))
@@ -120,7 +122,7 @@ def sandbox_cpu(server_pid: int) -> float:
 
 
 async def front_cpu(calls: int, workers: int) -> dict[str, float]:
-    proc, url = start_server_process("--workers", str(workers))
+    proc, url = start_server_process("--slots", str(workers))
     try:
         backend = HttpSandboxBackend(url)
         await drive(backend, "print", workers * 4, workers)
@@ -148,8 +150,8 @@ def print_front_cpu(result: dict[str, float]) -> None:
 async def pinned(calls: int, concurrency: int, workers: int) -> dict[str, dict[str, float]]:
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("pinned: needs two cores")
-    one, one_url = start_server_process("--workers", str(workers), preexec_fn=pinned_to(0))
-    two, two_url = start_server_process("--workers", str(workers), preexec_fn=pinned_to(1))
+    one, one_url = start_server_process("--slots", str(workers), preexec_fn=pinned_to(0))
+    two, two_url = start_server_process("--slots", str(workers), preexec_fn=pinned_to(1))
     results: dict[str, dict[str, float]] = {}
     try:
         for workload in WORKLOADS:
@@ -167,7 +169,7 @@ async def fronts(calls: int, concurrency: int, workers: int) -> dict[int, float]
     """calls/s of one server with 1 and with 2 front processes (the same total slots)."""
     results = {}
     for count in (1, 2):
-        proc, url = start_server_process("--workers", str(workers), "--fronts", str(count))
+        proc, url = start_server_process("--slots", str(workers), "--fronts", str(count))
         try:
             results[count] = await drive(RoundRobin([url]), "print", calls, concurrency)
         finally:
@@ -187,7 +189,7 @@ async def routed(calls: int, concurrency: int, workers: int, rounds: int) -> dic
     ray.init(num_cpus=1, include_dashboard=False, namespace=namespace, log_to_driver=False,
              object_store_memory=80 * 1024 * 1024)
     try:
-        rows = fleet.up(namespace, None, ["--workers", str(workers)])
+        rows = fleet.up(namespace, None, ["--slots", str(workers)])
         direct = HttpSandboxBackend(rows[0].url or "")
         cluster = ClusterSandboxBackend(namespace=namespace)
         results: dict[str, list[float]] = {"direct": [], "cluster": [], "direct_cpu": [], "cluster_cpu": []}
@@ -205,25 +207,25 @@ async def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=1000, help="measured calls per measurement")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=4, help="sandbox slots per server")
+    parser.add_argument("--slots", type=int, default=4, help="CPU slots per server")
     parser.add_argument("--rounds", type=int, default=3, help="routed: direct/cluster pairs, interleaved")
     parser.add_argument("--only", nargs="+", choices=["front-cpu", "pinned", "fronts", "routed"],
                         default=["front-cpu", "pinned", "fronts", "routed"])
     args = parser.parse_args(argv)
     print(f"host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; calls={args.calls} "
-          f"c={args.concurrency} workers/server={args.workers}", flush=True)
+          f"c={args.concurrency} slots/server={args.slots}", flush=True)
     if "front-cpu" in args.only:
-        print_front_cpu(await front_cpu(args.calls, args.workers))
+        print_front_cpu(await front_cpu(args.calls, args.slots))
     if "pinned" in args.only:
-        for workload, rates in (await pinned(args.calls, args.concurrency, args.workers)).items():
+        for workload, rates in (await pinned(args.calls, args.concurrency, args.slots)).items():
             print(f"pinned {workload}: one server on 1 core {rates['one']:.0f} calls/s; two servers on 1 core "
                   f"each {rates['two']:.0f} calls/s ({rates['two'] / rates['one']:.2f}x)", flush=True)
     if "fronts" in args.only:
-        by_fronts = await fronts(args.calls, args.concurrency, args.workers)
+        by_fronts = await fronts(args.calls, args.concurrency, args.slots)
         print(f"fronts print c={args.concurrency}: --fronts 1 {by_fronts[1]:.0f} calls/s, --fronts 2 "
               f"{by_fronts[2]:.0f} calls/s ({by_fronts[2] / by_fronts[1]:.2f}x)", flush=True)
     if "routed" in args.only:
-        routed_rates = await routed(args.calls, args.concurrency, args.workers, args.rounds)
+        routed_rates = await routed(args.calls, args.concurrency, args.slots, args.rounds)
         direct, cluster = statistics.median(routed_rates["direct"]), statistics.median(routed_rates["cluster"])
         print(f"routed print c={args.concurrency}: direct HTTP {direct:.0f} calls/s, cluster backend "
               f"{cluster:.0f} calls/s (median of {args.rounds}; overhead {100 * (1 - cluster / direct):+.1f}%) "

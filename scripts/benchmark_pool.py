@@ -10,10 +10,10 @@ Two measurements, both on a local Ray instance this script starts (and stops):
                direct     `HttpSandboxBackend.run_code` from this process (no pool);
                ray        the tool's default under Ray (`pool: ray`): the same call in this
                           process, under a permit of the cluster-wide limiter
-                          (`verl_sf.tools.pools.RayLimiterPool`, num_workers=rate_limit=C);
+                          (`verl_sf.tools.dispatch.RayLimiterPool`, num_workers=rate_limit=C);
                ray_actor  `pool: ray_actor`: through an ExecutionWorker actor
                           (`init_execution_pool(num_workers=C, rate_limit=C)`).
-             The pooled paths send what the tool sends (`run_request` + a BackendSpec).
+             The pooled paths send what the tool sends (`run_request` + a BackendConfig).
              Each round runs every path once, back to back (the order rotates); a path's
              overhead is the median over rounds of its shortfall against direct in the
              same round, so load that shifts between rounds cancels out.  Also reported:
@@ -46,11 +46,13 @@ from typing import Any, Optional
 
 import ray
 
+from verl_sf.backends.config import HttpBackendConfig
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_limiter
-from verl_sf.tools.pools import RayLimiterPool
-from verl_sf.tools.runner import BackendSpec, backend_for, close_backend, run_request
-from verl_sf.server.process import start_server_process, stop_server_process as stop_server
+from verl_sf.server.process import start_server_process
+from verl_sf.server.process import stop_server_process as stop_server
+from verl_sf.tools.backend_calls import backend_for, close_backend, run_request
+from verl_sf.tools.dispatch import RayLimiterPool
 
 BENCH_LIMITER = "verl-sf-benchmark-limiter"
 WORKLOADS = {
@@ -230,8 +232,8 @@ def cpu_by_component(me: int, server_pid: Optional[int], pool_pid: int, limiter_
 
 async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> list[dict[str, Any]]:
     # The pooled paths send what the tool sends: `run_request` (pickled by reference) and a
-    # small BackendSpec; the process that runs it keeps one HttpSandboxBackend per loop.
-    spec = BackendSpec("http", url)
+    # small BackendConfig; the process that runs it keeps one HttpSandboxBackend per loop.
+    spec = HttpBackendConfig(url=url)
     direct_backend = backend_for(spec)
     limiter_pool = RayLimiterPool(args.concurrency, args.concurrency, limiter_name=E2E_LIMITERS["ray"])
     actor = init_execution_pool(args.concurrency, rate_limit=args.concurrency, limiter_name=E2E_LIMITERS["ray_actor"])
@@ -245,13 +247,13 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
         request = RunCodeRequest(code=WORKLOADS[workload], language="python")
         requests = args.requests if workload == "print" else max(1, args.requests // 4)
 
-        async def direct() -> RunCodeResponse:
+        async def direct(request: RunCodeRequest = request) -> RunCodeResponse:
             return await direct_backend.run_code(request)
 
-        async def in_process() -> RunCodeResponse:
+        async def in_process(request: RunCodeRequest = request) -> RunCodeResponse:
             return (await limiter_pool.run(run_request, spec, request)).response
 
-        async def via_actor() -> RunCodeResponse:
+        async def via_actor(request: RunCodeRequest = request) -> RunCodeResponse:
             return (await actor.execute.remote(run_request, spec, request)).response
 
         calls = {"direct": direct, "ray": in_process, "ray_actor": via_actor}
@@ -270,8 +272,8 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
         medians = {name: statistics.median(r) for name, r in rates.items()}
         row = {"workload": workload, "code": WORKLOADS[workload], "concurrency": args.concurrency,
                "requests_per_round": requests, "rounds": args.rounds, "calls_per_s": rates, "median": medians,
-               "overhead_pct": {name: statistics.median(100.0 * (1.0 - pooled / direct)
-                                                        for pooled, direct in zip(rates[name], rates["direct"]))
+               "overhead_pct": {name: statistics.median(
+                   100.0 * (1.0 - pooled / direct) for pooled, direct in zip(rates[name], rates["direct"], strict=True))
                                 for name in PATHS[1:]},
                "cpu_ms_per_call": {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
                                    for name, rows in cpu.items()}}
@@ -280,7 +282,8 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
               + "; overhead vs direct: " + ", ".join(f"{n} {v:.1f}%" for n, v in row["overhead_pct"].items()),
               flush=True)
         for name, split in row["cpu_ms_per_call"].items():
-            print(f"           cpu ms/call ({name}): " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()), flush=True)
+            cpu = ", ".join(f"{k} {v:.2f}" for k, v in split.items())
+            print(f"           cpu ms/call ({name}): {cpu}", flush=True)
     await close_backend(spec)
     await limiter_pool.close()
     await actor.close.remote()

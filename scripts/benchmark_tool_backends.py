@@ -144,7 +144,8 @@ def remove_if_empty(directory: Path) -> None:
 
 
 def terminal_table(label: str, rows: list[dict]) -> str:
-    header = f"{'scenario':>16} {'conc':>5} {'p50 (s)':>8} {'p95 (s)':>8} {'calls/s':>9} {'ok':>6} {'fail':>5} {'t/o':>4}"
+    header = (f"{'scenario':>16} {'conc':>5} {'p50 (s)':>8} {'p95 (s)':>8} {'calls/s':>9} {'ok':>6} {'fail':>5} "
+              f"{'t/o':>4}")
     lines = [f"\n{label}", header, "-" * len(header)]
     for r in rows:
         lines.append(f"{r['scenario']:>16} {r['concurrency']:>5} {r['p50_s']:>8.4f} {r['p95_s']:>8.4f} "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Linux machine (Python 3.10+):
 #   scripts/dev.sh serve [verl-sf serve args...]   set up, then start the server on 127.0.0.1:8080
-#   scripts/dev.sh test  [pytest args...]          set up everything (verl, Ray, sandbox-fusion), run all tests
+#   scripts/dev.sh test  [pytest args...]          set up everything (verl, Ray, sandbox-fusion), lint and
+#                                                  type-check (ruff, mypy), then run all tests
 # Setup is idempotent: a stamp keyed on setup.cfg skips pip when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,9 +13,9 @@ mode=${1:-}
 
 pick_python() {
   # $PYTHON if given; otherwise the distribution's own interpreter (/usr/bin) before any other
-  # of the same version: Debian and Ubuntu build theirs with PGO and LTO, and it runs
-  # Python ~1.5x faster here than a default pyenv build (docs/performance.md) -- every sandbox
-  # run, the server and the load generator are Python.  `ensurepip` is what `-m venv` needs.
+  # of the same version: Debian and Ubuntu build theirs with PGO and LTO, which runs Python
+  # faster than a default pyenv build (docs/performance.md) -- every sandbox run, the server
+  # and the load generator are Python.  `ensurepip` is what `-m venv` needs.
   if [ -n "${PYTHON:-}" ]; then
     if "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then echo "$PYTHON"; return 0; fi
     echo "verl-sf: PYTHON=$PYTHON is not a Python 3.10 or newer" >&2; exit 1
@@ -76,6 +77,9 @@ case "$mode" in
   test)
     install_system_packages
     setup_venv all
+    # Lint and types first (config in pyproject.toml); `ruff format` is not enforced: the tree is not formatted.
+    "$VENV/bin/ruff" check --no-cache .
+    "$VENV/bin/mypy"
     exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
     ;;
   *)

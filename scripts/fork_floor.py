@@ -106,14 +106,16 @@ def main() -> None:
 
         from verl_sf.executor.config import LEAN_PRELOAD
 
-        command = [sys.executable, "-I", __file__, "--iterations", str(args.iterations), "--modules", ",".join(LEAN_PRELOAD)]
+        command = [sys.executable, "-I", __file__, "--iterations", str(args.iterations),
+                   "--modules", ",".join(LEAN_PRELOAD)]
         raise SystemExit(subprocess.run(command).returncode)
     with _zygote_import_context() if args.as_zygote else contextlib.nullcontext():
         for name in filter(None, args.modules.split(",")):
             importlib.import_module(name)
     gc.collect()
     gc.freeze()
-    rss_kb = int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1])
+    with open("/proc/self/status") as status:
+        rss_kb = int(next(line for line in status if line.startswith("VmRSS")).split()[1])
     cores = len(os.sched_getaffinity(0))
     variants = [("fork + exit + waitpid", False)]
     if os.geteuid() == 0:

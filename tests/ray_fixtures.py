@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

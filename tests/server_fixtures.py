@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import requests

@@ -45,11 +45,16 @@ class RunStatus(str, Enum):
 
 
 class CommandRunResult(BaseModel):
-    """One stage (compile or run) of one execution."""
+    """One stage (compile or run) of one execution.  `cpu_time` (seconds on a CPU),
+    `cpu_wait_time` (seconds waiting for one, measured for runs past their first CPU slice) and
+    `cpu_starved` (a time-out in which the run mostly waited for a CPU: the server's fault, not
+    the code's) are verl-sf additions."""
 
     status: CommandRunStatus
     execution_time: Optional[float] = None
     cpu_time: Optional[float] = None
+    cpu_wait_time: Optional[float] = None
+    cpu_starved: bool = False
     return_code: Optional[int] = None
     stdout: Optional[str] = None
     stderr: Optional[str] = None
@@ -62,13 +67,10 @@ class _Request(BaseModel):
 
     files: dict[str, Optional[str]] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
+    session_id: Optional[str] = None
+    """Run in this live session (POST /sessions) instead of a fresh sandbox."""
 
-    @field_validator("files")
-    @classmethod
-    def _relative_paths(cls, files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
-        for path in files:
-            _check_relative_path(path)
-        return files
+    _files = field_validator("files")(classmethod(lambda cls, v: _check_paths(v)))
 
     @field_validator("fetch_files")
     @classmethod
@@ -79,10 +81,23 @@ class _Request(BaseModel):
 
 
 def _check_relative_path(path: str) -> None:
-    """Paths are resolved inside the run's working directory; '..' could name host files."""
+    """Relative paths are resolved in the run's working directory, absolute ones under its /tmp or
+    /mnt/data; '..' is refused outright (the sandbox also resolves without following symlinks)."""
     parts = path.split("/")
     if not path or ".." in parts or "\x00" in path:
         raise ValueError(f"file path {path!r} must be non-empty and must not contain '..'")
+
+
+def _check_paths(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
+    for path in files:
+        _check_relative_path(path)
+    return files
+
+
+def _check_memory(value: int) -> int:
+    if value != -1 and not (16 <= value <= 1024 * 1024):
+        raise ValueError(f"must be -1 (server default) or between 16 and 1048576 MB, got {value}")
+    return value
 
 
 def _check_timeout(value: float) -> float:
@@ -103,12 +118,7 @@ class RunCodeRequest(_Request):
 
     _timeouts = field_validator("compile_timeout", "run_timeout")(classmethod(lambda cls, v: _check_timeout(v)))
 
-    @field_validator("memory_limit_MB")
-    @classmethod
-    def _memory(cls, value: int) -> int:
-        if value != -1 and not (16 <= value <= 1024 * 1024):
-            raise ValueError(f"must be -1 (server default) or between 16 and 1048576 MB, got {value}")
-        return value
+    _memory = field_validator("memory_limit_MB")(classmethod(lambda cls, v: _check_memory(v)))
 
 
 class RunCodeResponse(BaseModel):
@@ -121,6 +131,7 @@ class RunCodeResponse(BaseModel):
     # verl-sf additions, ignored by Sandbox Fusion clients.
     queue_wait: Optional[float] = None
     truncated: bool = False
+    session_id: Optional[str] = None
 
 
 class RunJupyterRequest(_Request):
@@ -158,6 +169,48 @@ class RunJupyterResponse(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     queue_wait: Optional[float] = None
     truncated: bool = False
+    session_id: Optional[str] = None
+
+
+SessionLanguage = Literal["python", "bash"]
+
+
+class SessionCreateRequest(BaseModel):
+    """POST /sessions body: a live interpreter that keeps its state across calls."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    language: SessionLanguage = "python"
+    memory_limit_MB: int = -1
+    idle_ttl_s: Optional[float] = None
+    """Seconds without a call after which the session ends (default: the server's)."""
+    files: dict[str, Optional[str]] = Field(default_factory=dict)
+
+    _memory = field_validator("memory_limit_MB")(classmethod(lambda cls, v: _check_memory(v)))
+    _files = field_validator("files")(classmethod(lambda cls, v: _check_paths(v)))
+
+    @field_validator("idle_ttl_s")
+    @classmethod
+    def _ttl(cls, value: Optional[float]) -> Optional[float]:
+        return value if value is None else _check_timeout(value)
+
+
+class SessionInfo(BaseModel):
+    """What POST /sessions and GET /sessions/{id} answer."""
+
+    session_id: str
+    language: SessionLanguage
+    alive: bool
+    created_at: float
+    """Unix time."""
+    idle_since: float
+    """Unix time of the last call's end (or of creation)."""
+    idle_ttl_s: float
+    calls: int
+    memory_bytes: Optional[int] = None
+    """Memory the session uses now (its cgroup), when the server has cgroups."""
+    memory_limit_MB: int
+    executor_pod_name: Optional[str] = None
 
 
 def summarize_status(compile_result: Optional[CommandRunResult], run_result: Optional[CommandRunResult]) -> RunStatus:

@@ -9,6 +9,7 @@ benchmark moves on to the next backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from verl_sf.backends.base import SandboxBackend
 from verl_sf.backends.daytona import DaytonaSandboxBackend
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.backends.local import LocalSandboxBackend
+from verl_sf.errors import VerlSfError
 from verl_sf.models import (
     CommandRunResult,
     CommandRunStatus,
@@ -38,7 +40,7 @@ BACKENDS = ("verl-sf", "local", "subprocess", "sandbox_fusion", "daytona", "dock
 ALIASES = {"sandboxfusion": "sandbox_fusion", "verl_sf": "verl-sf"}  # the guide spells it sandboxfusion
 
 
-class BackendSkipped(RuntimeError):
+class BackendSkipped(VerlSfError, RuntimeError):
     """This backend cannot run on this machine; the message says why and what would fix it."""
 
 
@@ -79,10 +81,8 @@ async def _run_process(argv: list[str], timeout: float, cwd: Optional[str] = Non
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
         timed_out = False
     except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it finished in the meantime
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # it finished in the meantime
-            pass
         if on_timeout:
             cleanup = await asyncio.create_subprocess_exec(
                 *on_timeout, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
@@ -140,7 +140,7 @@ class DockerBackend(BenchBackend):
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
-            raise BackendSkipped("docker: `docker info` did not answer within 30 s; is the engine running?")
+            raise BackendSkipped("docker: `docker info` did not answer within 30 s; is the engine running?") from None
         if proc.returncode != 0:
             reason = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             raise BackendSkipped(f"docker: no Docker engine answers (`docker info` failed: {reason[0]})")
@@ -176,13 +176,14 @@ class HttpAdapter(Adapter):
                                                   server_margin_s=client_timeout))
 
     async def describe(self) -> Optional[dict]:
-        """A verl-sf server's /health (isolation, fast path, workers, preloaded modules), so a
+        """A verl-sf server's /health (isolation, fast path, slots, preloaded modules), so a
         result says what it measured; other Sandbox Fusion servers have no such endpoint."""
         if self.name != "verl-sf":
             return None
-        async with aiohttp.ClientSession() as session:
-            async with session.get(self.inner.base_url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                return await resp.json() if resp.status == 200 else {"health_http_status": resp.status}
+        health_url = self.inner.base_url + "/health"
+        async with aiohttp.ClientSession() as session, \
+                session.get(health_url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return await resp.json() if resp.status == 200 else {"health_http_status": resp.status}
 
 
 class VerlSfServerBackend(BenchBackend):

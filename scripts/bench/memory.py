@@ -9,6 +9,7 @@ RSS is the fallback for processes whose smaps we may not read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Optional
 
@@ -76,7 +77,7 @@ class PeakSampler:
             await asyncio.to_thread(self._sample)
             await asyncio.sleep(self.interval)
 
-    async def __aenter__(self) -> "PeakSampler":
+    async def __aenter__(self) -> PeakSampler:
         if self.root is not None and self.interval > 0:
             self._task = asyncio.create_task(self._loop())
         return self
@@ -84,8 +85,6 @@ class PeakSampler:
     async def __aexit__(self, *exc) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             await asyncio.to_thread(self._sample)  # the state at the end of the level

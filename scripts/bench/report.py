@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from verl_sf.errors import VerlSfError
+
 GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",
                  "success_count", "failure_count"]
 EXTRA_COLUMNS = ["measured_call_count", "timeout_count", "client_timeout_count", "error_count",
@@ -20,7 +22,7 @@ COMPARE_COLUMNS = ["label", "backend", "scenario", "concurrency", "throughput_ca
                    "success_count", "failure_count", "throughput_ratio_vs_baseline"]
 
 
-class BadOutputDir(ValueError):
+class BadOutputDir(VerlSfError, ValueError):
     """A --compare argument is not a directory this script wrote."""
 
 
@@ -84,7 +86,8 @@ def load_run(directory: Path) -> dict:
     """One earlier run's summary.json, or a BadOutputDir naming what is missing."""
     summary_path = directory / "summary.json"
     if not summary_path.is_file():
-        raise BadOutputDir(f"--compare {directory}: no summary.json there (expected an outputs/<backend>/<time> directory)")
+        raise BadOutputDir(f"--compare {directory}: no summary.json there "
+                           "(expected an outputs/<backend>/<time> directory)")
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -109,6 +112,7 @@ def compare(summaries: list[dict], out_dir: Path, baseline: str) -> list[dict]:
                              result["throughput_calls_per_s"] / reference if reference else None})
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(out_dir / "comparison.csv", rows, COMPARE_COLUMNS)
+    title = f"throughput by backend (ratios vs {baseline} in comparison.csv)" if base else "throughput by backend"
     plot_throughput([(s.get("label", s["backend"]), s["results"]) for s in summaries], out_dir / "throughput.png",
-                    f"throughput by backend (ratios vs {baseline} in comparison.csv)" if base else "throughput by backend")
+                    title)
     return rows

@@ -14,12 +14,12 @@ import asyncio
 import dataclasses
 import statistics
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 from bench.backends import BenchBackend
 from bench.memory import PeakSampler
 from bench.scenarios import Outcome, Scenario, classify, describe_failure
-
 from verl_sf.models import RunCodeRequest, RunCodeResponse
 
 MAX_FAILURE_SAMPLES = 5

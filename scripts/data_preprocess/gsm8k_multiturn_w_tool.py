@@ -21,7 +21,10 @@ import json
 import os
 import re
 import sys
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
+
+from verl_sf.errors import VerlSfError
 
 DATA_SOURCE = "openai/gsm8k"
 HF_DATASET = "openai/gsm8k"
@@ -38,7 +41,7 @@ INSTRUCTION = "Let's think step by step and output the final answer after `####`
 _ANSWER_RE = re.compile(r"####\s*(-?[0-9.,]+)")
 
 
-class PreprocessError(ValueError):
+class PreprocessError(VerlSfError, ValueError):
     """An input row or file is not gsm8k-shaped (the message names which)."""
 
 

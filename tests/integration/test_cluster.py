@@ -16,8 +16,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "verl-sf-cluster-test"
-SERVE_FLAGS = ["--workers", "2", "--max-queue", "64"]
+SERVE_FLAGS = ["--slots", "2", "--max-in-flight", "64"]
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
 STATE_DIR_RE = re.compile(r"(/\S+/verl-sf-[A-Za-z0-9_]+)/passwd")
 
@@ -162,7 +163,7 @@ def test_servers_only_on_sandbox_nodes(fleet: Any) -> None:
     assert all(row["health"] == "ok" for row in rows)
     again = cli(fleet, "up", "--namespace", NAMESPACE, "--resource", "sandbox", *SERVE_FLAGS)
     assert again.returncode == 0, "re-running `up` with the same settings is a no-op"
-    other = cli(fleet, "up", "--namespace", NAMESPACE, "--resource", "sandbox", "--workers", "3")
+    other = cli(fleet, "up", "--namespace", NAMESPACE, "--resource", "sandbox", "--slots", "3")
     assert other.returncode == 2 and "already up" in other.stderr
 
 

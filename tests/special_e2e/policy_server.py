@@ -39,7 +39,7 @@ class Call:
     arguments: str  # JSON text as the "model" writes it; may be deliberately invalid
 
     @classmethod
-    def code(cls, code: str) -> "Call":
+    def code(cls, code: str) -> Call:
         return cls("code_interpreter", json.dumps({"code": code}))
 
 
@@ -83,7 +83,7 @@ class PolicyServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> "PolicyServer":
+    async def __aenter__(self) -> PolicyServer:
         await self.start()
         return self
 

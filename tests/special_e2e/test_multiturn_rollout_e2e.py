@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -89,7 +90,7 @@ def inputs(tmp_path, sf_server):
         sandbox_fusion_url=sf_server.run_code_url, pool="ray", num_workers=16, rate_limit=16, default_timeout=0.5)
     tools_path = tmp_path / "tools.yaml"
     tools_path.write_text(yaml.safe_dump(tool_config))
-    problems = [json.loads(line) for line in open(SAMPLE)]
+    problems = [json.loads(line) for line in Path(SAMPLE).read_text().splitlines()]
     return data_dir / "train.parquet", tools_path, problems
 
 
@@ -127,7 +128,7 @@ async def test_multiturn_rollouts_through_the_real_sandbox(inputs, ray_local, tm
     assert "failed trajectories: 0" in stdout
 
     # Every trajectory in the dump.
-    lines = [json.loads(line) for line in open(out / "1.jsonl")]
+    lines = [json.loads(line) for line in (out / "1.jsonl").read_text().splitlines()]
     assert len(lines) == N * len(problems)
     for entry in lines:
         index = int(entry["uid"])

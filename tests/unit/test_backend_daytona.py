@@ -19,18 +19,31 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import pytest
-from daytona import (AsyncDaytona, AsyncSandbox, CreateSandboxFromSnapshotParams, DaytonaError, SessionExecuteRequest,
-                     SessionExecuteResponse)
+from daytona import (
+    AsyncDaytona,
+    AsyncSandbox,
+    CreateSandboxFromSnapshotParams,
+    DaytonaError,
+    SessionExecuteRequest,
+    SessionExecuteResponse,
+)
 from daytona._async.filesystem import AsyncFileSystem
 from daytona._async.process import AsyncProcess
 from daytona._async.sandbox import AsyncPaginatedSandboxes
 
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.backends.daytona import (LABEL_CREATED, LABEL_MANAGED, LABEL_RUN, DaytonaOptions, DaytonaSandboxBackend,
-                                      reap_leaked_sandboxes)
+from verl_sf.backends.config import DaytonaBackendConfig
+from verl_sf.backends.daytona import (
+    LABEL_CREATED,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    DaytonaSandboxBackend,
+    reap_leaked_sandboxes,
+)
 from verl_sf.models import CommandRunStatus, RunCodeRequest, RunStatus
 from verl_sf.tools import SandboxFusionTool
 
@@ -51,7 +64,7 @@ class FakeFileSystem:
 
 
 class FakeProcess:
-    def __init__(self, sandbox: "FakeSandbox"):
+    def __init__(self, sandbox: FakeSandbox):
         self.sandbox = sandbox
         self.shell_sessions: set[str] = set()
         self.commands: list[str] = []
@@ -74,7 +87,7 @@ class FakeProcess:
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
-            raise DaytonaError("Failed to execute session command: request timed out")
+            raise DaytonaError("Failed to execute session command: request timed out") from None
         return SessionExecuteResponse.model_construct(cmd_id=uuid.uuid4().hex, output=(out + err).decode(),
                                                       stdout=out.decode(), stderr=err.decode(),
                                                       exit_code=proc.returncode)
@@ -170,7 +183,7 @@ def req(code: str, **kw: Any) -> RunCodeRequest:
 
 
 async def test_run_separates_streams_and_labels_the_sandbox(fake: FakeDaytona) -> None:
-    backend = DaytonaSandboxBackend(DaytonaOptions(labels={"team": "rl"}), client=fake)
+    backend = DaytonaSandboxBackend(DaytonaBackendConfig(labels={"team": "rl"}), client=fake)
     response = await backend.run_code(req("import sys\nprint('out')\nprint('err', file=sys.stderr)"), session="t1")
     assert response.status == RunStatus.Success
     assert response.run_result.stdout == "out\n" and response.run_result.stderr == "err\n"

@@ -7,28 +7,34 @@ import asyncio
 import pytest
 
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.backends.local import LocalSandboxBackend, executor_config_from
-from verl_sf.executor import IsolationMode
+from verl_sf.backends.config import LocalBackendConfig, parse_backend_config
+from verl_sf.backends.local import LocalSandboxBackend
+from verl_sf.executor import ExecutorConfig, IsolationMode
 from verl_sf.models import CommandRunStatus, RunCodeRequest, RunJupyterRequest, RunStatus
 
 
 def test_options_map_to_executor_config() -> None:
-    config = executor_config_from({"workers": 3, "isolation": "none", "preload": ["math"]})
-    assert (config.workers, config.isolation, config.preload) == (3, IsolationMode.none, ("math",))
-    with pytest.raises(ValueError, match=r"unknown local executor option\(s\) \['slots'\]"):
-        executor_config_from({"slots": 2})
-    with pytest.raises(ValueError, match="local.isolation must be one of"):
-        executor_config_from({"isolation": "docker"})
+    config = parse_backend_config({"type": "local", "executor": {"workers": 3, "isolation": "none",
+                                                                  "preload": ["math"]}})
+    assert isinstance(config, LocalBackendConfig) and isinstance(config.build(), LocalSandboxBackend)
+    executor = config.executor
+    assert (executor.slots, executor.isolation, executor.preload) == (3, IsolationMode.none, ("math",))
+    assert hash(config) == hash(LocalBackendConfig(executor=ExecutorConfig(slots=3, isolation=IsolationMode.none,
+                                                                           preload=("math",))))
+    with pytest.raises(ValueError, match=r"executor\.bogus\n  Unexpected keyword argument"):
+        parse_backend_config({"type": "local", "executor": {"bogus": 2}})
+    with pytest.raises(ValueError, match=r"executor\.isolation\n  Input should be 'sandbox' or 'none'"):
+        parse_backend_config({"type": "local", "executor": {"isolation": "docker"}})
 
 
 async def test_starts_on_first_call_and_only_once() -> None:
-    backend = LocalSandboxBackend({"workers": 2, "max_queue": 64})
+    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(slots=2, max_in_flight=64)))
     assert backend._executor is None  # construction starts nothing
     try:
         first, *rest = await asyncio.gather(*(backend.run_code(RunCodeRequest(code=f"print({i})", language="python"))
                                               for i in range(6)))
         executor = backend._executor
-        assert executor is not None and len(executor._slots) == 2
+        assert executor is not None and executor.config.slots == 2
         assert [r.run_result.stdout for r in [first, *rest]] == [f"{i}\n" for i in range(6)]
         timed_out = await backend.run_code(RunCodeRequest(code="while True: pass", language="python", run_timeout=1))
         assert timed_out.status == RunStatus.Failed
@@ -43,7 +49,7 @@ async def test_starts_on_first_call_and_only_once() -> None:
 
 
 async def test_overload_is_sandbox_unavailable() -> None:
-    backend = LocalSandboxBackend({"workers": 1, "max_queue": 0})
+    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(slots=1, max_in_flight=1)))
     try:
         slow = asyncio.ensure_future(backend.run_code(
             RunCodeRequest(code="import time; time.sleep(2)", language="python")))

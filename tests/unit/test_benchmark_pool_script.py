@@ -15,7 +15,7 @@ def test_tiny_run_reports_limiter_and_all_three_paths(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--limiter-seconds", "0.5", "--limiter-callers", "16", "--limiter-actors", "2",
          "--concurrency", "4", "--requests", "40", "--rounds", "2", "--workload", "print",
-         "--server-arg=--workers=2", "--num-cpus", "2", "--json", str(out)],
+         "--server-arg=--slots=2", "--num-cpus", "2", "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())

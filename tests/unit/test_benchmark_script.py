@@ -26,14 +26,13 @@ sys.path.insert(0, str(SCRIPT.parent))
 from bench.report import CSV_COLUMNS  # noqa: E402
 from bench.runner import percentile  # noqa: E402
 from bench.scenarios import SCENARIOS, Outcome, classify  # noqa: E402
-
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus  # noqa: E402
 
 GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",
                  "success_count", "failure_count"]
 TINY = ["--concurrency", "1", "2", "--iterations", "2", "--warmup", "1",
         "--scenarios", "simple_stdout", "runtime_error"]
-SMALL_SERVER = "--server-arg=--workers=2"  # passed through to `verl-sf serve`; starts faster
+SMALL_SERVER = "--server-arg=--slots=2"  # passed through to `verl-sf serve`; starts faster
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -99,9 +98,9 @@ def test_server_started_by_the_script_is_stopped(tiny_run: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     server_log = (run_dir / "server.log").read_text()
     assert "listening on http://127.0.0.1:" in server_log
-    assert summary["server"]["workers"] == 2  # --server-arg reached the server (its /health says so)
+    assert summary["server"]["slots"] == 2  # --server-arg reached the server (its /health says so)
     assert summary["server"]["fast_path"] is True
-    assert summary["label"] == "verl-sf --workers=2"
+    assert summary["label"] == "verl-sf --slots=2"
     # verl-sf answers with its queue wait; the benchmark reports it.
     _, rows = read_csv(run_dir / "results.csv")
     assert all(row["p50_queue_wait_s"] != "" for row in rows)

@@ -29,13 +29,13 @@ def test_cluster_tool_builds_without_touching_ray() -> None:
     connected = ray.is_initialized()  # other tests of the session may have started Ray
     tool = SandboxFusionTool({"backend": "cluster", "cluster": {"namespace": "elsewhere", "spill_at": 8}})
     assert tool.backend_name == "cluster"
-    backend = tool.spec.build()
-    assert isinstance(backend, ClusterSandboxBackend) and backend.namespace == "elsewhere"
+    backend = tool.backend_config.build()
+    assert isinstance(backend, ClusterSandboxBackend) and backend.config.namespace == "elsewhere"
     assert ray.is_initialized() == connected
 
 
 def test_backend_and_session_lost_pickle_for_ray() -> None:
     backend = pickle.loads(pickle.dumps(ClusterSandboxBackend(namespace="n", spill_at=3)))
-    assert (backend.namespace, backend.spill_at) == ("n", 3)
+    assert (backend.config.namespace, backend.config.spill_at) == ("n", 3)
     lost = pickle.loads(pickle.dumps(SessionLost("f1-abc", "its server died")))
     assert (lost.session_id, lost.reason) == ("f1-abc", "its server died")

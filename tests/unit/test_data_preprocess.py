@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,7 @@ def out_dir(tmp_path_factory) -> str:
 
 def test_sample_is_gsm8k_shaped() -> None:
     for split, count in (("train", 40), ("test", 8)):
-        rows = [json.loads(line) for line in open(os.path.join(SAMPLE, f"{split}.jsonl"))]
+        rows = [json.loads(line) for line in Path(SAMPLE, f"{split}.jsonl").read_text().splitlines()]
         assert len(rows) == count
         assert all(set(r) == {"question", "answer"} and "\n#### " in r["answer"] for r in rows)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -44,7 +44,7 @@ FRESH_RANDOMNESS = {
 
 @pytest.fixture(scope="module")
 def slow_server() -> Iterator[ServerHandle]:
-    server = start_server("--no-fast-path", "--workers", "2")
+    server = start_server("--no-fast-path", "--slots", "2")
     yield server
     stop_server(server.process)
 

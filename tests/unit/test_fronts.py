@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
@@ -24,7 +24,7 @@ FRONTS = 2
 
 @pytest.fixture(scope="module")
 def fronts_server() -> Iterator[ServerHandle]:
-    handle = start_server("--workers", "3", "--max-queue", "10", "--max-body-mb", "1", "--fronts", str(FRONTS))
+    handle = start_server("--slots", "3", "--max-in-flight", "10", "--max-body-mb", "1", "--fronts", str(FRONTS))
     yield handle
     stop_server(handle.process)
 
@@ -62,8 +62,8 @@ def test_health_sums_the_fronts_and_both_answer(fronts_server: ServerHandle) -> 
     for health in answers:
         assert health["status"] == "ok"
         assert health["fronts"] == FRONTS
-        assert health["workers"] == 3, "the slots are shared out, not multiplied"
-        assert health["max_queue"] == 10
+        assert health["slots"] == 3, "the slots are shared out, not multiplied"
+        assert health["max_in_flight"] == 10
 
 
 def test_runs_on_every_front(fronts_server: ServerHandle) -> None:
@@ -89,7 +89,7 @@ def test_foreign_session_id_is_a_404_naming_it(fronts_server: ServerHandle) -> N
 
 def test_session_calls_reach_their_owner_from_any_front(fronts_server: ServerHandle) -> None:
     created = fresh("POST", fronts_server.url + "/sessions", json={"language": "python"})
-    assert created.status_code == 200, created.text
+    assert created.status_code == 201, created.text
     session_id = created.json()["session_id"]
     assert session_id.startswith("f"), "the id names its owning front"
     fresh("POST", fronts_server.run_code_url, json={"code": "x = 0", "language": "python",
@@ -109,7 +109,7 @@ def test_session_calls_reach_their_owner_from_any_front(fronts_server: ServerHan
 
 def test_a_front_dying_stops_the_server() -> None:
     """No half-server: the parent stops the other fronts and exits non-zero for its supervisor to restart."""
-    handle = start_server("--workers", "2", "--fronts", "2")
+    handle = start_server("--slots", "2", "--fronts", "2")
     try:
         fronts = front_processes(handle.process.pid)
         assert len(fronts) == 2
@@ -122,7 +122,7 @@ def test_a_front_dying_stops_the_server() -> None:
 
 def test_a_killed_parent_takes_its_fronts_along() -> None:
     """SIGKILL of the parent (no cleanup code runs): the fronts still go, so nothing keeps the port."""
-    handle = start_server("--workers", "2", "--fronts", "2")
+    handle = start_server("--slots", "2", "--fronts", "2")
     fronts = front_processes(handle.process.pid)
     assert len(fronts) == 2
     os.kill(handle.process.pid, signal.SIGKILL)
@@ -135,4 +135,4 @@ def test_a_killed_parent_takes_its_fronts_along() -> None:
 
 def test_more_fronts_than_slots_is_refused() -> None:
     with pytest.raises(RuntimeError, match="exited"):
-        start_server("--workers", "1", "--fronts", "2")
+        start_server("--slots", "1", "--fronts", "2")

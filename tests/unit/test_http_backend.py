@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
 
 from tests.server_fixtures import ServerHandle
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.backends.http import HttpSandboxBackend, SandboxRequestRejected, normalize_base_url
+from verl_sf.backends.config import normalize_base_url
+from verl_sf.backends.http import HttpSandboxBackend, SandboxRequestRejected
 from verl_sf.models import RunCodeRequest, RunJupyterRequest, RunStatus
 
 OK_BODY = {"status": "Success", "message": "", "compile_result": None,
@@ -225,9 +226,10 @@ def test_bad_urls_are_rejected(url) -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_retries": -1}, "max_retries must be an integer >= 0"),
-    ({"connection_limit": 0}, "connection_limit must be an integer >= 1"),
-    ({"backoff_base_s": "fast"}, "backoff_base_s must be a number >= 0"),
+    ({"max_retries": -1}, r"max_retries\n  Input should be greater than or equal to 0"),
+    ({"connection_limit": 0}, r"connection_limit\n  Input should be greater than or equal to 1"),
+    ({"backoff_base_s": "fast"}, r"backoff_base_s\n  Input should be a valid number"),
+    ({"retries": 3}, r"retries\n  Extra inputs are not permitted"),
 ])
 def test_bad_settings_are_rejected(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -10,8 +10,8 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -53,7 +53,7 @@ def assert_alive(server: ServerHandle) -> None:
 @pytest.fixture(scope="module")
 def one_slot_server() -> Iterator[ServerHandle]:
     """A single sandbox slot, so consecutive runs are guaranteed to share it."""
-    server = start_server("--workers", "1", "--preload", "")
+    server = start_server("--slots", "1", "--preload", "")
     yield server
     stop_server(server.process)
 
@@ -250,7 +250,7 @@ def test_closing_its_own_stdio_does_not_escape_the_timeout(sf_server: ServerHand
 
 
 def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir(tmp_path: Path) -> None:
-    server = start_server("--workers", "2", "--preload", "", env={**os.environ, "TMPDIR": str(tmp_path)})
+    server = start_server("--slots", "2", "--preload", "", env={**os.environ, "TMPDIR": str(tmp_path)})
     pid = server.process.pid
     run_code(server, "import subprocess; subprocess.Popen(['sleep', '100']); print(1)")
     cgroups = list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
@@ -269,7 +269,7 @@ def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir(tmp_path: Path) ->
 
 def test_a_killed_servers_cgroups_are_swept_by_the_next_server() -> None:
     """SIGKILL leaves no chance to clean up; the next server removes the dead one's empty groups."""
-    victim = start_server("--workers", "2", "--preload", "")
+    victim = start_server("--slots", "2", "--preload", "")
     pid = victim.process.pid
     victim.process.kill()
     victim.process.wait()
@@ -278,7 +278,7 @@ def test_a_killed_servers_cgroups_are_swept_by_the_next_server() -> None:
     live = Path("/sys/fs/cgroup/memory") / f"verl-sf-{os.getpid()}-not-stale"  # a live pid: kept
     live.mkdir()
     try:
-        stop_server(start_server("--workers", "1", "--preload", "").process)
+        stop_server(start_server("--slots", "1", "--preload", "").process)
         assert not list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
         assert not list(Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{pid}-*"))
         assert live.exists()
@@ -287,7 +287,7 @@ def test_a_killed_servers_cgroups_are_swept_by_the_next_server() -> None:
 
 
 def test_isolation_none_works_and_says_so() -> None:
-    server = start_server("--isolation", "none", "--workers", "1", "--preload", "")
+    server = start_server("--isolation", "none", "--slots", "1", "--preload", "")
     try:
         import requests
 

@@ -13,8 +13,9 @@ import re
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -168,7 +169,7 @@ async def test_grants_are_fifo_across_pools(make_pool, limiter_name: str) -> Non
         refs = []
         for i in range(8):  # alternate pools; each request reaches the queue before the next
             refs.append(pools[i % 2].execute.remote(started_at))
-            await eventually(lambda: _queue_is(limiter_name, i + 1), f"request {i} queued")
+            await eventually(lambda i=i: _queue_is(limiter_name, i + 1), f"request {i} queued")
         holder.release(permit)
         starts = await asyncio.gather(*refs)
     finally:
@@ -405,11 +406,12 @@ async def test_metrics_are_exported_to_prometheus(make_pool, limiter_name: str, 
 # ---- bad input ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"num_workers": 0}, "num_workers must be an integer >= 1"),
-    ({"num_workers": 2, "rate_limit": 0}, "rate_limit must be an integer >= 1"),
-    ({"num_workers": 2, "rate_limit": 2.5}, "rate_limit must be an integer >= 1"),
+    ({"num_workers": 0}, r"num_workers\n  Input should be greater than or equal to 1"),
+    ({"num_workers": 2, "rate_limit": 0}, r"rate_limit\n  Input should be greater than or equal to 1"),
+    ({"num_workers": 2, "rate_limit": 2.5}, r"rate_limit\n  Input should be a valid integer"),
     ({"num_workers": 2, "mode": "Fork"}, "mode must be a PoolMode"),
-    ({"num_workers": 2, "requests_per_second": -1}, "requests_per_second must be a number > 0"),
+    ({"num_workers": 2, "requests_per_second": -1}, r"requests_per_second\n  Input should be greater than 0"),
+    ({"num_workers": 2, "lease_ttl_s": 7200}, r"lease_ttl_s\n  Input should be less than or equal to 3600"),
 ])
 def test_bad_pool_arguments_are_rejected(ray_local: RayCluster, kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -60,7 +60,7 @@ async def test_rollout_command_end_to_end(files) -> None:
     assert "tool calls per trajectory: mean 1.00, max 1" in stdout
     assert "stop reasons: answer 6" in stdout
     assert f"rollouts: {out}/7.jsonl" in stdout
-    lines = [json.loads(line) for line in open(out / "7.jsonl")]
+    lines = [json.loads(line) for line in (out / "7.jsonl").read_text().splitlines()]
     assert [(d["uid"], d["score"], d["pred"], d["step"]) for d in lines] == (
         [("0", 1.0, "42", 7)] * 3 + [("1", 0.0, "48", 7)] * 3)
     assert all(r["model"] == "scripted-policy" for r in server.requests)  # resolved from /v1/models
@@ -84,7 +84,7 @@ async def test_failed_trajectories_exit_1(files) -> None:
                                              "--rollout-data-dir", str(out), "--no-progress")
     assert code == 1
     assert "failed trajectories: 1" in stdout and "model_error 1" in stdout
-    failed = [json.loads(line) for line in open(out / "0.jsonl")][1]
+    failed = [json.loads(line) for line in (out / "0.jsonl").read_text().splitlines()][1]
     assert failed["stop_reason"] == "model_error" and "HTTP 400" in failed["error"]
 
 

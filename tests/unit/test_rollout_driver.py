@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,14 @@ from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
 from tests.unit.test_rollout_tools import CalculatorTool
 from verl_sf.rewards import compute_score
 from verl_sf.rollout import (
-    ChatClient, RolloutConfig, RolloutSummary, Sample, StopReason, ToolRunner, run_rollouts, write_rollout_dump,
+    ChatClient,
+    RolloutConfig,
+    RolloutSummary,
+    Sample,
+    StopReason,
+    ToolRunner,
+    run_rollouts,
+    write_rollout_dump,
 )
 
 
@@ -30,9 +38,9 @@ async def rollout(scripts: dict[str, Script], samples: list[Sample], concurrency
     tool = tool or CalculatorTool({})
     cfg = RolloutConfig(**config)
     runner = ToolRunner([tool], cfg.max_tool_response_length, cfg.tool_response_truncate_side)
-    async with PolicyServer(scripts, hold_seconds=hold) as server:
-        async with ChatClient(server.url, concurrency=concurrency, max_retries=0) as client:
-            result = await run_rollouts(samples, client, runner, cfg, compute_score, progress=False)
+    async with PolicyServer(scripts, hold_seconds=hold) as server, \
+            ChatClient(server.url, concurrency=concurrency, max_retries=0) as client:
+        result = await run_rollouts(samples, client, runner, cfg, compute_score, progress=False)
     assert tool.live == {}, "every created tool instance was released"
     return result, server
 
@@ -167,7 +175,7 @@ async def test_many_trajectories_with_bounded_concurrency(tmp_path) -> None:
 
     path = write_rollout_dump(trajs, str(tmp_path / "dump"), step=3)
     assert path == str(tmp_path / "dump" / "3.jsonl")
-    lines = [json.loads(line) for line in open(path)]
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
     assert len(lines) == 256
     first = lines[0]
     assert list(first)[:5] == ["input", "output", "gts", "score", "step"]  # verl's keys, verl's order

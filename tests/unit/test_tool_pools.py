@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -21,7 +22,7 @@ from tests.server_fixtures import ServerHandle
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import shutdown_global_limiter
-from verl_sf.tools.pools import InProcessPool, RayLimiterPool, make_pool
+from verl_sf.tools.dispatch import InProcessPool, RayLimiterPool, make_pool
 
 pytestmark = pytest.mark.ray
 

@@ -6,7 +6,7 @@ import pytest
 
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus
 from verl_sf.tools.code import extract_python_block, print_last_expression
-from verl_sf.tools.render import NO_OUTPUT, metrics, render, render_unavailable
+from verl_sf.tools.reply import NO_OUTPUT, metrics, reply_text, unavailable_text
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -58,29 +58,29 @@ def finished(stdout: str = "", stderr: str = "", code: int = 0, **kw) -> RunCode
 
 
 def test_render_each_outcome() -> None:
-    assert render(finished("a\n", "b\n"), 10, 1000) == ("a\nb", False)
-    assert render(finished("no newline", "err"), 10, 1000) == ("no newline\nerr", False)
-    assert render(finished(), 10, 1000) == (NO_OUTPUT, False)
-    assert render(finished("", "", code=2), 10, 1000) == ("(exited with code 2)", False)
-    assert render(finished("x\n", "Traceback...\nKeyError: 1\n", code=1), 10, 1000) == (
+    assert reply_text(finished("a\n", "b\n"), 10, 1000) == ("a\nb", False)
+    assert reply_text(finished("no newline", "err"), 10, 1000) == ("no newline\nerr", False)
+    assert reply_text(finished(), 10, 1000) == (NO_OUTPUT, False)
+    assert reply_text(finished("", "", code=2), 10, 1000) == ("(exited with code 2)", False)
+    assert reply_text(finished("x\n", "Traceback...\nKeyError: 1\n", code=1), 10, 1000) == (
         "x\nTraceback...\nKeyError: 1", False)
     timeout = RunCodeResponse(status=RunStatus.Failed, run_result=CommandRunResult(
         status=CommandRunStatus.TimeLimitExceeded, stdout="", stderr=""))
-    assert render(timeout, 2.5, 1000) == ("Execution timed out after 2.5 s", False)
+    assert reply_text(timeout, 2.5, 1000) == ("Execution timed out after 2.5 s", False)
     compile_error = RunCodeResponse(status=RunStatus.Failed, compile_result=CommandRunResult(
         status=CommandRunStatus.Finished, return_code=1, stderr="main.cpp:1: error: expected ';'"))
-    assert render(compile_error, 10, 1000) == ("Compilation failed:\nmain.cpp:1: error: expected ';'", False)
+    assert reply_text(compile_error, 10, 1000) == ("Compilation failed:\nmain.cpp:1: error: expected ';'", False)
     sandbox = RunCodeResponse(status=RunStatus.SandboxError, message="language 'cobol'\nnot available")
-    assert render(sandbox, 10, 1000) == ("Sandbox error: language 'cobol' not available", False)
-    assert render(RunCodeResponse(status=RunStatus.SandboxError), 10, 1000)[0] == (
+    assert reply_text(sandbox, 10, 1000) == ("Sandbox error: language 'cobol' not available", False)
+    assert reply_text(RunCodeResponse(status=RunStatus.SandboxError), 10, 1000)[0] == (
         "Sandbox error: the sandbox could not run the code")
-    assert render_unavailable(RuntimeError("connection refused\nretries: 3")) == (
+    assert unavailable_text(RuntimeError("connection refused\nretries: 3")) == (
         "Sandbox error: connection refused retries: 3")
-    assert render_unavailable(TimeoutError()) == "Sandbox error: TimeoutError"
+    assert unavailable_text(TimeoutError()) == "Sandbox error: TimeoutError"
 
 
 def test_render_caps_long_text_keeping_head_and_tail() -> None:
-    text, cut = render(finished("h" * 5000 + "TAIL"), 10, 300)
+    text, cut = reply_text(finished("h" * 5000 + "TAIL"), 10, 300)
     assert cut and text.startswith("h" * 200) and text.endswith("TAIL")
     assert "[... output truncated: 4704 characters not shown ...]" in text
 

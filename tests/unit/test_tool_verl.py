@@ -13,8 +13,9 @@ import json
 import os
 import re
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import hydra
 import pytest
@@ -36,8 +37,9 @@ from verl.workers.rollout.replica import TokenOutput
 from tests.intervals import max_overlap
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle, start_server, stop_server
+from verl_sf.backends.config import BackendConfig
 from verl_sf.tools import SandboxFusionTool
-from verl_sf.tools.runner import BackendSpec, backend_for
+from verl_sf.tools.backend_calls import backend_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.asyncio(loop_scope="module")]
 
@@ -211,7 +213,7 @@ async def test_verl_truncation_still_applies_on_top(http_tool: VerlHarness) -> N
 
 
 async def test_sandbox_down_is_a_short_sandbox_error(tmp_path: Path, ray_local: RayCluster) -> None:
-    server = start_server("--workers", "1")
+    server = start_server("--slots", "1")
     url = server.run_code_url
     harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=url,
                                             http={"max_retries": 1, "backoff_base_s": 0.05}))
@@ -282,15 +284,15 @@ async def test_two_tools_share_the_cluster_wide_cap(tmp_path: Path, sf_server: S
 
 
 # Runs wherever the pool runs its functions (Ray pickles module-level functions by reference).
-async def backend_identity(spec: BackendSpec) -> tuple[int, int]:
-    return os.getpid(), id(backend_for(spec))
+async def backend_identity(config: BackendConfig) -> tuple[int, int]:
+    return os.getpid(), id(backend_for(config))
 
 
 async def test_backend_is_built_once_per_tool_not_per_call(http_tool: VerlHarness) -> None:
     for i in range(3):
         response, _, _ = await http_tool.call(f"print({i})")
         assert response.text == str(i)
-    identities = {await http_tool.tool.pool.run(backend_identity, http_tool.tool.spec) for _ in range(3)}
+    identities = {await http_tool.tool.pool.run(backend_identity, http_tool.tool.backend_config) for _ in range(3)}
     assert len(identities) == 1 and identities.pop()[0] == os.getpid()  # the default pool runs here
 
 
@@ -301,7 +303,7 @@ async def test_a_dead_pool_actor_is_reported_then_replaced(tmp_path: Path, sf_se
     harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url, pool="ray_actor"))
     try:
         assert (await harness.call("print('first')"))[0].text == "first"
-        pid, _ = await harness.tool.pool.run(backend_identity, harness.tool.spec)
+        pid, _ = await harness.tool.pool.run(backend_identity, harness.tool.backend_config)
         assert pid != os.getpid()  # the backend lives in the pool actor
         ray.kill(harness.tool.pool._actor, no_restart=True)
         response, _, metrics = await harness.call("print('second')")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -16,7 +16,7 @@ PROBE = "import sys\nprint(sorted(m for m in ('num' + 'py', 'sym' + 'py', 'sci' 
 
 @pytest.fixture(scope="module")
 def one_slot() -> Iterator[ServerHandle]:
-    server = start_server("--workers", "1")
+    server = start_server("--sandboxes", "1")
     yield server
     stop_server(server.process)
 
@@ -58,7 +58,7 @@ def test_code_naming_several_libraries_forks_from_the_full_interpreter(one_slot:
 
 def test_a_small_memory_cap_before_does_not_break_a_heavy_start() -> None:
     """The slot's cgroup keeps the last run's cap; starting an interpreter must not be held to it."""
-    server = start_server("--workers", "1")
+    server = start_server("--sandboxes", "1")
     try:
         assert stdout(run_code(server, "print('small')", memory_limit_MB=16)) == "small"
         body = run_code(server, "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 4, x))",
@@ -73,7 +73,7 @@ def test_a_small_memory_cap_before_does_not_break_a_heavy_start() -> None:
 
 
 def test_preload_none_keeps_only_lean_interpreters() -> None:
-    server = start_server("--workers", "1", "--preload", "")
+    server = start_server("--sandboxes", "1", "--preload", "")
     try:
         assert stdout(run_code(server, "import numpy\n" + PROBE)) == "['numpy']"  # imported by the run itself
         assert warm(server) == {"lean": 1}
@@ -81,8 +81,8 @@ def test_preload_none_keeps_only_lean_interpreters() -> None:
         stop_server(server.process)
 
 
-def test_a_trickle_of_numpy_calls_reuses_one_warm_slot() -> None:
-    server = start_server("--workers", "3")
+def test_a_trickle_of_numpy_calls_reuses_one_warm_interpreter() -> None:
+    server = start_server("--sandboxes", "3")
     try:
         for _ in range(5):
             assert stdout(run_code(server, "import numpy as np\nprint(np.arange(4).sum())")) == "6"

@@ -1,17 +1,20 @@
 """The one interface every backend (http, local, daytona) implements.
 
 The tool and the pool talk only to this, so a user switches backends with a config key
-and the rest of the stack does not notice.
+and the rest of the stack does not notice.  Each backend is built from its config in
+`verl_sf.backends.config` (`config.build()`), which says how to add one.
 """
 
 from __future__ import annotations
 
 import abc
+from typing import ClassVar, Optional
 
+from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(VerlSfError, RuntimeError):
     """The sandbox could not be reached or gave no usable answer (after any retries).
 
     Distinct from a run that reached the sandbox and failed on its own terms, which is a
@@ -26,14 +29,21 @@ class SandboxBackend(abc.ABC):
     around every single tool call) and safe to share between coroutines of one loop.
     """
 
-    name: str = "abstract"
+    name: ClassVar[str] = "abstract"
+    supports_sessions: ClassVar[bool] = False
+    """True when calls that name one `session` share state (files, installed packages,
+    variables) until `end_session`; False: every call starts fresh and `session` is ignored."""
 
     @abc.abstractmethod
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        """Run `request`; raise SandboxUnavailable when no answer could be had."""
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+        """Run `request` (in `session`, if the backend keeps sessions); raise SandboxUnavailable
+        when no answer could be had."""
+
+    async def end_session(self, session: str) -> None:  # noqa: B027 (a no-op default: most backends hold nothing)
+        """Release what `session` holds (a sandbox, a process).  Idempotent; a no-op without sessions."""
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         raise NotImplementedError(f"backend {self.name!r} does not support run_jupyter")
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (a no-op default: most backends hold nothing)
         """Release connections, sandboxes, processes.  Idempotent."""

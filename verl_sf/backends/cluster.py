@@ -22,6 +22,7 @@ belongs to the process and event loop that use it, as the http backend's connect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
@@ -29,6 +30,7 @@ import time
 from typing import Any, Optional
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.config import ClusterBackendConfig
 from verl_sf.backends.http import (
     HttpSandboxBackend,
     SandboxConnectionLost,
@@ -36,7 +38,6 @@ from verl_sf.backends.http import (
     SandboxRequestRejected,
     SandboxUnreachable,
 )
-from verl_sf.cluster.names import DEFAULT_NAMESPACE
 from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
@@ -79,7 +80,7 @@ class _State:
     """Per event loop: servers by URL, sessions by id, and when the directory was last read."""
 
     servers: dict[str, _Server] = dataclasses.field(default_factory=dict)
-    sessions: dict[str, str] = dataclasses.field(default_factory=dict)
+    sessions: dict[str, str] = dataclasses.field(default_factory=dict)  # session id -> its server's URL
     refreshed_at: float = float("-inf")
     refreshing: Optional[asyncio.Future] = None
 
@@ -88,43 +89,27 @@ class ClusterSandboxBackend(SandboxBackend):
     """Routes every call to a server of the Ray-placed fleet: its own node's first."""
 
     name = "cluster"
+    # As with the http backend the tool's calls each start fresh; sessions are asked for explicitly
+    # (`create_session`, `RunCodeRequest.session_id`), and the `session` key of the tool is ignored.
+    supports_sessions = False
 
-    def __init__(self, *, address: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE,
-                 refresh_s: float = 10.0, spill_at: Optional[int] = None, busy_s: float = 0.5,
-                 max_rounds: int = 5, backoff_base_s: float = 0.5, backoff_max_s: float = 10.0,
-                 http: Optional[dict[str, Any]] = None):
-        for field, value in (("refresh_s", refresh_s), ("busy_s", busy_s), ("backoff_base_s", backoff_base_s),
-                             ("backoff_max_s", backoff_max_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{field} must be a number >= 0, got {value!r}")
-        for field, value, low in (("max_rounds", max_rounds, 1), ("spill_at", 1 if spill_at is None else spill_at, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{field} must be an integer >= {low}, got {value!r}")
-        self.http = dict(http or {})
-        if "max_retries" in self.http:
-            raise ValueError("http.max_retries does not apply to the cluster backend: a call that a server "
-                             "declines or cannot take goes to another server (max_rounds bounds the passes)")
-        HttpSandboxBackend("http://127.0.0.1", **self.http)  # checks the options now, not on the first call
-        self.address = address
-        self.namespace = namespace
-        self.refresh_s = float(refresh_s)
-        self.spill_at = spill_at
-        self.busy_s = float(busy_s)
-        self.max_rounds = max_rounds
-        self.backoff_base_s = float(backoff_base_s)
-        self.backoff_max_s = float(backoff_max_s)
+    def __init__(self, config: Optional[ClusterBackendConfig] = None, **options: Any):
+        """`ClusterSandboxBackend(ClusterBackendConfig(...))`, or the shorthand `ClusterSandboxBackend(**options)`."""
+        if config is not None and options:
+            raise TypeError(f"options {sorted(options)} go into the ClusterBackendConfig, not beside it")
+        self.config = config or ClusterBackendConfig(**options)
         self._states: dict[asyncio.AbstractEventLoop, _State] = {}
         self._node: Optional[tuple[str, str]] = None
 
     def __repr__(self) -> str:
-        return f"ClusterSandboxBackend(namespace={self.namespace!r})"
+        return f"ClusterSandboxBackend(namespace={self.config.namespace!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_states"], state["_node"] = {}, None
         return state
 
-    async def __aenter__(self) -> "ClusterSandboxBackend":
+    async def __aenter__(self) -> ClusterSandboxBackend:
         await self._refresh(force=True)
         return self
 
@@ -132,9 +117,10 @@ class ClusterSandboxBackend(SandboxBackend):
         await self.close()
 
     # ---- the SandboxBackend interface ------------------------------------------------
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        session_id = getattr(request, "session_id", None)
-        if session_id:
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+        """Run `request` in the server session `request.session_id` names (on its server), else on the best server."""
+        if request.session_id:
+            session_id = request.session_id
             return await self._in_session(session_id, lambda server: server.client.run_code(request))
         return await self._routed(lambda server: server.client.run_code(request))
 
@@ -153,14 +139,12 @@ class ClusterSandboxBackend(SandboxBackend):
         info: dict[str, Any] = await self._routed(lambda server: server.client.request_json("POST", "/sessions", body))
         return info
 
-    async def end_session(self, session_id: str) -> None:
-        """`DELETE /sessions/{id}`; a session that is already gone (or whose server is) counts as ended."""
-        try:
-            await self._in_session(session_id, lambda server: server.client.request_json(
-                "DELETE", f"/sessions/{session_id}"))
-        except SessionLost:
-            pass
-        self._state().sessions.pop(session_id, None)
+    async def end_session(self, session: str) -> None:
+        """`DELETE /sessions/{id}`; a session that is already gone, or whose server is, counts as ended."""
+        with contextlib.suppress(SessionLost):
+            await self._in_session(session, lambda server: server.client.request_json(
+                "DELETE", f"/sessions/{session}"))
+        self._state().sessions.pop(session, None)
 
     # ---- what the router sees --------------------------------------------------------
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -183,7 +167,7 @@ class ClusterSandboxBackend(SandboxBackend):
     async def _routed(self, call: Any) -> Any:
         """Run `call(server)` on the best server; fail over on refusal or 503; never re-send a lost call."""
         reasons: list[str] = []
-        for round_ in range(self.max_rounds):
+        for round_ in range(self.config.max_rounds):
             await self._refresh(force=round_ > 0)
             tried: set[str] = set()
             while (server := self._pick(tried)) is not None:
@@ -196,7 +180,7 @@ class ClusterSandboxBackend(SandboxBackend):
                     reasons.append(str(exc))
                     continue
                 except SandboxOverloaded as exc:
-                    server.busy_until = time.monotonic() + self.busy_s
+                    server.busy_until = time.monotonic() + self.config.busy_s
                     reasons.append(str(exc))
                     continue
                 except SandboxConnectionLost as exc:
@@ -209,12 +193,14 @@ class ClusterSandboxBackend(SandboxBackend):
                 if isinstance(result, dict) and isinstance(result.get("session_id"), str):
                     self._state().sessions[result["session_id"]] = server.url
                 return result
-            if round_ + 1 < self.max_rounds:
-                await asyncio.sleep(random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** round_)))
+            if round_ + 1 < self.config.max_rounds:
+                backoff = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** round_)
+                await asyncio.sleep(random.uniform(0, backoff))
         if not reasons:
-            raise SandboxUnavailable(f"no sandbox server in Ray namespace {self.namespace!r} "
+            raise SandboxUnavailable(f"no sandbox server in Ray namespace {self.config.namespace!r} "
                                      f"(is the fleet up? `verl-sf cluster up`)")
-        raise SandboxUnavailable(f"no server took the call in {self.max_rounds} round(s); last: {reasons[-1]}")
+        raise SandboxUnavailable(f"no server took the call in {self.config.max_rounds} round(s); "
+                                 f"last: {reasons[-1]}")
 
     def _pick(self, tried: set[str]) -> Optional[_Server]:
         candidates = [s for s in self._state().servers.values() if s.url not in tried and not s.down]
@@ -228,7 +214,7 @@ class ClusterSandboxBackend(SandboxBackend):
             local = [s for s in candidates if s.node_ip == node_ip]
 
         def saturated(server: _Server) -> bool:
-            return server.busy_until > now or server.in_flight >= (self.spill_at or server.slots)
+            return server.busy_until > now or server.in_flight >= (self.config.spill_at or server.slots)
 
         for server in local:
             if not saturated(server):
@@ -266,7 +252,7 @@ class ClusterSandboxBackend(SandboxBackend):
         """Skip it, and read the directory again soon: Ray restarts servers within seconds."""
         server.down = True
         state = self._state()
-        state.refreshed_at = min(state.refreshed_at, time.monotonic() - self.refresh_s + RECHECK_DOWN_S)
+        state.refreshed_at = min(state.refreshed_at, time.monotonic() - self.config.refresh_s + RECHECK_DOWN_S)
 
     async def _find_session(self, session_id: str) -> str:
         """A session another process created: ask each server (`GET /sessions/{id}`) once."""
@@ -300,7 +286,7 @@ class ClusterSandboxBackend(SandboxBackend):
 
     async def _refresh(self, force: bool = False) -> None:
         state = self._state()
-        if not force and time.monotonic() - state.refreshed_at < self.refresh_s and state.servers:
+        if not force and time.monotonic() - state.refreshed_at < self.config.refresh_s and state.servers:
             return
         if state.refreshing is None:  # one refresh at a time; concurrent callers wait for it
             state.refreshing = asyncio.ensure_future(self._read_directory(state))
@@ -310,7 +296,7 @@ class ClusterSandboxBackend(SandboxBackend):
         except Exception as exc:
             if isinstance(exc, SandboxUnavailable):
                 raise
-            raise SandboxUnavailable(f"cannot read the sandbox fleet from Ray (namespace {self.namespace!r}): "
+            raise SandboxUnavailable(f"cannot read the sandbox fleet from Ray (namespace {self.config.namespace!r}): "
                                      f"{type(exc).__name__}: {exc}") from exc
         finally:
             if state.refreshing is refreshing and refreshing.done():
@@ -319,9 +305,9 @@ class ClusterSandboxBackend(SandboxBackend):
     async def _read_directory(self, state: _State) -> None:
         from verl_sf.cluster import fleet
 
-        await asyncio.to_thread(fleet.connect, self.address, self.namespace)
+        await asyncio.to_thread(fleet.connect, self.config.address, self.config.namespace)
         self._node_identity()
-        infos = await asyncio.to_thread(fleet.server_infos, self.namespace)
+        infos = await asyncio.to_thread(fleet.server_infos, self.config.namespace)
         fresh: dict[str, _Server] = {}
         new: list[_Server] = []
         for info in infos:
@@ -333,7 +319,7 @@ class ClusterSandboxBackend(SandboxBackend):
                 known.down = False
                 fresh[url] = known
                 continue
-            client = HttpSandboxBackend(url, **{**self.http, "max_retries": 0})
+            client = HttpSandboxBackend(url, **self.config.http, max_retries=0)
             fresh[url] = _Server(info["node_id"], info["node_ip"], url, info["generation"], client)
             new.append(fresh[url])
         await asyncio.gather(*(self._read_slots(server) for server in new))
@@ -345,6 +331,6 @@ class ClusterSandboxBackend(SandboxBackend):
         """The server's slot count from its /health: the default spill threshold and load scale."""
         try:
             health = await server.client.request_json("GET", "/health", budget_s=5.0)
-            server.slots = max(1, int(health.get("workers", 1)))
+            server.slots = max(1, int(health.get("slots", 1)))
         except (SandboxUnavailable, SandboxRequestRejected, TypeError, ValueError) as exc:
             log.warning("cluster backend: no /health from %s: %s", server.url, exc)

@@ -25,9 +25,8 @@ import time
 import uuid
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.config import DaytonaBackendConfig
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
 
 log = logging.getLogger(__name__)
@@ -47,23 +46,6 @@ INTERPRETERS = {"python": "python3 -u {path}", "bash": "bash {path}", "nodejs": 
 SUFFIXES = {"python": ".py", "bash": ".sh", "nodejs": ".js"}
 
 
-class DaytonaOptions(BaseModel):
-    """The tool yaml's `daytona:` block.  Credentials come from the SDK's own environment
-    variables (DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET), never from the yaml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    snapshot: Optional[str] = None
-    """Snapshot to create sandboxes from (the SDK's default python snapshot when unset)."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Extra labels; the verl-sf labels the reaper selects on are always added."""
-    auto_stop_interval: int = Field(15, ge=0)
-    """Minutes of inactivity before Daytona stops a sandbox: the backstop for leaked ones."""
-    auto_delete_interval: int = Field(0, ge=-1)
-    """Minutes after stopping before Daytona deletes it (0: at once, -1: never)."""
-    create_timeout: float = Field(60, gt=0)
-
-
 class DaytonaSandboxBackend(SandboxBackend):
     """Runs requests in Daytona sandboxes, one per session, created lazily.
 
@@ -73,9 +55,10 @@ class DaytonaSandboxBackend(SandboxBackend):
     """
 
     name = "daytona"
+    supports_sessions = True
 
-    def __init__(self, options: Optional[DaytonaOptions] = None, client: Any = None):
-        self.options = options or DaytonaOptions()
+    def __init__(self, config: Optional[DaytonaBackendConfig] = None, client: Any = None):
+        self.config = config or DaytonaBackendConfig()
         self.run_id = uuid.uuid4().hex[:12]
         self._client = client
         self._sandboxes: dict[str, asyncio.Task] = {}  # session -> task creating (then holding) its sandbox
@@ -90,17 +73,17 @@ class DaytonaSandboxBackend(SandboxBackend):
         return self._client
 
     def labels(self, session: str) -> dict[str, str]:
-        return {**self.options.labels, LABEL_MANAGED: "true", LABEL_RUN: self.run_id,
+        return {**self.config.labels, LABEL_MANAGED: "true", LABEL_RUN: self.run_id,
                 LABEL_CREATED: str(int(time.time())), LABEL_SESSION: session[:63]}
 
     async def _create(self, session: str) -> Any:
         from daytona import CreateSandboxFromSnapshotParams
 
         params = CreateSandboxFromSnapshotParams(
-            language="python", snapshot=self.options.snapshot, labels=self.labels(session),
-            auto_stop_interval=self.options.auto_stop_interval, auto_delete_interval=self.options.auto_delete_interval,
+            language="python", snapshot=self.config.snapshot, labels=self.labels(session),
+            auto_stop_interval=self.config.auto_stop_interval, auto_delete_interval=self.config.auto_delete_interval,
         )
-        sandbox = await self._daytona().create(params, timeout=self.options.create_timeout)
+        sandbox = await self._daytona().create(params, timeout=self.config.create_timeout)
         try:
             await sandbox.process.create_session(SESSION_SHELL)
             self._work_dirs[sandbox.id] = await sandbox.get_work_dir()

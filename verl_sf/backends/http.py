@@ -29,25 +29,25 @@ import email.utils
 import json
 import random
 import time
-import urllib.parse
 import weakref
-from typing import Any, Callable, Optional, TypeVar
+from collections.abc import Callable
+from typing import Any, Optional, TypeVar
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.config import HttpBackendConfig
+from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-# Time the server may spend beyond the request's own time-outs (queueing, sandbox start).
-DEFAULT_SERVER_MARGIN_S = 60.0
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
 T = TypeVar("T")
 
 
-class SandboxRequestRejected(ValueError):
+class SandboxRequestRejected(VerlSfError, ValueError):
     """The server refused the request itself (HTTP 4xx other than 429): retrying cannot help."""
 
     def __init__(self, url: str, status: int, body: str):
@@ -74,7 +74,7 @@ class SandboxConnectionLost(SandboxUnavailable):
 
 # loop -> {session key -> session}.  Weak on the loop: a session is bound to the loop it
 # was created on and must never be used from another one.
-_SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aiohttp.ClientSession]]" = \
+_SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aiohttp.ClientSession]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -99,46 +99,20 @@ def _close_sessions_at_exit() -> None:
 atexit.register(_close_sessions_at_exit)
 
 
-def normalize_base_url(url: str) -> str:
-    """`http://host:port`, `.../run_code` (verl's `sandbox_fusion_url`) or `.../run_jupyter`
-    -> the base URL the endpoints hang off.  Raises ValueError for anything else."""
-    if not isinstance(url, str) or not url.strip():
-        raise ValueError(f"sandbox URL must be a non-empty string, got {url!r}")
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"sandbox URL must look like http(s)://host[:port][/run_code], got {url!r}")
-    path = parts.path.rstrip("/")
-    for endpoint in ("/run_code", "/run_jupyter"):
-        if path.endswith(endpoint):
-            path = path[: -len(endpoint)]
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
 class HttpSandboxBackend(SandboxBackend):
     """Sandbox Fusion HTTP API client with pooled connections and bounded retries."""
 
     name = "http"
 
-    def __init__(self, url: str, *, max_retries: int = 5, backoff_base_s: float = 0.5,
-                 backoff_max_s: float = 10.0, max_retry_after_s: float = 60.0,
-                 connect_timeout_s: float = 10.0, server_margin_s: float = DEFAULT_SERVER_MARGIN_S,
-                 connection_limit: int = 256):
-        for field, value, low in (("max_retries", max_retries, 0), ("connection_limit", connection_limit, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{field} must be an integer >= {low}, got {value!r}")
-        for field, value in (("backoff_base_s", backoff_base_s), ("backoff_max_s", backoff_max_s),
-                             ("max_retry_after_s", max_retry_after_s), ("connect_timeout_s", connect_timeout_s),
-                             ("server_margin_s", server_margin_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{field} must be a number >= 0, got {value!r}")
-        self.base_url = normalize_base_url(url)
-        self.max_retries = max_retries
-        self.backoff_base_s = float(backoff_base_s)
-        self.backoff_max_s = float(backoff_max_s)
-        self.max_retry_after_s = float(max_retry_after_s)
-        self.connect_timeout_s = float(connect_timeout_s)
-        self.server_margin_s = float(server_margin_s)
-        self.connection_limit = connection_limit
+    def __init__(self, config: HttpBackendConfig | str, **options: Any):
+        """`HttpSandboxBackend(HttpBackendConfig(...))`, or the shorthand `HttpSandboxBackend(url, **options)`."""
+        if isinstance(config, HttpBackendConfig):
+            if options:
+                raise TypeError(f"options {sorted(options)} go into the HttpBackendConfig, not beside it")
+            self.config = config
+        else:
+            self.config = HttpBackendConfig(url=config, **options)
+        self.base_url = self.config.url
 
     def __repr__(self) -> str:
         return f"HttpSandboxBackend({self.base_url!r})"
@@ -151,13 +125,13 @@ class HttpSandboxBackend(SandboxBackend):
     def run_jupyter_url(self) -> str:
         return self.base_url + "/run_jupyter"
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        budget = request.compile_timeout + request.run_timeout + self.server_margin_s
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+        budget = request.compile_timeout + request.run_timeout + self.config.server_margin_s
         return await self._post(self.run_code_url, request, RunCodeResponse, budget)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         return await self._post(self.run_jupyter_url, request, RunJupyterResponse,
-                                request.total_timeout + self.server_margin_s)
+                                request.total_timeout + self.config.server_margin_s)
 
     async def close(self) -> None:
         """Close this configuration's session on the running loop (shared by every copy of
@@ -170,13 +144,13 @@ class HttpSandboxBackend(SandboxBackend):
     # ---- internals ------------------------------------------------------------------------
 
     def _session_key(self) -> tuple:
-        return (self.connection_limit, self.connect_timeout_s)
+        return (self.config.connection_limit, self.config.connect_timeout_s)
 
     def _session(self) -> aiohttp.ClientSession:
         per_loop = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
         session = per_loop.get(self._session_key())
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(limit=self.connection_limit, limit_per_host=0)
+            connector = aiohttp.TCPConnector(limit=self.config.connection_limit, limit_per_host=0)
             session = aiohttp.ClientSession(connector=connector)
             per_loop[self._session_key()] = session
         return session
@@ -186,7 +160,7 @@ class HttpSandboxBackend(SandboxBackend):
         """`method base_url+path` with a JSON body; the decoded JSON answer (same retries as a run)."""
         url = self.base_url + path
         return await self._send(method, url, payload, lambda body: _json(url, body),
-                                self.server_margin_s if budget_s is None else budget_s)
+                                self.config.server_margin_s if budget_s is None else budget_s)
 
     async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float) -> ResponseT:
         return await self._send("POST", url, request.model_dump(mode="json"),
@@ -194,8 +168,8 @@ class HttpSandboxBackend(SandboxBackend):
 
     async def _send(self, method: str, url: str, payload: Optional[dict[str, Any]], parse: Callable[[bytes], T],
                     budget_s: float) -> T:
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s, sock_read=budget_s)
-        attempts = self.max_retries + 1
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s, sock_read=budget_s)
+        attempts = self.config.max_retries + 1
         reason = "no attempt made"
         failure: type[SandboxUnavailable] = SandboxUnavailable
         for attempt in range(attempts):
@@ -211,9 +185,9 @@ class HttpSandboxBackend(SandboxBackend):
                         raise SandboxUnavailable(f"{url} answered HTTP {response.status}: {body}")
                     reason, failure = f"HTTP {response.status}", SandboxOverloaded
                     retry_after = _retry_after_s(response.headers.get("Retry-After"))
-                    if retry_after > self.max_retry_after_s:
+                    if retry_after > self.config.max_retry_after_s:
                         raise SandboxOverloaded(f"{url} answered {reason} with Retry-After {retry_after:g} s, "
-                                                f"more than max_retry_after_s={self.max_retry_after_s:g}")
+                                                f"more than max_retry_after_s={self.config.max_retry_after_s:g}")
             except aiohttp.SocketTimeoutError as exc:
                 raise SandboxUnavailable(f"{url} sent no answer within {budget_s:g} s; not retried because "
                                          f"the run may still be executing") from exc
@@ -229,7 +203,7 @@ class HttpSandboxBackend(SandboxBackend):
 
     def _backoff_s(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, base * 2**attempt)] spreads retrying clients out."""
-        return random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt))
+        return random.uniform(0.0, min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** attempt))
 
 
 def _parse(url: str, body: bytes, response_type: type[ResponseT]) -> ResponseT:
@@ -246,7 +220,7 @@ def _json(url: str, body: bytes) -> Any:
     try:
         return json.loads(body)
     except ValueError as exc:
-        raise SandboxUnavailable(f"{url} answered 200 with a body that is not JSON: {str(exc)[:300]}") from exc
+        raise SandboxUnavailable(f"{url} answered with a body that is not JSON: {str(exc)[:300]}") from exc
 
 
 def _retry_after_s(value: Optional[str]) -> float:

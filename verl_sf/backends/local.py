@@ -8,32 +8,15 @@ construction, so building a tool or a pool that never runs code costs nothing.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from typing import Any, Awaitable, Optional, TypeVar
+from collections.abc import Awaitable
+from typing import Optional, TypeVar
 
 from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
-from verl_sf.executor import Executor, ExecutorConfig, IsolationMode, IsolationUnavailable, Overloaded
+from verl_sf.backends.config import LocalBackendConfig
+from verl_sf.executor import Executor, IsolationUnavailable, Overloaded
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 ResponseT = TypeVar("ResponseT", RunCodeResponse, RunJupyterResponse)
-
-
-def executor_config_from(options: dict[str, Any]) -> ExecutorConfig:
-    """ExecutorConfig from a yaml `local:` block; unknown keys raise ValueError naming them."""
-    known = {f.name for f in dataclasses.fields(ExecutorConfig)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(f"unknown local executor option(s) {unknown}; known: {sorted(known)}")
-    values = dict(options)
-    if "isolation" in values:
-        try:
-            values["isolation"] = IsolationMode(values["isolation"])
-        except ValueError:
-            raise ValueError(f"local.isolation must be one of {[m.value for m in IsolationMode]}, "
-                             f"got {values['isolation']!r}") from None
-    if "preload" in values:
-        values["preload"] = tuple(values["preload"])
-    return ExecutorConfig(**values)
 
 
 class LocalSandboxBackend(SandboxBackend):
@@ -41,8 +24,8 @@ class LocalSandboxBackend(SandboxBackend):
 
     name = "local"
 
-    def __init__(self, options: Optional[dict[str, Any]] = None):
-        self.config = executor_config_from(options or {})
+    def __init__(self, config: Optional[LocalBackendConfig] = None):
+        self.config = config or LocalBackendConfig()
         self._executor: Optional[Executor] = None
         self._start_lock = asyncio.Lock()
 
@@ -51,7 +34,7 @@ class LocalSandboxBackend(SandboxBackend):
             return self._executor
         async with self._start_lock:
             if self._executor is None:
-                executor = Executor(self.config)
+                executor = Executor(self.config.executor)
                 try:
                     await executor.start()
                 except IsolationUnavailable as exc:
@@ -60,7 +43,7 @@ class LocalSandboxBackend(SandboxBackend):
                 self._executor = executor
         return self._executor
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
         executor = await self._ready()
         return await _unless_overloaded(executor.run_code(request))
 

@@ -1,6 +1,6 @@
 """`verl-sf cluster up|status|down`: a sandbox server on every Ray node, placed and supervised by Ray.
 
-    verl-sf cluster up [--address ADDR] [--resource NAME] [serve flags, e.g. --workers 16]
+    verl-sf cluster up [--address ADDR] [--resource NAME] [serve flags, e.g. --slots 16]
     verl-sf cluster status [--address ADDR] [--json]
     verl-sf cluster down [--address ADDR]
 
@@ -13,7 +13,8 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from verl_sf.cluster.names import DEFAULT_NAMESPACE
 
@@ -111,7 +112,7 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_table(rows: Sequence["ServerStatus"]) -> str:
+def format_table(rows: Sequence[ServerStatus]) -> str:
     header = ("NODE", "URL", "HEALTH", "SLOTS", "IN FLIGHT", "QUEUED", "SESSIONS", "RESTARTS")
     lines = [header] + [(row.node_id[:12], row.url or "-", row.health, *(_cell(v) for v in (
         row.slots, row.in_flight, row.queued, row.sessions, row.restarts))) for row in rows]

@@ -6,6 +6,7 @@ the `cluster` backend).  Nothing is stored outside Ray: the named actors are the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Optional, cast
@@ -71,7 +72,7 @@ def up(namespace: str, resource: Optional[str], serve_args: list[str], *, poll_s
             raise FleetError(f"a fleet is already up in namespace {namespace!r} with {running}; "
                              f"run `verl-sf cluster down` first to change it to {wanted}")
     else:
-        supervisor = ray.remote(FleetSupervisor).options(  # type: ignore[attr-defined]
+        supervisor = ray.remote(FleetSupervisor).options(
             name=SUPERVISOR_NAME, namespace=namespace, get_if_exists=True, lifetime="detached",
             max_restarts=-1, max_task_retries=-1, num_cpus=0,
         ).remote(namespace, resource, list(serve_args), poll_s)
@@ -131,7 +132,7 @@ def status(namespace: str, timeout_s: float = INFO_TIMEOUT_S) -> list[ServerStat
             continue
         rows.append(ServerStatus(
             node_id=info["node_id"], node_ip=info["node_ip"], url=info["url"],
-            health="ok" if health.get("status") == "ok" else "down", slots=health.get("workers"),
+            health="ok" if health.get("status") == "ok" else "down", slots=health.get("slots"),
             in_flight=health.get("in_flight"), queued=health.get("queued"), sessions=_sessions(health),
             restarts=info["restarts"], pid=info["pid"], fronts=health.get("fronts"),
             error=health.get("error") or info["error"]))
@@ -151,10 +152,8 @@ def down(namespace: str, timeout_s: float = 60.0) -> int:
 
     supervisor = _supervisor(namespace)
     if supervisor is not None:
-        try:
+        with contextlib.suppress(ray.exceptions.RayError):  # dead already: killing it below is all that is left
             ray.get(supervisor.shutdown.remote(), timeout=INFO_TIMEOUT_S)
-        except ray.exceptions.RayError:
-            pass  # dead already: killing it below is all that is left
         ray.kill(supervisor, no_restart=True)
     actors = _server_actors(namespace)
     outcomes = _results([handle.stop.remote() for _, handle in actors], timeout_s)

@@ -8,6 +8,7 @@ free.  Ray itself restarts a server actor that dies (`max_restarts=-1`) and this
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any, Optional
@@ -33,7 +34,7 @@ def place_server(node_id: str, namespace: str, serve_args: list[str]) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor_class = ray.remote(NodeServer)
-    return actor_class.options(  # type: ignore[attr-defined]
+    return actor_class.options(
         name=server_name(node_id), namespace=namespace, get_if_exists=True, lifetime="detached",
         max_restarts=-1, max_concurrency=8, num_cpus=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
@@ -76,10 +77,8 @@ class FleetSupervisor:
                 place_server(node_id, self.namespace, self.serve_args)
             for node_id in sorted(placed - nodes):
                 log.info("node %s left (or lost its resource): releasing its server actor", node_id)
-                try:
+                with contextlib.suppress(ValueError):  # already gone
                     ray.kill(ray.get_actor(server_name(node_id), namespace=self.namespace), no_restart=True)
-                except ValueError:
-                    pass  # already gone
             return sorted(nodes)
 
     def shutdown(self) -> None:

@@ -1,7 +1,8 @@
-"""Isolated execution: sandbox slots with warm interpreters, and the runners per language."""
+"""Isolated execution: warm interpreters in sandboxes, CPU slots, sessions, the runners per language."""
 
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
-from verl_sf.executor.executor import Executor, Overloaded
+from verl_sf.executor.executor import Executor, InvalidRequest, Overloaded, SessionNotFound
 from verl_sf.executor.sandbox import IsolationUnavailable
 
-__all__ = ["Executor", "ExecutorConfig", "IsolationMode", "IsolationUnavailable", "Overloaded"]
+__all__ = ["Executor", "ExecutorConfig", "InvalidRequest", "IsolationMode", "IsolationUnavailable", "Overloaded",
+           "SessionNotFound"]

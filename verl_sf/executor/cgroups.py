@@ -1,10 +1,13 @@
-"""Per-slot cgroups: the memory cap (instead of RLIMIT_AS) and the process cap.
+"""cgroups delegated to each sandbox, in which its zygote makes one group per run and session.
 
-RLIMIT_AS counts reserved address space, so numpy/OpenBLAS thread stacks and arenas break
-under it ("pthread_create failed") long before real memory runs out.  A memory cgroup
-counts pages actually used, including the run's tmpfs files.  Both cgroup v1 (separate
-`memory` and `pids` hierarchies) and v2 (one unified tree) are handled; when neither is
-writable the executor runs without them and says so in /health.
+A memory cgroup counts pages actually used (including the run's tmpfs files), unlike
+RLIMIT_AS, under which numpy/OpenBLAS thread stacks break long before memory runs out; a pids
+cgroup caps one run's processes without sharing the cap with every run of the same uid.
+The server creates `verl-sf-<pid>-<id>/<sandbox>` per controller and hands it to the sandbox's
+root uid (an unprivileged host uid), as systemd delegates a subtree: the zygote inside may then
+create, limit and join groups below it and nothing else.  Both cgroup v1 (separate `memory` and
+`pids` hierarchies) and v2 (one unified tree) are handled; when neither is writable the runs
+fall back to rlimits and /health says so.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Optional
 
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("memory", "pids")
 
 
 def _write(path: Path, value: str) -> None:
@@ -24,74 +28,61 @@ def _write(path: Path, value: str) -> None:
         fh.write(value)
 
 
-class SlotCgroup:
-    """The cgroup(s) one sandbox slot lives in; its zygote and every run it forks are inside."""
+class SandboxCgroup:
+    """The groups one sandbox lives in, one directory per controller (the same one under v2)."""
 
-    def __init__(self, memory_dir: Path, pids_dir: Path, v2: bool):
-        self.memory_dir = memory_dir
-        self.pids_dir = pids_dir
+    def __init__(self, dirs: dict[str, Path], v2: bool):
+        self.dirs = {controller: str(path) for controller, path in dirs.items()}
         self.v2 = v2
-        self._memory_limit: Optional[int] = None
-        self._oom_events_fd: Optional[int] = None
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        return tuple(self.dirs)
 
     @property
     def procs_files(self) -> list[str]:
-        dirs = {self.memory_dir, self.pids_dir}
-        return [str(d / "cgroup.procs") for d in dirs]
+        return [os.path.join(d, "cgroup.procs") for d in dict.fromkeys(self.dirs.values())]
 
-    def set_memory_limit(self, limit_bytes: Optional[int]) -> None:
-        """Cap the slot's memory; None lifts the cap (while a warm interpreter starts)."""
-        if limit_bytes == self._memory_limit:
-            return
-        name = "memory.max" if self.v2 else "memory.limit_in_bytes"
-        unlimited = "max" if self.v2 else "-1"
-        _write(self.memory_dir / name, unlimited if limit_bytes is None else str(limit_bytes))
-        self._memory_limit = limit_bytes
-
-    def set_pids_limit(self, count: int) -> None:
-        _write(self.pids_dir / "pids.max", str(count))
-
-    def memory_usage(self) -> int:
-        name = "memory.current" if self.v2 else "memory.usage_in_bytes"
-        return int((self.memory_dir / name).read_text())
-
-    def oom_kills(self) -> int:
-        """Processes of the slot the kernel has killed for memory, so far.  Read before and
-        after every job, through a descriptor kept open (the kernel regenerates the file on
-        each read from offset 0): opening it twice per job cost ~0.1 ms of the server's CPU."""
-        if self._oom_events_fd is None:
-            name = "memory.events" if self.v2 else "memory.oom_control"
-            self._oom_events_fd = os.open(self.memory_dir / name, os.O_RDONLY | os.O_CLOEXEC)
-        for line in os.pread(self._oom_events_fd, 4096, 0).splitlines():
-            key, _, value = line.partition(b" ")
-            if key == b"oom_kill":
-                return int(value)
-        return 0
+    def delegate(self, uid: int) -> None:
+        """Hand the directories to `uid`, which may then create and fill groups below them."""
+        for directory in dict.fromkeys(self.dirs.values()):
+            for name in ("", "cgroup.procs", "cgroup.subtree_control", "tasks"):
+                path = os.path.join(directory, name)
+                if os.path.exists(path):
+                    os.chown(path, uid, uid)
+            if self.v2:
+                _write(Path(directory, "cgroup.subtree_control"), "+memory +pids")
 
     def remove(self) -> None:
-        if self._oom_events_fd is not None:
-            os.close(self._oom_events_fd)
-            self._oom_events_fd = None
-        for directory in {self.memory_dir, self.pids_dir}:
-            for _ in range(50):
-                try:
-                    directory.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.05)  # the slot's processes are still being reaped
+        for directory in dict.fromkeys(self.dirs.values()):
+            _remove_tree(Path(directory))
+
+
+def _remove_tree(directory: Path, attempts: int = 50) -> None:
+    """Remove a group and the run groups under it (children first), waiting briefly for the
+    kernel to finish tearing down what was killed in them."""
+    for child in sorted(directory.glob("*/"), reverse=True):
+        if child.is_dir():
+            _remove_tree(child, attempts)
+    for _ in range(attempts):
+        try:
+            directory.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
 
 
 class CgroupManager:
-    """Creates one parent group per server and one child group per slot."""
+    """Creates one parent group per server and one delegated group per sandbox."""
 
     def __init__(self, name: str):
         self.name = name
         self.v2 = (CGROUP_ROOT / "cgroup.controllers").exists()
         self.available = False
         self.reason = ""
-        self._parents: list[Path] = []
+        self._parents: dict[str, Path] = {}
         try:
             self._setup()
             self.available = True
@@ -100,36 +91,29 @@ class CgroupManager:
             log.warning("verl-sf: %s", self.reason)
 
     def _setup(self) -> None:
-        bases = [CGROUP_ROOT] if self.v2 else [CGROUP_ROOT / "memory", CGROUP_ROOT / "pids"]
-        for base in bases:
+        bases = {c: CGROUP_ROOT for c in CONTROLLERS} if self.v2 else {c: CGROUP_ROOT / c for c in CONTROLLERS}
+        for base in dict.fromkeys(bases.values()):
             _sweep_stale_groups(base)
-        if self.v2:
-            parent = CGROUP_ROOT / self.name
+        for controller, base in bases.items():
+            parent = base / self.name
             parent.mkdir(exist_ok=True)
-            _write(parent / "cgroup.subtree_control", "+memory +pids")
-            self._parents = [parent]
-        else:
-            mem, pids = CGROUP_ROOT / "memory" / self.name, CGROUP_ROOT / "pids" / self.name
-            for parent in (mem, pids):
-                parent.mkdir(exist_ok=True)
-            self._parents = [mem, pids]
-
-    def slot(self, index: int) -> SlotCgroup:
+            self._parents[controller] = parent
         if self.v2:
-            path = self._parents[0] / f"slot{index}"
+            _write(self._parents["memory"] / "cgroup.subtree_control", "+memory +pids")
+
+    def sandbox(self, name: str) -> Optional[SandboxCgroup]:
+        if not self.available:
+            return None
+        dirs = {}
+        for controller, parent in self._parents.items():
+            path = parent / name
             path.mkdir(exist_ok=True)
-            return SlotCgroup(path, path, v2=True)
-        mem, pids = (parent / f"slot{index}" for parent in self._parents)
-        mem.mkdir(exist_ok=True)
-        pids.mkdir(exist_ok=True)
-        return SlotCgroup(mem, pids, v2=False)
+            dirs[controller] = path
+        return SandboxCgroup(dirs, self.v2)
 
     def remove(self) -> None:
-        for parent in self._parents:
-            try:
-                parent.rmdir()
-            except OSError:
-                pass
+        for parent in dict.fromkeys(self._parents.values()):
+            _remove_tree(parent)
 
 
 def _sweep_stale_groups(base: Path) -> None:
@@ -137,13 +121,8 @@ def _sweep_stale_groups(base: Path) -> None:
     loss): `verl-sf-<pid>-...` whose pid is gone.  Groups with processes in them stay."""
     for parent in base.glob("verl-sf-*-*"):
         pid = parent.name.split("-")[2]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        for group in [*parent.glob("slot*"), parent]:
-            try:
-                group.rmdir()
-            except OSError:
-                pass
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove_tree(parent, attempts=1)
 
 
 def _alive(pid: int) -> bool:

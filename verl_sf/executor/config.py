@@ -7,17 +7,35 @@ import enum
 import os
 import sys
 
-# Every warm interpreter imports these (cheap, stdlib); the "full" one also imports `preload`.
-# Not `random` (nor `statistics`, which imports it) or `threading`: they register fork hooks
-# (reseed; rebuild the thread state) that every forked run would pay for, ~0.25 and ~0.4 ms of
-# CPU here, used or not; a run that needs them imports them in ~1-2 ms.
+# Every warm interpreter imports these (cheap, stdlib); heavier ones also import one of `preload`.
+# Not `random` (nor `statistics`, which imports it) or `threading`: they register fork hooks that
+# every forked run would pay for, used or not; a run that needs them imports them itself.
 LEAN_PRELOAD = ("math", "json", "re", "collections", "itertools", "functools", "fractions", "decimal",
                 "heapq", "bisect", "string", "datetime", "atexit", "types", "linecache", "traceback", "io")
 DEFAULT_PRELOAD = ("numpy", "sympy", "scipy")
+RUN_MEMORY_ESTIMATE_MB = 48
+"""What one run in flight is assumed to hold, to size the in-flight cap from the machine's memory."""
+
+
+def _memory_mb() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+    except (ValueError, OSError):
+        return 8192
+
+
+def default_max_in_flight() -> int:
+    """Runs admitted at once: enough for verl's 32-thread reward client beside a rollout batch
+    of 256, and more on machines whose memory holds more."""
+    return max(512, min(4096, _memory_mb() // RUN_MEMORY_ESTIMATE_MB))
+
+
+CONFIG_ALIASES = {"workers": "slots", "max_queue": "max_in_flight"}
+"""Earlier names of settings, still accepted in configs."""
 
 
 class IsolationMode(str, enum.Enum):
-    """`sandbox`: bubblewrap + namespaces + cgroups.  `none`: plain child processes (unsafe)."""
+    """`sandbox`: bubblewrap + namespaces + cgroups + seccomp.  `none`: plain child processes (unsafe)."""
 
     sandbox = "sandbox"
     none = "none"
@@ -25,17 +43,21 @@ class IsolationMode(str, enum.Enum):
 
 @dataclasses.dataclass
 class ExecutorConfig:
-    workers: int = max(4, 2 * (os.cpu_count() or 1))
-    """Sandbox slots, i.e. runs executing at once; each is one warm interpreter."""
-    max_queue: int = 1024
-    """Requests allowed to wait for a slot; beyond that the server answers 503."""
+    slots: int = max(4, 2 * (os.cpu_count() or 1))
+    """CPU slots: runs in their first CPU slice at once.  A run gives its slot up after `cpu_slice_s`
+    and goes on at the lowest CPU priority, so fresh runs never wait behind long ones."""
+    cpu_slice_s: float = 0.1
+    max_in_flight: int = dataclasses.field(default_factory=default_max_in_flight)
+    """Runs admitted (waiting for a slot or running); beyond that the server answers 503."""
+    sandboxes: int = max(1, os.cpu_count() or 1)
+    """Warm interpreters per flavor, each in its own sandbox; runs are spread over them."""
     isolation: IsolationMode = IsolationMode.sandbox
     fast_path: bool = True
     """Serve `python` from the pre-warmed interpreter (fork per run) instead of `python3 main.py`."""
     preload: tuple[str, ...] = DEFAULT_PRELOAD
-    """Heavy libraries a second, "full" warm interpreter per slot imports.  Code that names one
-    of them is forked from it; other code from the lean one, whose fork and exit cost a
-    fraction (fork time grows with the parent's memory)."""
+    """Heavy libraries a warm interpreter per library (and a "full" one with all) imports.  Code
+    that names one of them is forked from it; other code from the lean one, whose fork and exit
+    cost a fraction (fork time grows with the parent's memory)."""
     default_memory_mb: int = 2048
     """Cap applied when a request says memory_limit_MB=-1."""
     output_limit_bytes: int = 1 << 20
@@ -44,11 +66,21 @@ class ExecutorConfig:
     tmp_size_mb: int = 64
     max_file_size_mb: int = 256
     max_processes: int = 256
-    """Processes and threads per run (RLIMIT_NPROC, and the slot's pids cgroup)."""
+    """Processes and threads per run (its pids cgroup; RLIMIT_NPROC where there is none)."""
     max_open_files: int = 1024
     fetch_file_limit_bytes: int = 32 << 20
     python: str = sys.executable
     """Interpreter of the runtime the code sees (a venv with the scientific stack)."""
     sandbox_uid: int = 1000
-    """uid (inside the sandbox) that code runs as; mapped to the host's `nobody`."""
+    """uid (inside the sandbox) that code runs as."""
+    host_uid_base: int = 100000
+    """As root: the sandbox's uid 0 is this host uid and its run uid this plus `sandbox_uid`; neither is
+    a real account (the usual start of /etc/subuid ranges)."""
+    reply_margin_s: float = 2.5
+    """A reply leaves this long before the client's deadline (run_timeout + compile_timeout + 10 s)."""
+    max_sessions: int = 512
+    session_idle_ttl_s: float = 600.0
+    session_max_lifetime_s: float = 3600.0
+    session_interrupt_grace_s: float = 2.0
+    """A timed-out session call is interrupted (KeyboardInterrupt); one still running this long after is killed."""
     pod_name: str = dataclasses.field(default_factory=lambda: os.uname().nodename)

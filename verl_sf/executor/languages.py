@@ -22,6 +22,8 @@ class LanguageSpec:
     compile: Optional[tuple[str, ...]] = None
     needs: tuple[str, ...] = ()
     """Executables (besides the runtime python) that must exist on PATH."""
+    etc: tuple[str, ...] = ()
+    """Entries of /etc the toolchain reads, bound into the sandbox's minimal /etc."""
 
 
 SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
@@ -85,6 +87,9 @@ class Toolchains:
     def missing_message(self, language: str) -> str:
         tools = ", ".join(repr(t) for t in self.missing[language])
         return f"language {language!r} needs {tools}, which is not installed on this server"
+
+    def missing_summary(self) -> dict[str, str]:
+        return {language: self.missing_message(language) for language in sorted(self.missing)}
 
     def argv(self, template: tuple[str, ...]) -> list[str]:
         return [self.python if part == "{python}" else self.executables.get(part, part) for part in template]

@@ -1,40 +1,53 @@
-"""Starting one sandbox slot: user namespace, bubblewrap, then the zygote inside.
+"""Starting one sandbox: a user namespace, bubblewrap, then the zygote inside.
 
-The slot's process tree: server -> bwrap (PID 1 of the slot's PID namespace) -> zygote ->
-one child per run.  bubblewrap builds the filesystem view (read-only system directories,
-the runtime python, size-capped tmpfs /workdir and /tmp, nothing of /root, /home, the host
-/tmp or the server's files) and the network (none: not even the host's 127.0.0.1), IPC
-and UTS namespaces.  Before bwrap starts we put it in a user namespace whose uid map we
-write ourselves: uid 0 inside stays host root (so bwrap may bind the runtime even when it
-lives under /root) but holds capabilities only inside; the uid that runs code is mapped
-to the host's `nobody`, so even an escaped process owns nothing on the host.
+The process tree: server -> bwrap (PID 1 of the sandbox's PID namespace) -> zygote -> one child
+per run or session.  bubblewrap builds the filesystem view: read-only system directories, a
+minimal /etc (what runtimes read, plus synthetic identity files), the runtime and toolchain
+directories (staged by the server, as root, at a path the sandbox's unprivileged root may
+traverse, in a mount namespace of the sandbox's own: nothing inside ever traverses /root),
+nothing of /home, the host /tmp or the server's files; and the network (none: not even the
+host's 127.0.0.1), IPC and UTS namespaces.  The zygote then gives each run its own PID and
+mount namespaces, tmpfs directories, cgroup, uid and seccomp filter (see zygote.py).
+
+Before bwrap starts, the server puts it in a user namespace whose maps it writes itself.  As
+root: uid 0 inside maps to an unprivileged host uid (`host_uid_base`) and the run uid to another,
+so no process of a sandbox is host root.  As an ordinary user (unprivileged user namespaces):
+the user's own uid is the only one mapped; runs keep that uid without any capability.
 """
 
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import json
 import os
 import shutil
+import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
+from verl_sf.errors import VerlSfError
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
 from verl_sf.executor.config import LEAN_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import Toolchains
+from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED
 
-CLONE_NEWUSER = 0x10000000
-HOST_NOBODY = 65534
+CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+STAGE_DIR = "/tmp/verl-sf-stage"
+_libc = ctypes.CDLL(None, use_errno=True)
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_TMP = "/tmp"
+SANDBOX_DATA = "/mnt/data"
 ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
 ZYGOTE_SOURCE = Path(zygote.__file__).read_text()
 
 
-class IsolationUnavailable(RuntimeError):
+class IsolationUnavailable(VerlSfError, RuntimeError):
     """The machine cannot build the sandbox; the message says what is missing."""
 
 
@@ -45,9 +58,22 @@ def check_isolation_support() -> None:
             "bubblewrap (bwrap) is not installed: install it (e.g. `apt-get install bubblewrap`), "
             "or start with `--isolation none` to run code without isolation (unsafe)")
     if os.geteuid() != 0:
-        raise IsolationUnavailable(
-            "the sandbox maps run uids in a user namespace, which needs the server to run as root "
-            "(as in a GPU container); otherwise start with `--isolation none` (unsafe)")
+        probe = subprocess.run(["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            raise IsolationUnavailable(
+                "this user cannot create user namespaces, which an isolated server without root needs "
+                f"({probe.stderr.strip()}); ask an administrator to enable unprivileged user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; on Ubuntu "
+                "kernel.apparmor_restrict_unprivileged_userns=0), or start with `--isolation none` (unsafe)")
+    if libseccomp_path() is None:
+        raise IsolationUnavailable("libseccomp (libseccomp.so.2) is not installed: install it "
+                                   "(e.g. `apt-get install libseccomp2`)")
+
+
+def libseccomp_path() -> Optional[str]:
+    name = ctypes.util.find_library("seccomp")
+    return name
 
 
 def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str]:
@@ -62,6 +88,7 @@ def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
+        "MPLBACKEND": "Agg",
     }
     for key, value in os.environ.items():
         if key.startswith(ENV_PASSTHROUGH_PREFIXES) and key not in env:
@@ -83,29 +110,62 @@ def _ancestors(path: str) -> list[str]:
 
 
 class SandboxLauncher:
-    """Builds the argv for a slot and spawns it; one per executor."""
+    """Builds the argv for a sandbox and spawns it; one per executor."""
 
-    def __init__(self, config: ExecutorConfig, toolchains: Toolchains):
+    def __init__(self, config: ExecutorConfig, toolchains: Toolchains, extra_etc: tuple[str, ...] = ()):
         self.config = config
         self.toolchains = toolchains
         self.isolated = config.isolation == IsolationMode.sandbox
+        self.single_uid = os.geteuid() != 0
         self.env = sandbox_env(config, toolchains)
+        self.extra_etc = extra_etc
         self._state_dir = tempfile.mkdtemp(prefix="verl-sf-")
         os.chmod(self._state_dir, 0o755)
-        self._write_identity_files()
-
-    def _write_identity_files(self) -> None:
-        # getpwuid() must work inside (Python's getpass, javac), without showing host accounts.
-        uid = self.config.sandbox_uid
-        Path(self._state_dir, "passwd").write_text(
-            f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}:sandbox:{SANDBOX_WORKDIR}:/bin/sh\n"
-            f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
-        Path(self._state_dir, "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n")
-
-    def slot_workdir(self, index: int, flavor: str) -> str:
+        self._etc_dir = os.path.join(self._state_dir, "etc")
         if self.isolated:
-            return SANDBOX_WORKDIR
-        return os.path.join(self._state_dir, f"slot{index}-{flavor}")
+            self._build_etc()
+        # As root, every directory bwrap binds is staged in a private tmpfs (see _stage) that the
+        # sandbox's unprivileged root can traverse, wherever the runtime and $TMPDIR live.
+        staging = self.isolated and not self.single_uid
+        self._staged = {d: (f"{STAGE_DIR}/bind{i}" if staging else d)
+                        for i, d in enumerate([self._etc_dir, *self.bound_dirs()])} if self.isolated else {}
+
+    @property
+    def run_uid(self) -> int:
+        """The uid code runs as inside (0 of the namespace, without capabilities, when only one uid is mapped)."""
+        return 0 if self.single_uid else self.config.sandbox_uid
+
+    def host_uids(self) -> tuple[int, int]:
+        """(host uid of the sandbox's root, host uid of its runs)."""
+        if self.single_uid:
+            return os.geteuid(), os.geteuid()
+        base = self.config.host_uid_base
+        return base, base + self.config.sandbox_uid
+
+    def _build_etc(self) -> None:
+        """The sandbox's /etc, built once per server as a copy (one bind mount instead of one per
+        entry, which every run's mount namespace would copy and tear down): the world-readable
+        entries runtimes read, and synthetic identity files.  Nothing added to the host's /etc
+        later shows inside."""
+        os.mkdir(self._etc_dir, 0o755)
+        for entry in dict.fromkeys(ETC_ENTRIES + self.extra_etc):
+            _copy_readable(os.path.join("/etc", entry), os.path.join(self._etc_dir, entry))
+        uid = self.config.sandbox_uid
+        identity = {
+            # getpwuid() must work inside (Python's getpass, javac), without showing host accounts.
+            "passwd": f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}:sandbox:{SANDBOX_WORKDIR}:"
+                      "/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            "group": f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n",
+            "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+            "hostname": "sandbox\n",
+            "resolv.conf": "# no network in the sandbox\n",
+            "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n"
+                             "protocols: files\nservices: files\n",
+        }
+        for name, text in identity.items():
+            path = os.path.join(self._etc_dir, name)
+            Path(path).write_text(text)
+            os.chmod(path, 0o644)
 
     def heavy_preload(self, flavor: str) -> list[str]:
         """A flavor is `lean` (stdlib only), one preloaded library by name, or `full` (all of them)."""
@@ -117,35 +177,51 @@ class SandboxLauncher:
             raise ValueError(f"unknown interpreter flavor {flavor!r}")
         return [flavor]
 
-    def zygote_argv(self, index: int, flavor: str) -> list[str]:
-        workdir = self.slot_workdir(index, flavor)
-        preload = list(LEAN_PRELOAD) + self.heavy_preload(flavor)
-        zygote_config = {
+    def zygote_config(self, name: str, flavor: str, cgroup_fds: dict[str, int],
+                      cgroup_v2: bool) -> zygote.ZygoteConfig:
+        cfg = self.config
+        if self.isolated:
+            workdir, tmpdir, datadir = SANDBOX_WORKDIR, SANDBOX_TMP, SANDBOX_DATA
+        else:
+            workdir = os.path.join(self._state_dir, name)
+            tmpdir = datadir = workdir
+        return {
             "isolated": self.isolated,
+            "single_uid": self.single_uid,
             "workdir": workdir,
-            "tmpdir": SANDBOX_TMP if self.isolated else os.path.join(workdir, ".tmp"),
-            "uid": self.config.sandbox_uid,
-            "gid": self.config.sandbox_uid,
-            "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": os.path.join(workdir, ".tmp")},
-            "preload": preload,
-            "fetch_limit": self.config.fetch_file_limit_bytes,
-            "keep": {SANDBOX_TMP: self.kept_entries(SANDBOX_TMP), SANDBOX_WORKDIR: self.kept_entries(SANDBOX_WORKDIR)}
-            if self.isolated else {},
+            "tmpdir": tmpdir,
+            "datadir": datadir,
+            "sizes": {workdir: cfg.workdir_size_mb << 20, tmpdir: cfg.tmp_size_mb << 20, datadir: cfg.workdir_size_mb << 20},
+            "keep": {d: self.kept_entries(d) for d in (SANDBOX_TMP, SANDBOX_WORKDIR, SANDBOX_DATA)} if self.isolated else {},
+            "uid": cfg.sandbox_uid,
+            "gid": cfg.sandbox_uid,
+            "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": workdir},
+            "preload": list(LEAN_PRELOAD) + self.heavy_preload(flavor),
+            "fetch_limit": cfg.fetch_file_limit_bytes,
+            "cgroups": cgroup_fds,
+            "cgroup_v2": cgroup_v2,
+            "seccomp": list(SECCOMP_DENIED) if self.isolated else [],
+            "libseccomp": libseccomp_path() or "" if self.isolated else "",
+            "demote_after": cfg.cpu_slice_s,
         }
-        return [self.config.python, "-I", "-c", ZYGOTE_SOURCE, json.dumps(zygote_config)]
 
     def bound_dirs(self) -> list[str]:
         return _runtime_dirs(self.config.python) + list(self.toolchains.extra_dirs)
 
     def kept_entries(self, directory: str) -> list[str]:
-        """Entries of the sandbox's /tmp or /workdir that lead to bound runtime dirs: never wiped."""
+        """Top entries of a per-run mount point that lead to bound runtime dirs: bound again in every run."""
         prefix = directory.rstrip("/") + "/"
         return sorted({d[len(prefix):].split("/")[0] for d in self.bound_dirs() if d.startswith(prefix)})
 
-    def command(self, index: int, flavor: str) -> list[str]:
+    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool) -> list[str]:
+        """The sandbox's argv; `cgroup_fds` are descriptors of its delegated cgroups (controller ->
+        fd), which the caller passes to the process: the zygote makes run groups through them."""
+        config = self.zygote_config(name, flavor, cgroup_fds, cgroup_v2)
+        argv = [self.config.python, "-I", "-c", ZYGOTE_SOURCE, json.dumps(config)]
         if not self.isolated:
-            return self.zygote_argv(index, flavor)
-        return self._bwrap_args() + ["--"] + self.zygote_argv(index, flavor)
+            os.makedirs(os.path.join(self._state_dir, name), exist_ok=True)
+            return argv
+        return self._bwrap_args() + ["--"] + argv
 
     def _bwrap_args(self) -> list[str]:
         cfg = self.config
@@ -156,35 +232,42 @@ class SandboxLauncher:
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 args += ["--ro-bind", top, top]
-        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
-                 "--ro-bind", os.path.join(self._state_dir, "passwd"), "/etc/passwd",
-                 "--ro-bind", os.path.join(self._state_dir, "group"), "/etc/group"]
-        # The tmpfs mounts come first: a runtime that lives under /tmp (a CI checkout, say)
-        # is then bound on top of them instead of being hidden by them.
+        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", self._staged[self._etc_dir], "/etc"]
+        # The tmpfs mounts come first: a runtime that lives under /tmp (a CI checkout, say) is then
+        # bound on top of them; each run mounts its own tmpfs there and binds the runtime again.
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(cfg.tmp_size_mb << 20), "--perms", "1777", "--tmpfs", SANDBOX_TMP,
-                 "--size", str(cfg.workdir_size_mb << 20), "--perms", "0755", "--tmpfs", SANDBOX_WORKDIR]
-        for extra in self.bound_dirs():
+                 "--size", str(cfg.workdir_size_mb << 20), "--perms", "0755", "--tmpfs", SANDBOX_WORKDIR,
+                 "--dir", SANDBOX_DATA]
+        for extra, staged in self._staged.items():
+            if extra == self._etc_dir:
+                continue
             # Parents such as /root are made traverse-only: the runtime is reachable, nothing else is listed.
             for parent in _ancestors(extra):
                 if parent not in (SANDBOX_TMP, SANDBOX_WORKDIR):
                     args += ["--perms", "0711", "--dir", parent]
-            args += ["--ro-bind", extra, extra]
+            args += ["--ro-bind", staged, extra]
         args += ["--chdir", SANDBOX_WORKDIR]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:
-        """Runs in the forked child before exec: join the slot's cgroups, enter the user namespace."""
+        """Runs in the forked child before exec: join the sandbox's cgroups, enter the user namespace."""
         isolated = self.isolated
-        uid = self.config.sandbox_uid
+        single = self.single_uid
+        root_uid, run_uid = self.host_uids()
+        inner_uid = self.config.sandbox_uid
+        staged = {d: s for d, s in self._staged.items() if d != s}
 
         def _preexec() -> None:
             if procs_files:
                 join_cgroups(procs_files)
-            if isolated:
-                _enter_user_namespace(uid)
-            else:
+            if not isolated:
                 os.setsid()
+            elif single:
+                _enter_own_user_namespace()
+            else:
+                _stage(staged)
+                _enter_mapped_user_namespace(root_uid, inner_uid, run_uid)
 
         return _preexec
 
@@ -192,14 +275,53 @@ class SandboxLauncher:
         shutil.rmtree(self._state_dir, ignore_errors=True)
 
 
-def _enter_user_namespace(sandbox_uid: int) -> None:
-    """unshare(CLONE_NEWUSER), then have a still-privileged helper write a two-entry uid map.
+def _unshare(flag: int, what: str) -> None:
+    if _libc.unshare(flag) != 0:
+        raise OSError(ctypes.get_errno(), f"unshare({what}) failed")
 
-    A process may only map its own uid into a namespace it creates; mapping a second uid
-    (the one code runs as) takes CAP_SETUID in the parent namespace, which the forked
-    helper still has.  Then we become uid 0 of the new namespace, with its capabilities.
+
+def _stage(staged: dict[str, str]) -> None:
+    """In a mount namespace of the sandbox's own, still as host root: a fresh tmpfs on /tmp (the
+    sandbox never sees the host's /tmp) holding, bound from descriptors opened before it hid
+    anything, every directory bwrap binds.  The sandbox's root is an unprivileged host uid that
+    could not traverse e.g. /root or a private $TMPDIR to reach them."""
+    _unshare(CLONE_NEWNS, "CLONE_NEWNS")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    sources = {target: os.open(directory, os.O_PATH | os.O_DIRECTORY) for directory, target in staged.items()}
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    os.mkdir(STAGE_DIR, 0o755)
+    for target, fd in sources.items():
+        os.mkdir(target, 0o755)
+        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
+        os.close(fd)
+
+
+def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, options: Optional[str]) -> None:
+    encode = (lambda v: None if v is None else v.encode())
+    if _libc.mount(encode(source), encode(target), encode(fstype), flags, encode(options)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _enter_own_user_namespace() -> None:
+    """Without root: a namespace whose uid 0 is this user, the only uid mapped."""
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare(CLONE_NEWUSER, "CLONE_NEWUSER")
+    with open("/proc/self/setgroups", "w") as fh:
+        fh.write("deny")
+    for name, host in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(f"0 {host} 1\n")
+
+
+def _enter_mapped_user_namespace(root_host_uid: int, run_uid: int, run_host_uid: int) -> None:
+    """As root: unshare(CLONE_NEWUSER), then have a still-privileged helper write a two-entry map
+    in which neither entry is host root.
+
+    A process may only map its own uid into a namespace it creates; mapping others takes
+    CAP_SETUID in the parent namespace, which the forked helper still has.  Then we become
+    uid 0 of the new namespace, with its capabilities (and none on the host).
     """
-    libc = ctypes.CDLL(None, use_errno=True)
     ready_r, ready_w = os.pipe()
     target = os.getpid()
     helper = os.fork()
@@ -207,15 +329,14 @@ def _enter_user_namespace(sandbox_uid: int) -> None:
         try:
             os.close(ready_w)
             os.read(ready_r, 1)
-            mapping = f"0 0 1\n{sandbox_uid} {HOST_NOBODY} 1\n"
+            mapping = f"0 {root_host_uid} 1\n{run_uid} {run_host_uid} 1\n"
             for name in ("uid_map", "gid_map"):
                 with open(f"/proc/{target}/{name}", "w") as fh:
                     fh.write(mapping)
         finally:
             os._exit(0)
     os.close(ready_r)
-    if libc.unshare(CLONE_NEWUSER) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
+    _unshare(CLONE_NEWUSER, "CLONE_NEWUSER")
     os.write(ready_w, b"x")
     os.close(ready_w)
     _, status = os.waitpid(helper, 0)
@@ -223,6 +344,27 @@ def _enter_user_namespace(sandbox_uid: int) -> None:
         raise OSError("writing the sandbox uid map failed")
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
+    os.setgroups([])
+
+
+def _copy_readable(source: str, target: str) -> None:
+    """Copy what anyone may read of `source` (a file, a symlink as a symlink, or a directory tree)."""
+    if os.path.islink(source):
+        os.symlink(os.readlink(source), target)
+        return
+    try:
+        mode = os.stat(source).st_mode
+    except OSError:
+        return
+    if not mode & 0o004:
+        return  # e.g. /etc/ssl/private: never into a sandbox
+    if stat.S_ISDIR(mode):
+        os.mkdir(target, 0o755)
+        for entry in sorted(os.listdir(source)):
+            _copy_readable(os.path.join(source, entry), os.path.join(target, entry))
+    elif stat.S_ISREG(mode):
+        shutil.copyfile(source, target)
+        os.chmod(target, 0o644)
 
 
 def describe(config: ExecutorConfig) -> Optional[str]:

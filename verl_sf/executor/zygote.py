@@ -1,22 +1,23 @@
-"""The warm interpreter that runs inside one sandbox slot and forks a child per run.
+"""The warm interpreter inside one sandbox: it forks a fresh child per run and per session.
 
-This file is executed as a standalone script (`python -I -c <source>`) inside the
-bubblewrap sandbox, so it imports only the standard library and never the `verl_sf`
-package: the sandbox does not see the server's files.  It never runs user code itself;
-every run gets a fresh child forked from this pristine, pre-imported interpreter, so
-Python state cannot leak from one run to the next and no per-run interpreter start or
-library import is paid.
+This file is executed as a standalone script (`python -I -c <source>`) inside the bubblewrap
+sandbox, so it imports only the standard library and never the `verl_sf` package (the sandbox
+does not see the server's files); the executor imports its message types.  It never runs user
+code itself: every run and every session is a child forked from this pristine, pre-imported
+interpreter, so no per-run interpreter start or library import is paid.
 
-Per run (isolated mode) the child gets: a new PID namespace (it is PID 1 there, so every
-process it starts dies with it), a new mount namespace with its own /proc, the slot's
-size-capped /workdir and /tmp (wiped by this process after every job), a non-root uid with
-no capabilities and no_new_privs, and rlimits.  Network, IPC and UTS namespaces, the
-read-only filesystem view and the scrubbed environment come from the slot's bubblewrap.
+One zygote serves many runs at once.  Each child gets, before it sees its job (a child is
+forked ahead of time and waits on a pipe): its own PID namespace (it is PID 1 there, so all it
+starts dies with it), mount and IPC namespaces, fresh size-capped tmpfs mounts on /workdir,
+/tmp and /mnt/data (private to it and gone with it: nothing is ever wiped or opened by a
+privileged process on a run's behalf), its own cgroup (memory and pids caps), the run's
+unprivileged uid with no capabilities and no_new_privs, and the seccomp filter.  Network,
+UTS and the read-only system view come from the sandbox's bubblewrap.
 
-Protocol: requests on fd 0, replies on fd 1, one per line.  A request line is two JSON
-texts joined by a tab (JSON never holds a raw tab): first the fields this process needs to
-supervise the run (SUPERVISED_KEYS), then the whole request, which goes to the run's child
-unread; a reply is one JSON object.
+Protocol: requests on fd 0, replies on fd 1, one per line.  A request line is two JSON texts
+joined by a tab (JSON never holds a raw tab): the head this process acts on (a `Head`), then the
+body, which goes to the child unread.  A reply is one JSON object (a `Reply`), tagged with the
+request's `id`; replies come in completion order.
 """
 
 import _thread
@@ -25,6 +26,8 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import errno
+import fcntl
 import gc
 import io
 import json
@@ -38,22 +41,145 @@ import sys
 import time
 import traceback
 import types
+from typing import Dict, List, Literal, Optional, TypedDict, Union
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
-PR_SET_NO_NEW_PRIVS = 38
-PR_SET_NAME = 15
+# ---- messages (the executor imports these; keep them standard-library `typing` only) ----------
+RunMode = Literal["python", "exec", "jupyter"]
+SessionLanguage = Literal["python", "bash"]
+
+
+class ZygoteConfig(TypedDict):
+    isolated: bool
+    single_uid: bool  # no second uid is mapped: runs keep uid 0 of the namespace, without capabilities
+    workdir: str
+    tmpdir: str
+    datadir: str
+    sizes: Dict[str, int]  # tmpfs size in bytes by mount point
+    keep: Dict[str, List[str]]  # entries of a per-run tmpfs mount point that lead to bound runtime dirs
+    uid: int
+    gid: int
+    env: Dict[str, str]
+    preload: List[str]
+    fetch_limit: int
+    cgroups: Dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
+    cgroup_v2: bool
+    seccomp: List[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
+    libseccomp: str
+    demote_after: float  # seconds of wall time after which a run drops to the lowest CPU priority
+
+
+class Limits(TypedDict):
+    timeout: float  # the stage's wall-clock limit, not counting time spent waiting for a CPU
+    hard_timeout: float  # wall-clock limit from hand-over that no extension passes
+    output_limit: int  # bytes per stream
+    memory: int  # bytes; 0: no cap
+    nproc: int
+
+
+class RunHead(TypedDict):
+    op: Literal["run"]
+    id: int
+    limits: Limits
+    compile_timeout: float  # 0: no compile stage
+
+
+class CancelHead(TypedDict):
+    op: Literal["cancel"]
+    id: int
+
+
+class SessionOpenHead(TypedDict):
+    op: Literal["open"]
+    id: int
+    language: SessionLanguage
+    limits: Limits
+
+
+class SessionCallHead(TypedDict):
+    op: Literal["call"]
+    id: int
+    session: int  # the id its open request had
+    limits: Limits
+    grace: float  # seconds an interrupted call has to stop before the session is killed
+
+
+class SessionCloseHead(TypedDict):
+    op: Literal["close"]
+    id: int
+    session: int
+
+
+Head = Union[RunHead, CancelHead, SessionOpenHead, SessionCallHead, SessionCloseHead]
+
+
+class RunBody(TypedDict, total=False):
+    """What the child reads: the run's own data, which this process never parses."""
+
+    mode: RunMode
+    files: Dict[str, str]  # path -> base64
+    stdin: Optional[str]
+    code: str
+    argv: List[str]
+    compile_argv: List[str]
+    cells: List[str]
+    cell_timeout: float
+    fetch_files: List[str]
+    fsize: int
+    nofile: int
+    nproc: int
+
+
+class StageResult(TypedDict, total=False):
+    status: Literal["Finished", "TimeLimitExceeded", "Error"]
+    return_code: Optional[int]
+    execution_time: float
+    cpu_time: Optional[float]
+    cpu_wait_time: Optional[float]
+    cpu_starved: bool
+    memory_exceeded: bool
+    stdout: str
+    stderr: str
+
+
+class Reply(StageResult, total=False):
+    id: int
+    compile: StageResult  # present when the run had a compile stage
+    files: Dict[str, str]
+    cells: List[dict]
+    truncated: bool
+    error: str  # the zygote could not do what was asked (a bug, or a resource it could not get)
+    session_alive: bool  # a session's reply: does the session live on
+    session_end: str  # why a session ended (sent unprompted when it dies between calls)
+    group: Optional[str]  # a new session's cgroup, below the sandbox's (its memory use is read there)
+
+
+# ---- constants --------------------------------------------------------------------------------
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME = 0x10000000, 0x20000000, 0x40000000, 0x00000080
+NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+                   CLONE_NEWNET, CLONE_NEWTIME)
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 2, 4, 8, 4096, 16384
+PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 15, 24, 38, 22
+SECCOMP_MODE_FILTER = 2
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+SYS_OPENAT2 = 437
 READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
-PR_CAPBSET_DROP = 24
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 READ_CHUNK = 1 << 16
-SUPERVISED_KEYS = ("mode", "timeout", "output_limit", "fetch_files", "last")
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
+DRAIN_AFTER_EXIT = 1.0  # seconds to collect output still in flight once a run's PID 1 is gone
+TICK = 0.2  # seconds between CPU-wait samples of long runs
+STARVED_SHARE = 0.5  # a time-out is the CPU's fault when the run waited at least this share of its time
+BASH_SESSION = (
+    "trap 'printf \"\\nKeyboardInterrupt\\n\" >&2' INT\n"
+    "while IFS= read -r -d '' __verl_sf_code <&9; do\n"
+    "  eval \"$__verl_sf_code\" 3>&- 9<&- </dev/null\n"
+    "  printf '{\"call_done\": true, \"return_code\": %d}\\n' \"$?\" >&3\n"
+    "done\n"
+)
 
-# First calls into these libraries import submodules and fill caches (sympy's first solve
-# takes ~120 ms, later ones ~10 ms); doing them once here spares every forked run.
+# First calls into these libraries import submodules and fill caches; doing them once here
+# spares every forked run.
 WARMUPS = {
     "sympy": "import sympy as sp\nx, y = sp.symbols('x y')\nsp.solve(x**2 - 4, x)\nsp.simplify(sp.sin(x)**2 + sp.cos(x)**2)\n"
              "sp.factor(x**2 - y**2)\nsp.integrate(x**2, x)\nsp.diff(sp.exp(x) * x, x)\nsp.Rational(1, 3) + 1\n"
@@ -62,28 +188,22 @@ WARMUPS = {
     "scipy": "import scipy.optimize, scipy.special, scipy.stats, scipy.integrate, scipy.linalg\n",
 }
 
-# Generators that libraries seed once, at import: every run forked from the warm interpreter
-# would replay the same numbers (np.random.rand() alike in every run), where a fresh
-# `python main.py` draws new ones.  Before forking each run the zygote calls `seed()` (no
-# argument: fresh OS entropy) of those it holds: numpy's legacy global RandomState, sympy's own
-# random.Random instances.  Here, with no run alive, that costs a fraction of what it costs in
-# the child, where every page it touches first is a copy-on-write fault (~0.5 ms per numpy
-# run).  The stdlib's `random` reseeds itself after a fork.
+# Generators that libraries seed once, at import: every forked run would replay the same
+# numbers, where a fresh `python main.py` draws new ones.  The zygote reseeds them (from OS
+# entropy) before each fork, where it costs no copy-on-write faults.
 RESEEDED_MODULES = ("numpy.random", "sympy.core.random")
 
-# JSON goes through the C scanner and encoder directly.  json.loads and json.dumps walk Python
-# frames and objects before reaching them, and in a process forked a moment ago every object
-# touched is a page to copy: ~30 copy-on-write faults per call, in the zygote and in every run
-# (a forked parent's json.loads of a request head: 45 faults over the baseline, scan_once: 17).
+# JSON through the C scanner and encoder directly: json.loads/dumps' Python layers touch pages
+# that a process forked a moment ago must copy.
 _scan_json = json.JSONDecoder().scan_once
 _encode_json = json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring_ascii, None, ":", ",",
                                            False, False, True)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-# Each function is looked up (dlsym) and cached on `_libc` at its first use; `mount` is first
-# used in a run, so every run looked it up anew and paid ~50 copy-on-write faults for it.
-for _name in ("capget", "capset", "mount", "prctl", "setns", "unshare"):
+_libc.syscall.restype = ctypes.c_long
+# Looked up (dlsym) once here rather than in every run, whose lookups would copy pages.
+for _name in ("capget", "capset", "mount", "prctl", "setns", "unshare", "syscall"):
     getattr(_libc, _name)
 
 
@@ -95,63 +215,127 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                ("datum_b", ctypes.c_uint64)]
+
+
 def _check(result, what):
     if result != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _shrink_capabilities():
-    """Empty the bounding and inheritable sets for good, keeping the effective ones the zygote
-    needs (namespaces, mounts, uid changes).  Children inherit this, so an exec can never
-    regain a capability, and each run only has to change uid."""
-    for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break
+def _set_capabilities(keep_effective):
+    """Empty the inheritable set (and, unless `keep_effective`, every set)."""
     header = _CapHeader(0x20080522, 0)
     data = (_CapData * 2)()
     _check(_libc.capget(ctypes.byref(header), data), "capget")
     for half in data:
         half.inheritable = 0
+        if not keep_effective:
+            half.effective = half.permitted = 0
     _check(_libc.capset(ctypes.byref(header), data), "capset")
 
 
+def _shrink_capabilities():
+    """Empty the bounding set for good, keeping the effective capabilities the zygote needs
+    (namespaces, mounts, uid changes): an exec in a run can never regain one."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    _set_capabilities(keep_effective=True)
+
+
+def _seccomp_program(config):
+    """The run's seccomp filter, compiled once by libseccomp and exported as a BPF program that
+    each child loads with one prctl (compiling per run would cost far more than the fork)."""
+    lib = ctypes.CDLL(config["libseccomp"], use_errno=True)
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(_ArgCmp)]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    ctx = lib.seccomp_init(allow)  # the native ABI only: 32-bit and x32 calls hit the bad-arch kill
+    if not ctx:
+        raise OSError("seccomp_init failed")
+    lib.seccomp_attr_set(ctypes.c_void_p(ctx), 8, 2)  # SCMP_FLTATR_CTL_OPTIMIZE: a binary tree, not a list
+    try:
+        def rule(action, name, *compares):
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:
+                return  # not a system call on this architecture
+            array = (_ArgCmp * max(1, len(compares)))(*compares)
+            result = lib.seccomp_rule_add_array(ctx, action, number, len(compares), array)
+            if result != 0:
+                raise OSError(-result, f"seccomp rule for {name}: {os.strerror(-result)}")
+
+        for name in config["seccomp"]:
+            rule(eperm, name)
+        rule(enosys, "clone3")  # its flags live in memory a filter cannot read; libc falls back to clone
+        masked_eq = 7  # SCMP_CMP_MASKED_EQ
+        for flag in NAMESPACE_FLAGS:
+            rule(eperm, "clone", _ArgCmp(0, masked_eq, flag, flag))
+        exported = os.memfd_create("seccomp")
+        try:
+            result = lib.seccomp_export_bpf(ctx, exported)
+            if result != 0:
+                raise OSError(-result, f"seccomp_export_bpf: {os.strerror(-result)}")
+            return os.pread(exported, os.fstat(exported).st_size, 0)
+        finally:
+            os.close(exported)
+    finally:
+        lib.seccomp_release(ctx)
+
+
+# ---- the zygote -------------------------------------------------------------------------------
 class Zygote:
     def __init__(self, config):
         self.cfg = config
         self.isolated = config["isolated"]
-        self.workdir = config["workdir"]
-        self.tmpdir = config["tmpdir"]
-        self.uid = config["uid"]
-        self.gid = config["gid"]
-        self.env = config["env"]
         with open("/proc/self/comm", "rb") as comm:
             self.comm = comm.read().strip()  # a run's name, as `python main.py` would show it
         self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if self.isolated else -1
         # Protocol fds move out of 0/1 so children can take those numbers for their stdio.
         self.req_fd = os.dup(0)
-        self.rep = os.fdopen(os.dup(1), "wb", buffering=0)
+        self.rep_fd = os.dup(1)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.close(devnull)
-        # Children inherit the environment, so it is set once here rather than in every run.
-        os.environ.clear()
-        os.environ.update(self.env)
+        os.set_blocking(self.req_fd, False)
+        os.environ.clear()  # children inherit the environment: set once here, not in every run
+        os.environ.update(config["env"])
+        self.seccomp = _seccomp_program(config) if self.isolated and config["seccomp"] else b""
         if self.isolated:
             _shrink_capabilities()
-        # The runs' streams become this process's own, once: a child that installed them would
-        # free the old ones and pay ~40 copy-on-write faults for it (0.16 ms per run).  Ours go
-        # nowhere anyway (fds 0 and 1 are /dev/null; 2 is the sandbox's stderr).
         _install_stdio(_stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
-        self._preload(config.get("preload", []))
-        self.ready_child = None
-        self.unreaped = None
-        self._prepare_dirs()
-        self.cwd = os.path.realpath(self.workdir)  # what os.getcwd() gives a run
+        self._preload(config["preload"])
+        self.sequence = 0
+        self.free_groups = []  # emptied run cgroups, reused rather than made and removed per run
+        self.ready = None  # the pre-forked child waiting for its job
+        self.runs = {}  # request id -> Run
+        self.sessions = {}  # open request id -> Run (its current call, if any, is on it)
+        self.reaping = {}  # pidfd -> Run whose answer is sent and whose PID 1 is still to collect
+        self.fd_owner = {}  # fd -> Run, for the poll loop
+        self.poller = select.poll()
+        self.poller.register(self.req_fd, select.POLLIN)
+        self.pending = bytearray()
+        os.makedirs(config["workdir"], exist_ok=True)
+        self.cwd = os.path.realpath(config["workdir"])  # what os.getcwd() gives a run
         sys.argv = ["main.py"]  # as `python main.py` has it; set here, a run need not free ours
 
-    # ---- start-up --------------------------------------------------------------------
     def _preload(self, modules):
         loaded = []
         with _threading_stand_in():
@@ -168,127 +352,107 @@ class Zygote:
                     pass
         gc.collect()
         gc.freeze()  # keeps the collector from dirtying shared pages in every child
-        self._collapse_heap()
+        _collapse_heap()
 
-    @staticmethod
-    def _collapse_heap():
-        """Back the imported heap with huge pages: fork then copies ~500x fewer page-table entries."""
-        huge = 1 << 21
-        try:
-            with open("/proc/self/maps") as maps:
-                regions = [line.split() for line in maps]
-        except OSError:
-            return
-        for parts in regions:
-            perms = parts[1]
-            path = parts[5] if len(parts) > 5 else ""
-            if "w" not in perms or "p" not in perms or path not in ("", "[heap]"):
-                continue
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            start = (start + huge - 1) & ~(huge - 1)
-            end &= ~(huge - 1)
-            if end > start:
-                _libc.madvise(start, end - start, MADV_HUGEPAGE)
-                _libc.madvise(start, end - start, MADV_COLLAPSE)
-
-    def _prepare_dirs(self):
-        for path in (self.workdir, self.tmpdir):
-            os.makedirs(path, exist_ok=True)
-            if self.isolated:
-                os.chown(path, self.uid, self.gid)
-                os.chmod(path, 0o1777 if path == self.tmpdir else 0o755)
-
-    # ---- main loop -------------------------------------------------------------------
+    # ---- main loop -----------------------------------------------------------------------------
     def serve(self):
         self.prepare()
-        self._reply({"ready": True, "pid": os.getpid()})
+        self._reply({"id": 0, "ready": True, "pid": os.getpid()})
         while True:
-            line = self._read_request()
-            if line is None:
-                return
-            # The ready child gets the request before we parse our part of it: the run's path
-            # does not wait for us, and we never parse its code or files.
-            head, _, job = line.partition(b"\t")
-            started = time.monotonic()
-            child = self._hand_over(job)
-            request = _loads(head.decode())
-            try:
-                reply = self.handle(request, child, started)
-            except Exception as exc:  # a bug here must not take the slot down silently
-                reply = {"status": "Error", "stderr": f"verl-sf zygote error: {exc!r}\n{traceback.format_exc()}",
-                         "stdout": "", "return_code": None, "execution_time": 0.0}
-            self._reply(reply)
-            # Clean-up is off the answer's path, but always before the next job is read.
-            self.reap()
-            if request.get("last", True):
-                self._wipe()
+            timeout = self._next_timer()
+            events = self.poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1))
+            for fd, _ in events:
+                if fd == self.req_fd:
+                    if not self._read_requests():
+                        self._shutdown()
+                        return
+                    continue
+                run = self.fd_owner.get(fd)
+                if run is not None:
+                    run.on_event(self, fd)
+                elif fd in self.reaping:
+                    self._reap(fd)
+            now = time.monotonic()
+            for run in list(self.runs.values()) + list(self.sessions.values()):
+                run.on_time(self, now)
             self.prepare()
 
-    def _read_request(self):
-        """One request line, or None once the server is gone.  The server sends a request only
-        after the reply to the last one, so whole reads never take in part of the next (a raw
-        file's readline would cost a system call per byte)."""
-        chunks = []
+    def _next_timer(self):
+        deadlines = [run.next_timer() for run in list(self.runs.values()) + list(self.sessions.values())]
+        deadlines = [d for d in deadlines if d is not None]
+        if not deadlines:
+            return None
+        return min(deadlines) - time.monotonic()
+
+    def _read_requests(self):
+        """Take every complete request line available; False once the server is gone."""
         while True:
-            chunk = os.read(self.req_fd, READ_CHUNK)
+            try:
+                chunk = os.read(self.req_fd, READ_CHUNK)
+            except BlockingIOError:
+                break
             if not chunk:
-                return None
-            chunks.append(chunk)
-            if chunk.endswith(b"\n"):
-                return b"".join(chunks)
+                return False
+            self.pending += chunk
+            if len(chunk) < READ_CHUNK:
+                break
+        while True:
+            end = self.pending.find(b"\n")
+            if end < 0:
+                return True
+            line = bytes(self.pending[:end])
+            del self.pending[:end + 1]
+            head, _, body = line.partition(b"\t")
+            request = _loads(head.decode())
+            try:
+                self._dispatch(request, body)
+            except Exception as exc:  # a bug here must not take the sandbox down silently
+                self._reply({"id": request.get("id", -1), "status": "Error",
+                             "error": f"verl-sf zygote error: {exc!r}\n{traceback.format_exc()}"})
 
-    def _reply(self, obj):
-        self.rep.write(_dumps(obj) + b"\n")
+    def _dispatch(self, head, body):
+        op = head["op"]
+        if op == "run":
+            Run(self, head, body, session=None).start(self)
+        elif op == "open":
+            Run(self, head, body, session=head["language"]).start(self)
+        elif op == "call":
+            session = self.sessions.get(head["session"])
+            if session is None or not session.alive:
+                self._reply({"id": head["id"], "status": "Error", "session_alive": False,
+                             "error": "the session is not running", "session_end": "ended"})
+            else:
+                session.call(self, head, body)
+        elif op == "cancel":
+            run = self.runs.get(head["id"])
+            if run is not None:
+                run.kill(self, "cancelled")
+        elif op == "close":
+            session = self.sessions.get(head["session"])
+            if session is not None:
+                session.kill(self, "closed")
 
-    def handle(self, req, child, started):
-        if req["mode"] == "wipe":
-            for fd in child[1:]:  # its pipes; it exits on its own (nothing to run) and is reaped as usual
+    def _reply(self, reply):
+        data = _dumps(reply) + b"\n"
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.rep_fd, view):]
+
+    def _shutdown(self):
+        for run in list(self.runs.values()) + list(self.sessions.values()):
+            _kill(run.pid, self.isolated)
+        if self.ready is not None:
+            for fd in self.ready[1:]:
                 os.close(fd)
-            return {"status": "Finished"}  # the serve loop wipes after every job marked last
-        result = self.run(req, child, started)
-        if req.get("fetch_files") is not None:
-            result["files"] = self._fetch_files(req["fetch_files"])
-        return result
 
-    # ---- files -----------------------------------------------------------------------
-    def _fetch_files(self, paths):
-        fetched = {}
-        limit = self.cfg["fetch_limit"]
-        for rel in paths:
-            try:
-                path = _resolve(self.workdir, rel)
-                # O_NOFOLLOW: a symlink left by the run must not make us read outside /workdir.
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as fh:
-                    data = fh.read(limit + 1)
-                if len(data) <= limit:
-                    fetched[rel] = base64.b64encode(data).decode()
-            except (OSError, ValueError):
-                continue  # Sandbox Fusion leaves missing files out of the answer
-        return fetched
-
-    def _wipe(self):
-        for base in (self.workdir, self.tmpdir):
-            keep = set(self.cfg.get("keep", {}).get(base, ()))  # paths leading to the bound runtime
-            try:
-                entries = [e for e in os.scandir(base) if e.name not in keep]
-            except OSError:
-                continue
-            for entry in entries:
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path, ignore_errors=True)
-                    else:
-                        os.unlink(entry.path)
-                except OSError:
-                    pass
-
-    # ---- one run ---------------------------------------------------------------------
+    # ---- children ------------------------------------------------------------------------------
     def prepare(self):
-        """Fork the next run's child ahead of time, namespaces and all, so a request only pays
-        for handing it the job.  It waits on a pipe; the zygote closing that pipe ends it."""
-        if self.ready_child is not None:
+        """Fork the next child ahead of time, namespaces and all, so a request only pays for
+        handing it the job.  It waits on a pipe; the zygote closing that pipe ends it."""
+        if self.ready is not None:
             return
+        self.sequence += 1
+        groups = self._make_cgroups(self.sequence)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         meta_r, meta_w = os.pipe()
@@ -301,9 +465,9 @@ class Zygote:
         pid = os.fork()
         if pid == 0:
             try:
-                for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep.fileno()):
+                for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep_fd):
                     os.close(fd)
-                self._child(job_r, out_w, err_w, meta_w)
+                Child(self, groups).setup(job_r, out_w, err_w, meta_w)
             except BaseException:
                 try:
                     os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
@@ -311,223 +475,810 @@ class Zygote:
                     os._exit(126)
         for fd in (out_w, err_w, meta_w, job_r):
             os.close(fd)
-        self.ready_child = (pid, out_r, err_r, meta_r, job_w)
+        self.ready = (pid, out_r, err_r, meta_r, job_w, groups)
 
-    def _hand_over(self, line):
-        """Give the ready child the request; it reads to the end of the pipe."""
-        self.prepare()  # normally done already, after the last run
-        pid, out_r, err_r, meta_r, job_w = self.ready_child
-        self.ready_child = None
-        view = memoryview(line)
+    def take_ready(self):
+        self.prepare()
+        ready, self.ready = self.ready, None
+        return ready
+
+    def _make_cgroups(self, sequence):
+        """{controller: (directory fd, group name)} of a cgroup per controller for the next child."""
+        if not self.cfg["cgroups"]:
+            return {}
+        if self.free_groups:
+            return self.free_groups.pop()
+        groups = {}
+        for controller, base in self.cfg["cgroups"].items():
+            if (base, f"run-{sequence}") not in groups.values():
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(f"run-{sequence}", 0o755, dir_fd=base)
+            groups[controller] = (base, f"run-{sequence}")
+        return groups
+
+    def watch(self, run, fds):
+        for fd in fds:
+            self.fd_owner[fd] = run
+            self.poller.register(fd, select.POLLIN)
+
+    def unwatch(self, fd):
+        self.fd_owner.pop(fd, None)
+        with contextlib.suppress(KeyError):
+            self.poller.unregister(fd)
+
+    def retire(self, run):
+        """The answer is out: forget the run, and collect its PID 1 once it is gone."""
+        self.runs.pop(run.id, None)
+        self.sessions.pop(run.id, None)
+        self.unwatch(run.pidfd)
+        for fd in list(run.open_fds):
+            self.unwatch(fd)
+            os.close(fd)
+        run.open_fds.clear()
+        if run.job_w >= 0:
+            os.close(run.job_w)
+            run.job_w = -1
+        if run.collected:
+            self._clean_up(run)
+            return
+        self.reaping[run.pidfd] = run
+        self.poller.register(run.pidfd, select.POLLIN)
+
+    def _reap(self, pidfd):
+        run = self.reaping.pop(pidfd)
+        self.unwatch(pidfd)
+        _kill(run.pid, self.isolated)
+        os.waitpid(run.pid, 0)
+        self._clean_up(run)
+
+    def _clean_up(self, run):
+        """Once PID 1 is collected the kernel has ended every process of the run: its cgroups
+        are empty and go back to the pool (the limits are rewritten by the next run)."""
+        os.close(run.pidfd)
+        if run.groups and not _memory_exceeded(run.groups, self.cfg["cgroup_v2"]):
+            self.free_groups.append(run.groups)
+        else:
+            for base, name in set(run.groups.values()):
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=base)
+        if not self.isolated:
+            shutil.rmtree(f"{self.cfg['workdir']}/run-{run.pid}", ignore_errors=True)
+
+
+class Run:
+    """One child seen from the zygote: a run (until its answer) or a session (until it ends)."""
+
+    def __init__(self, zygote, head, body, session):
+        self.id = head["id"]
+        self.head = head
+        self.body = body
+        self.session = session  # None for a run, else the session's language
+        self.limits = head["limits"]
+        self.alive = True
+        self.exited = False
+        self.collected = False  # its PID 1 was waited for already
+        self.job_w = -1
+        self.exit_time = 0.0
+        self.open_fds = set()
+        self.records = []
+        self.meta = bytearray()
+        self.current_call = None  # the head of the session call in progress
+        self.compile_result = None
+        self.interrupted_at = None
+        self.end_reason = ""
+
+    # -- start and stages ------------------------------------------------------------------------
+    def start(self, zygote):
+        pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready()
+        self.pid, self.out_r, self.err_r, self.meta_r, self.job_w, self.groups = pid, out_r, err_r, meta_r, job_w, groups
+        self.pidfd = os.pidfd_open(pid)
+        _set_cgroup_limits(groups, zygote.cfg["cgroup_v2"], self.limits)
+        self.open_fds = {out_r, err_r, meta_r}
+        for fd in self.open_fds:
+            os.set_blocking(fd, False)
+        zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
+        if self.session is None:
+            zygote.runs[self.id] = self
+        else:
+            zygote.sessions[self.id] = self
+        _write_all(job_w, self.body + b"\n")
+        if self.session is None:
+            os.close(job_w)  # a run reads its job to the end; a session keeps the pipe for calls
+            self.job_w = -1
+        self._begin_stage(self.head.get("compile_timeout") or self.limits["timeout"])
+
+    def _begin_stage(self, timeout, fresh_output=True):
+        now = time.monotonic()
+        self.stage_started = now
+        self.stage_timeout = timeout
+        self.hard_deadline = now + max(self.limits["hard_timeout"], timeout)
+        if fresh_output:
+            self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
+            self.dropped = 0
+        self.wait_seen = 0.0  # CPU-wait of this stage, sampled for runs past their first slice
+        self.wait_base = None
+        self.cpu_seen = 0.0
+        self.demoted = False
+        self.timed_out = False
+
+    def deadline(self):
+        return min(self.stage_started + self.stage_timeout + self.wait_seen, self.hard_deadline)
+
+    def next_timer(self):
+        if self.session is not None and self.current_call is None:
+            return None  # an idle session holds no timer
+        if self.exited:
+            return self.exit_time + DRAIN_AFTER_EXIT
+        if self.interrupted_at is not None:
+            return self.interrupted_at + self.current_call["grace"]
+        due = self.deadline()
+        if not self.demoted:
+            return min(due, self.stage_started + _demote_after)
+        return min(due, time.monotonic() + TICK)
+
+    # -- events ----------------------------------------------------------------------------------
+    def on_event(self, zygote, fd):
+        if fd == self.pidfd:
+            zygote.unwatch(fd)
+            if not self.exited:
+                self.exited, self.exit_time = True, time.monotonic()
+                if not zygote.isolated:
+                    _kill(self.pid, False)  # no PID namespace: take the whole process group down
+            self._maybe_finish(zygote)
+            return
         try:
-            while view:
-                view = view[os.write(job_w, view):]
-        except BrokenPipeError:
-            pass  # the child died before its job (e.g. killed from outside): reported when supervised
-        os.close(job_w)
-        self.unreaped = pid  # whatever happens next, the serve loop collects it after replying
-        return pid, out_r, err_r, meta_r
+            chunk = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            zygote.unwatch(fd)
+            self.open_fds.discard(fd)
+            os.close(fd)
+            self._maybe_finish(zygote)
+            return
+        if fd == self.meta_r:
+            self.meta += chunk
+            self._parse_meta(zygote)
+            return
+        self._keep(fd, chunk)
 
-    def run(self, req, child, started):
-        pid, out_r, err_r, meta_r = child
-        status, code, out, err, records, dropped, cpu_time = self._supervise(pid, out_r, err_r, meta_r, req, started)
-        result = {
-            "status": status,
-            "return_code": code,
-            "execution_time": time.monotonic() - started,
-            "cpu_time": cpu_time,
-            "stdout": out,
-            "stderr": err,
-            "truncated": dropped > 0,
-        }
-        if req["mode"] == "jupyter":
-            result["cells"] = [r for r in records if "done" not in r]
+    def _keep(self, fd, chunk):
+        buf = self.buffers[fd]
+        room = self.limits["output_limit"] - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def _parse_meta(self, zygote):
+        while True:
+            end = self.meta.find(b"\n")
+            if end < 0:
+                return
+            line = bytes(self.meta[:end])
+            del self.meta[:end + 1]
+            try:
+                record = _loads(line.decode("utf-8", "replace"))
+            except ValueError:
+                continue  # the run may write garbage into its inherited fd 3; it only hurts itself
+            if not isinstance(record, dict):
+                continue
+            if record.get("compiled") is True and self.compile_result is None:
+                self.compile_result = self._stage_result("Finished", record)
+                self.compile_result["stdout"] = record.get("stdout", "")
+                self.compile_result["stderr"] = record.get("stderr", "")
+                self._begin_stage(self.limits["timeout"], fresh_output=False)  # the program may have written already
+            elif record.get("call_done") is True and self.current_call is not None:
+                self._finish_call(zygote, record)
+            elif record.get("session_ready") is True and self.session is not None and self.current_call is None:
+                group = self.groups["memory"][1] if "memory" in self.groups else None
+                zygote._reply({"id": self.id, "status": "Finished", "session_alive": True, "group": group})
+            else:
+                self.records.append(record)
+                if record.get("done") is True:
+                    self._maybe_finish(zygote)
+
+    def on_time(self, zygote, now):
+        if self.session is not None and self.current_call is None:
+            return
+        if self.exited:
+            if now >= self.exit_time + DRAIN_AFTER_EXIT:
+                self._finish(zygote)
+            return
+        if self.interrupted_at is not None:
+            if now >= self.interrupted_at + self.current_call["grace"]:
+                self.kill(zygote, "the call ignored the interrupt at its time-out")
+            return
+        if not self.demoted and now >= self.stage_started + _demote_after:
+            self.demoted = True
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PGRP, self.pid, 19)  # fresh runs get the CPU first
+        if self.demoted:
+            self._sample(zygote)
+        if now >= self.deadline():
+            self.timed_out = True
+            if self.session is not None:
+                self.interrupted_at = now
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
+            else:
+                _kill(self.pid, zygote.isolated)
+
+    def _sample(self, zygote):
+        """CPU time used and time spent waiting for a CPU, over the run's processes."""
+        cpu, wait = _tree_schedstat(self.pid)
+        if self.wait_base is None:
+            self.wait_base = (cpu, wait) if self.session is not None else (0.0, 0.0)
+        self.cpu_seen = cpu - self.wait_base[0]
+        self.wait_seen = max(self.wait_seen, wait - self.wait_base[1])
+
+    # -- endings ---------------------------------------------------------------------------------
+    def kill(self, zygote, reason):
+        self.end_reason = self.end_reason or reason
+        self.alive = False
+        _kill(self.pid, zygote.isolated)
+
+    def _maybe_finish(self, zygote):
+        if self.session is not None:
+            if self.exited and not self.open_fds.intersection((self.out_r, self.err_r)):
+                self._session_died(zygote)
+            elif self.exited:
+                pass  # on_time drains, then ends it
+            return
+        done = any(r.get("done") is True for r in self.records)
+        streams_open = self.open_fds.intersection((self.out_r, self.err_r))
+        if (done and not streams_open) or (self.exited and not self.open_fds):
+            self._finish(zygote)
+
+    def _finish(self, zygote):
+        if self.session is not None:
+            self._session_died(zygote)
+            return
+        if self.id not in zygote.runs:
+            return
+        self._drain()
+        done = next((r for r in self.records if r.get("done") is True), None)
+        cpu = None
+        if self.timed_out or done is None:
+            _kill(self.pid, zygote.isolated)
+            _, wstatus = os.waitpid(self.pid, 0)  # PID 1 is dead or dying: this does not block long
+            self.exited = self.collected = True
+            code = os.waitstatus_to_exitcode(wstatus)
+        else:
+            code, cpu = done.get("return_code"), done.get("cpu_time")
+        reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished",
+                                   {"return_code": code, "cpu_time": cpu})
+        reply["id"] = self.id
+        reply["truncated"] = self.dropped > 0 or "[verl-sf: output truncated" in str(self.compile_result)
+        if self.compile_result is not None:
+            reply["compile"] = self.compile_result
+        if done is not None and "files" in done:
+            reply["files"] = done["files"]
+        cells = [r for r in self.records if "display" in r]
+        if cells:
+            reply["cells"] = cells
+        if self.end_reason == "cancelled":
+            reply["error"] = "cancelled"
+        if _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"]):
+            reply["memory_exceeded"] = True
+        zygote._reply(reply)
+        zygote.retire(self)
+
+    def _stage_result(self, status, record):
+        now = time.monotonic()
+        elapsed = now - self.stage_started
+        result = {"status": status, "return_code": record.get("return_code"), "execution_time": elapsed,
+                  "cpu_time": record.get("cpu_time")}
+        if self.demoted:
+            result["cpu_wait_time"] = self.wait_seen
+            if result["cpu_time"] is None:
+                result["cpu_time"] = self.cpu_seen
+        if status == "TimeLimitExceeded":
+            result["cpu_starved"] = self.wait_seen >= STARVED_SHARE * elapsed
+        out = self.buffers[self.out_r].decode("utf-8", "replace")
+        err = self.buffers[self.err_r].decode("utf-8", "replace")
+        if self.dropped:
+            marker = TRUNCATION_MARKER.format(dropped=self.dropped)
+            if len(self.buffers[self.out_r]) >= self.limits["output_limit"]:
+                out += marker
+            if len(self.buffers[self.err_r]) >= self.limits["output_limit"]:
+                err += marker
+        result["stdout"], result["stderr"] = out, err
         return result
 
-    def reap(self):
-        """Collect the last run's PID 1 (the kernel has killed everything else in its namespace)."""
-        if self.unreaped is None:
-            return
-        pid, self.unreaped = self.unreaped, None
-        self._kill(pid)
-        os.waitpid(pid, 0)
-
-    def _supervise(self, pid, out_r, err_r, meta_r, req, started):
-        """Watch the run; whatever happens, its pipes and pidfd are not left open in the zygote."""
-        open_fds = {out_r, err_r, meta_r}  # _watch closes each at its end of file
-        pidfd = os.pidfd_open(pid)
-        try:
-            return self._watch(pid, pidfd, open_fds, out_r, err_r, meta_r, req, started)
-        finally:
-            for fd in open_fds:
-                os.close(fd)
-            os.close(pidfd)
-
-    def _watch(self, pid, pidfd, open_fds, out_r, err_r, meta_r, req, started):
-        """Drain output while the run goes on (a full pipe must never stall it) and enforce the deadline."""
-        limit = req["output_limit"]
-        deadline = started + req["timeout"]
-        buffers = {out_r: bytearray(), err_r: bytearray()}
-        meta = bytearray()
-        dropped = 0
-        poller = select.poll()
-        for fd in (out_r, err_r, meta_r):
-            poller.register(fd, select.POLLIN)
-        poller.register(pidfd, select.POLLIN)
-        exited = False
-        exit_time = 0.0
-        timed_out = False
-        while open_fds:
-            now = time.monotonic()
-            if exited:
-                # The run (and with it its PID namespace) is gone: drain what is left, briefly.
-                wait_ms = max(0, int((min(deadline, exit_time + 1.0) - now) * 1000))
-            else:
-                wait_ms = max(0, int((deadline - now) * 1000))
-            events = poller.poll(wait_ms)
-            if not events:
-                if exited:
-                    break
-                timed_out = True
-                self._kill(pid)
-                exited, exit_time = True, time.monotonic()
-                deadline = exit_time + 1.0
+    def _drain(self):
+        """Output written before the run's last record is in the pipes already: take it."""
+        for fd in (self.out_r, self.err_r):
+            if fd not in self.open_fds:
                 continue
-            for fd, _ in events:
-                if fd == pidfd:
-                    if not exited:
-                        exited, exit_time = True, time.monotonic()
-                        if not self.isolated:
-                            self._kill(pid)  # no PID namespace: take the whole process group down
-                    poller.unregister(pidfd)
-                    continue
-                chunk = os.read(fd, READ_CHUNK)
+            while True:
+                try:
+                    chunk = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    break
                 if not chunk:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                    os.close(fd)
-                    continue
-                if fd == meta_r:
-                    meta += chunk
-                    continue
-                buf = buffers[fd]
-                room = limit - len(buf)
-                if room > 0:
-                    buf += chunk[:room]
-                dropped += max(0, len(chunk) - max(room, 0))
-        records = []
-        for line in meta.decode("utf-8", "replace").splitlines():
-            try:
-                records.append(_loads(line))
-            except ValueError:
-                pass  # the run may have written garbage into its inherited fd 3; it only hurts itself
-        done = next((r for r in records if isinstance(r, dict) and r.get("done") is True), None)
-        cpu_time = None
-        if done is not None and not timed_out:
-            code, cpu_time = done.get("return_code"), done.get("cpu_time")  # reaped after the answer
-        else:
-            if not exited:
-                # Its pipes are closed (by exit or on purpose) but the run goes on: wait, within the deadline.
-                remaining = max(0.0, deadline - time.monotonic())
-                if not select.select([pidfd], [], [], remaining)[0]:
-                    timed_out = True
-                    self._kill(pid)
-            _, wstatus = os.waitpid(pid, 0)
-            self.unreaped = None
-            code = os.waitstatus_to_exitcode(wstatus)
-        status = "TimeLimitExceeded" if timed_out else "Finished"
-        out = buffers[out_r].decode("utf-8", "replace")
-        err = buffers[err_r].decode("utf-8", "replace")
-        if dropped:
-            marker = TRUNCATION_MARKER.format(dropped=dropped)
-            if len(buffers[out_r]) >= limit:
-                out += marker
-            if len(buffers[err_r]) >= limit:
-                err += marker
-        return status, code, out, err, records, dropped, cpu_time
+                    break
+                self._keep(fd, chunk)
 
-    def _kill(self, pid):
+    # -- sessions --------------------------------------------------------------------------------
+    def call(self, zygote, head, body):
+        if self.current_call is not None:
+            zygote._reply({"id": head["id"], "status": "Error", "session_alive": True,
+                           "error": "the session is busy with another call"})
+            return
+        self.current_call = head
+        self.call_id = head["id"]
+        self.limits = head["limits"]
+        self.records = []
+        self._drain()  # output of background work between calls is not this call's
+        self._begin_stage(self.limits["timeout"])
+        self.interrupted_at = None
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PGRP, self.pid, 0)
+        _set_cgroup_limits(self.groups, zygote.cfg["cgroup_v2"], self.limits, memory=False)
         try:
-            if self.isolated:
-                os.kill(pid, signal.SIGKILL)  # PID 1 of its namespace: the kernel kills the rest
-            else:
-                os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            # bash reads NUL-terminated code; the python session reads the JSON line itself.
+            _write_all(self.job_w, _loads(body.decode()).encode() + b"\0" if self.session == "bash" else body + b"\n")
+        except OSError:
+            self.kill(zygote, "the session's interpreter is gone")
 
-    # ---- inside the child ------------------------------------------------------------
-    def _child(self, job_r, out_w, err_w, meta_w):
+    def _finish_call(self, zygote, record):
+        self._drain()
+        status = "TimeLimitExceeded" if self.timed_out else "Finished"
+        reply = self._stage_result(status, record)
+        reply["id"] = self.call_id
+        reply["truncated"] = self.dropped > 0
+        reply["session_alive"] = True
+        if "files" in record:
+            reply["files"] = record["files"]
+        if self.records:
+            reply["cells"] = [r for r in self.records if "display" in r]
+        self.current_call = None
+        self.interrupted_at = None
+        zygote._reply(reply)
+
+    def _session_died(self, zygote):
+        if self.id not in zygote.sessions:
+            return
+        self.alive = False
+        self._drain()
+        memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        reason = "killed for exceeding its memory limit" if memory_exceeded else self.end_reason or "its interpreter exited"
+        if self.current_call is not None:
+            reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished", {"return_code": None})
+            if memory_exceeded:
+                reply["memory_exceeded"] = True
+            reply["id"] = self.call_id
+            reply["session_alive"] = False
+            reply["session_end"] = reason
+            zygote._reply(reply)
+            self.current_call = None
+        zygote._reply({"id": self.id, "status": "Finished", "session_alive": False, "session_end": reason})
+        if self.job_w >= 0:
+            os.close(self.job_w)
+            self.job_w = -1
+        zygote.retire(self)
+
+
+_demote_after = 0.1
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            return  # the child died before its job: reported when its PID 1 is collected
+
+
+def _kill(pid, isolated):
+    try:
+        if isolated:
+            os.kill(pid, signal.SIGKILL)  # PID 1 of its namespace: the kernel kills the rest
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _set_cgroup_limits(groups, v2, limits, memory=True):
+    if memory and limits["memory"] and "memory" in groups:
+        _write_group(groups["memory"], "memory.max" if v2 else "memory.limit_in_bytes", str(limits["memory"]))
+    if "pids" in groups:
+        _write_group(groups["pids"], "pids.max", str(limits["nproc"] + 8))
+
+
+def _memory_exceeded(groups, v2):
+    """Has the kernel killed a process of this group for memory (pooled groups start at 0)?"""
+    if "memory" not in groups:
+        return False
+    base, name = groups["memory"]
+    try:
+        with open(f"{name}/{'memory.events' if v2 else 'memory.oom_control'}", "rb", opener=_opener(base)) as fh:
+            for line in fh.read().splitlines():
+                key, _, value = line.partition(b" ")
+                if key == b"oom_kill":
+                    return int(value) > 0
+    except OSError:
+        pass
+    return False
+
+
+def _opener(base):
+    return lambda path, flags: os.open(path, flags | os.O_CLOEXEC, dir_fd=base)
+
+
+def _write_group(group, name, text):
+    """Write a file of a run's cgroup, through the delegated directory's descriptor."""
+    base, directory = group
+    _write_text(f"{directory}/{name}", text, base)
+
+
+def _write_text(path, text, base=None):
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, dir_fd=base)
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass  # a controller the host does not offer: the cap falls back to rlimits
+    finally:
+        os.close(fd)
+
+
+def _tree_schedstat(pid):
+    """(seconds on a CPU, seconds waiting for one) summed over `pid` and its descendants."""
+    cpu = wait = 0.0
+    stack = [pid]
+    seen = 0
+    while stack and seen < 256:
+        current = stack.pop()
+        seen += 1
+        try:
+            with open(f"/proc/{current}/schedstat", "rb") as fh:
+                fields = fh.read().split()
+            cpu += int(fields[0]) / 1e9
+            wait += int(fields[1]) / 1e9
+            with open(f"/proc/{current}/task/{current}/children", "rb") as fh:
+                stack.extend(int(child) for child in fh.read().split())
+        except (OSError, ValueError, IndexError):
+            continue
+    return cpu, wait
+
+
+# ---- inside the child (user code starts here) -------------------------------------------------
+class Child:
+    """Set-up of one forked child, then its job: a run, or a session's calls."""
+
+    def __init__(self, zygote, groups):
+        self.cfg = zygote.cfg
+        self.isolated = zygote.isolated
+        self.seccomp = zygote.seccomp
+        self.comm = zygote.comm
+        self.cwd = zygote.cwd
+        self.groups = groups
+        self.workdir = self.cfg["workdir"]
+
+    def setup(self, job_r, out_w, err_w, meta_w):
         _libc.prctl(PR_SET_NAME, READY_NAME, 0, 0, 0)
         if self.isolated:
-            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
-            _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+            self._mounts()
+        else:
+            self.workdir = f"{self.cfg['workdir']}/run-{os.getpid()}"
+            os.makedirs(self.workdir + "/.tmp", exist_ok=True)
+            os.environ["TMPDIR"] = self.workdir + "/.tmp"
+            os.environ["HOME"] = self.workdir
+        for group in set(self.groups.values()):
+            _write_group(group, "cgroup.procs", "0")
         os.setsid()
         # Everything that does not depend on the job is done while waiting for it, off the
-        # request's path: the job pipe sits on fd 0 until the run's stdin replaces it.
-        os.dup2(job_r, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.dup2(meta_w, 3)
-        os.closerange(4, 1 << 16)
+        # request's path: the job pipe sits on fd 9 until the job is read.
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_r, out_w, err_w, meta_w)]  # above every target
+        for fd, target in zip(moved, (9, 1, 2, 3)):
+            os.dup2(fd, target)
+        os.closerange(4, 9)
+        os.closerange(10, 1 << 16)
         oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         os.write(oom, b"1000")  # under memory pressure the run dies, never the warm interpreter
         os.close(oom)
         os.chdir(self.workdir)
         stdin_fd = os.memfd_create("stdin", 0)
         if self.isolated:
-            self._drop_privileges()  # also before the job: the files it brings belong to the run's user
-        namespace = _main_namespace(self.cwd)
-        req = _read_job()
+            self._drop_privileges()
+        namespace = _main_namespace(self.cwd if self.isolated else self.workdir)
+        job = _read_job()
         _libc.prctl(PR_SET_NAME, self.comm, 0, 0, 0)
-        if req["mode"] == "wipe":
-            os._exit(0)
-        _write_files(self.workdir, req.get("files") or {})
-        os.write(stdin_fd, (req.get("stdin") or "").encode("utf-8", "surrogateescape"))
+        _write_files(job.get("files") or {}, self.workdir)
+        self._limit(job)
+        mode = job.get("mode")
+        if mode == "session_python":
+            os.close(stdin_fd)
+            _report({"session_ready": True})
+            _python_session(namespace, self)
+        if mode == "session_bash":
+            os.close(stdin_fd)
+            _report({"session_ready": True})
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.execve("/bin/bash", ["bash", "--noprofile", "--norc", "-c", BASH_SESSION], dict(os.environ))
+        os.write(stdin_fd, (job.get("stdin") or "").encode("utf-8", "surrogateescape"))
         os.lseek(stdin_fd, 0, os.SEEK_SET)
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
-        self._limit(req)
-        if req["mode"] == "exec":
-            code = _exec_as_child(req["argv"], self.env)
-        elif req["mode"] == "jupyter":
-            code = _run_cells(req["cells"], req.get("cell_timeout") or 0, req["output_limit"], namespace)
+        os.close(9)
+        if mode == "exec":
+            code = self._exec_stages(job)
+        elif mode == "jupyter":
+            code = _run_cells(job["cells"], job.get("cell_timeout") or 0, job["output_limit"], namespace)
         else:
-            code = _run_python(req["code"], namespace)
-        _report_done(code)
+            code = _run_python(job["code"], namespace)
+        _report_done(code, job.get("fetch_files"), self)
         os._exit(code & 0xFF)
 
-    def _limit(self, req):
-        cpu = int(req["timeout"]) + 2
-        limits = {
-            resource.RLIMIT_CPU: (cpu, cpu + 1),
-            resource.RLIMIT_FSIZE: (req["fsize"], req["fsize"]),
-            resource.RLIMIT_NOFILE: (req["nofile"], req["nofile"]),
-            resource.RLIMIT_NPROC: (req["nproc"], req["nproc"]),
-            resource.RLIMIT_CORE: (0, 0),
-        }
-        for which, value in limits.items():
-            resource.setrlimit(which, value)
+    def _mounts(self):
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        owner = 0 if self.cfg["single_uid"] else self.cfg["uid"]
+        for target in (self.cfg["workdir"], self.cfg["tmpdir"], self.cfg["datadir"]):
+            kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in self.cfg["keep"].get(target, ())]
+            mode = "1777" if target == self.cfg["tmpdir"] else "0755"
+            options = f"size={self.cfg['sizes'][target]},mode={mode},uid={owner},gid={owner}".encode()
+            _check(_libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {target}")
+            # A runtime that lives under /tmp (a CI checkout, say) is bound back on top.
+            for entry, fd in zip(self.cfg["keep"].get(target, ()), kept):
+                os.mkdir(f"{target}/{entry}", 0o711)
+                _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None,
+                                   MS_BIND | MS_REC, None), f"bind {entry}")
+                os.close(fd)
 
     def _drop_privileges(self):
-        """Per run: the uid change clears the effective and permitted capabilities (the bounding
-        and inheritable sets were emptied once in the zygote, see _shrink_capabilities)."""
+        """The uid change clears the effective and permitted capabilities (an unmapped single
+        uid keeps uid 0 of the namespace, so they are cleared by hand); then no_new_privs and the
+        seccomp filter, which an exec keeps."""
         os.setgroups([])
-        os.setresgid(self.gid, self.gid, self.gid)
-        os.setresuid(self.uid, self.uid, self.uid)
+        if not self.cfg["single_uid"]:
+            os.setresgid(self.cfg["gid"], self.cfg["gid"], self.cfg["gid"])
+            os.setresuid(self.cfg["uid"], self.cfg["uid"], self.cfg["uid"])
+        _set_capabilities(keep_effective=False)
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        if self.seccomp:
+            program = ctypes.create_string_buffer(self.seccomp, len(self.seccomp))
+            fprog = _SockFprog(len(self.seccomp) // 8, ctypes.cast(program, ctypes.c_char_p))
+            _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+    def _limit(self, job):
+        limits = {
+            resource.RLIMIT_FSIZE: job["fsize"],
+            resource.RLIMIT_NOFILE: job["nofile"],
+            resource.RLIMIT_CORE: 0,
+        }
+        if not self.groups:
+            limits[resource.RLIMIT_NPROC] = job["nproc"]  # per uid, so shared: only when no pids cgroup
+            if job.get("memory"):
+                limits[resource.RLIMIT_DATA] = job["memory"]  # the best cap without a memory cgroup
+        for which, value in limits.items():
+            resource.setrlimit(which, (value, value))
+
+    def _exec_stages(self, job):
+        """The compile stage, if any, with its output captured apart; then the program."""
+        if job.get("compile_argv"):
+            captures = [os.memfd_create("compile-stdout"), os.memfd_create("compile-stderr")]
+            start = os.times()
+            code = _exec_as_child(job["compile_argv"], captures)
+            used = os.times()
+            texts = [_read_capped(fd, job["output_limit"]) for fd in captures]
+            cpu = (used.children_user + used.children_system) - (start.children_user + start.children_system)
+            _report({"compiled": True, "return_code": code, "cpu_time": cpu, "stdout": texts[0], "stderr": texts[1]})
+            if code != 0:
+                return code
+        return _exec_as_child(job["argv"], None)
+
+    def fetch(self, paths):
+        """The requested files, read as the run's user, never through a symlink or out of its dirs."""
+        fetched = {}
+        limit = self.cfg["fetch_limit"]
+        for path in paths or ():
+            try:
+                fd = _open_beneath(path, os.O_RDONLY, self._roots())
+            except (OSError, ValueError):
+                continue  # Sandbox Fusion leaves missing files out of the answer
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read(limit + 1)
+            if len(data) <= limit:
+                fetched[path] = base64.b64encode(data).decode()
+        return fetched
+
+    def _roots(self):
+        return _roots(self.cfg, self.workdir, self.isolated)
 
 
+def _roots(cfg, workdir, isolated):
+    """The directories a run's files may be named in: absolute paths under these, relative ones in the first."""
+    if not isolated:
+        return [workdir]
+    return [cfg["workdir"], cfg["tmpdir"], cfg["datadir"]]
+
+
+def _split_path(path, roots):
+    """(root, relative path beneath it) for a request's path, or ValueError."""
+    if path.startswith("/"):
+        for root in roots:
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                rest = path[len(root):].lstrip("/")
+                break
+        else:
+            raise ValueError(f"path {path!r} is outside the run's directories")
+        base = root
+    else:
+        base, rest = roots[0], path
+    parts = [p for p in rest.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts or "\x00" in path:
+        raise ValueError(f"path {path!r} must name a file beneath {base} without '..'")
+    return base, parts
+
+
+def _open_beneath(path, flags, roots, mode=0o644):
+    """open(2) of `path` strictly beneath its root, no symlink followed at any component:
+    openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or a walk one O_NOFOLLOW component at a
+    time where the kernel lacks openat2."""
+    base, parts = _split_path(path, roots)
+    root = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        how = _OpenHow(flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode if flags & os.O_CREAT else 0,
+                       RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        fd = _libc.syscall(SYS_OPENAT2, root, "/".join(parts).encode(), ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err != errno.ENOSYS:
+            raise OSError(err, os.strerror(err), path)
+        directory = os.dup(root)
+        for part in parts[:-1]:
+            try:
+                following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            finally:
+                os.close(directory)
+            directory = following
+        try:
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=directory)
+        finally:
+            os.close(directory)
+    finally:
+        os.close(root)
+
+
+def _write_files(files, workdir):
+    """The request's files, written by the run itself (as its user) before its code starts.
+    A file that cannot be written ends the run, as a failed `cp` would end a job script."""
+    roots = [workdir, *(r for r in _CHILD_ROOTS if r != workdir)]
+    for path, content in files.items():
+        try:
+            base, parts = _split_path(path, roots)
+            directory = base
+            for part in parts[:-1]:
+                directory = f"{directory}/{part}"
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(directory)
+            fd = _open_beneath(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, roots)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(base64.b64decode(content or ""))
+        except (OSError, ValueError) as exc:
+            os.write(2, f"verl-sf: could not write file {path!r}: {exc}\n".encode())
+            _report_done(1, None, None)
+            os._exit(1)
+
+
+_CHILD_ROOTS = []  # set in the zygote: the per-run mount points a path may name
+
+
+def _read_job():
+    """The job from fd 9: one line.  An empty pipe means the zygote is gone or shutting down."""
+    chunks = []
+    while True:
+        chunk = os.read(9, READ_CHUNK)
+        if not chunk:
+            os._exit(0)
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return _loads(b"".join(chunks).decode())
+
+
+def _exec_as_child(argv, captures):
+    """Run a program below us, so it is not PID 1: the kernel shields PID 1 from its own
+    signals, which would turn abort() into a crash and ignore `kill $$`."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(3)
+            if captures:
+                os.dup2(captures[0], 1)
+                os.dup2(captures[1], 2)
+            # Python ignores SIGPIPE; a program gets the default a shell would give it, so `yes | head` ends.
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.execve(argv[0], argv, dict(os.environ))
+        except BaseException as exc:
+            os.write(2, f"verl-sf: cannot execute {argv[0]}: {exc}\n".encode())
+        os._exit(127)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _read_capped(fd, limit):
+    size = os.fstat(fd).st_size
+    text = os.pread(fd, limit, 0).decode("utf-8", "replace")
+    if size > limit:
+        text += TRUNCATION_MARKER.format(dropped=size - limit)
+    os.close(fd)
+    return text
+
+
+def _report(record):
+    os.write(3, _dumps(record) + b"\n")
+
+
+def _report_done(code, fetch_files, child):
+    """Close our stdio, then tell the zygote the run is over, how it ended, and its files.
+
+    The zygote answers the server right away instead of waiting for the kernel to tear down
+    this process and its namespaces; it reaps us after answering.
+    """
+    times = os.times()
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    record = {"done": True, "return_code": code,
+              "cpu_time": times.user + times.system + times.children_user + times.children_system}
+    if fetch_files is not None and child is not None:
+        record["files"] = child.fetch(fetch_files)
+    _report(record)
+    os.close(3)
+
+
+def _python_session(namespace, child):
+    """A live interpreter: each call is one line of JSON on fd 9, run in the same globals."""
+    source = os.fdopen(9, "rb", buffering=0)
+    pending = b""
+    while True:
+        try:
+            while b"\n" not in pending:
+                chunk = source.read(READ_CHUNK)
+                if not chunk:
+                    os._exit(0)
+                pending += chunk
+            line, _, pending = pending.partition(b"\n")
+            call = _loads(line.decode())
+            started = os.times()
+            stdin_fd = os.memfd_create("stdin", 0)
+            os.write(stdin_fd, (call.get("stdin") or "").encode("utf-8", "surrogateescape"))
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
+            os.dup2(stdin_fd, 0)
+            os.close(stdin_fd)
+            if call.get("cells") is not None:
+                code = _run_cells(call["cells"], call.get("cell_timeout") or 0, call["output_limit"], namespace,
+                                  finish=False)
+            else:
+                code = _run_python(call["code"], namespace, finish=False)
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            used = os.times()
+            record = {"call_done": True, "return_code": code,
+                      "cpu_time": (used.user + used.system) - (started.user + started.system)}
+            if call.get("fetch_files") is not None:
+                record["files"] = child.fetch(call["fetch_files"])
+            _report(record)
+        except KeyboardInterrupt:
+            _report({"call_done": True, "return_code": 1})  # the interrupt came between statements of ours
+
+
+# ---- helpers shared by zygote and child -------------------------------------------------------
 @contextlib.contextmanager
 def _threading_stand_in():
     """While the libraries load, `threading` is a module that hands out the `_thread` lock
     types `threading` itself hands out (numpy.random only takes `Lock` and `RLock` from it).
 
     The real module registers a fork hook that rebuilds its thread state in every forked run,
-    used or not: ~0.3 ms of CPU per numpy run here (a bare fork + exit loop with numpy.random
-    imported: 1.25-1.36 ms with this stand-in, 1.57-1.68 ms without, 6 of 6 rounds).  Any
-    other name read from the stand-in imports the real module then and forwards to it, so a
-    library that needs more still gets it (and the hook).  The stand-in leaves `sys.modules`
-    afterwards: a run that imports `threading` gets the real module, as in a fresh process."""
+    used or not.  Any other name read from the stand-in imports the real module then and
+    forwards to it, so a library that needs more still gets it (and the hook).  The stand-in
+    leaves `sys.modules` afterwards: a run that imports `threading` gets the real module."""
     if "threading" in sys.modules:
         yield
         return
@@ -554,6 +1305,26 @@ def _real_threading_attribute(name):
     return getattr(threading, name)
 
 
+def _collapse_heap():
+    """Back the imported heap with huge pages: fork then copies far fewer page-table entries."""
+    huge = 1 << 21
+    try:
+        with open("/proc/self/maps") as maps:
+            regions = [line.split() for line in maps]
+    except OSError:
+        return
+    for parts in regions:
+        path = parts[5] if len(parts) > 5 else ""
+        if "w" not in parts[1] or "p" not in parts[1] or path not in ("", "[heap]"):
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        start = (start + huge - 1) & ~(huge - 1)
+        end &= ~(huge - 1)
+        if end > start:
+            _libc.madvise(start, end - start, MADV_HUGEPAGE)
+            _libc.madvise(start, end - start, MADV_COLLAPSE)
+
+
 def _loads(text):
     """json.loads for one JSON value, strictly (nothing but whitespace around it)."""
     start = len(text) - len(text.lstrip())
@@ -578,75 +1349,6 @@ def _reseed_generators():
             module.seed()
 
 
-# ---- code running in the forked child (user code starts here) ---------------------------
-def _resolve(workdir, rel):
-    path = os.path.normpath(os.path.join(workdir, rel.lstrip("/")))
-    if not (path == workdir or path.startswith(workdir + "/")):
-        raise ValueError(f"path {rel!r} escapes the working directory")
-    return path
-
-
-def _write_files(workdir, files):
-    """The request's files, written by the run itself (as its user) before its code starts.
-    A file that cannot be written ends the run, as a failed `cp` would end a job script."""
-    for rel, content in files.items():
-        try:
-            path = _resolve(workdir, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.write(base64.b64decode(content or ""))
-        except (OSError, ValueError) as exc:
-            os.write(2, f"verl-sf: could not write file {rel!r}: {exc}\n".encode())
-            _report_done(1)
-            os._exit(1)
-
-
-def _read_job():
-    """The job from fd 0; an empty pipe means the zygote is gone or shutting down."""
-    chunks = []
-    while True:
-        chunk = os.read(0, READ_CHUNK)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    if not chunks:
-        os._exit(0)
-    return _loads(b"".join(chunks).decode())
-
-
-def _exec_as_child(argv, env):
-    """Run a program below us, so it is not PID 1: the kernel shields PID 1 from its own
-    signals, which would turn abort() into a crash and ignore `kill $$`.  We report its
-    exact wait status on fd 3, since PID 1 cannot die of a signal it sends itself."""
-    pid = os.fork()
-    if pid == 0:
-        os.close(3)
-        # Python ignores SIGPIPE (a Python run keeps that, as `python main.py` does); a program
-        # gets the default a shell would give it, so `yes | head` ends.
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.execve(argv[0], argv, env)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
-def _report_done(code):
-    """Close our stdio, then tell the zygote the run is over and how it ended.
-
-    The zygote answers the server right away instead of waiting for the kernel to tear down
-    this process and its namespaces (several ms here); it reaps us after answering.
-    """
-    times = os.times()
-    for fd in (0, 1, 2):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    record = {"done": True, "return_code": code,
-              "cpu_time": times.user + times.system + times.children_user + times.children_system}
-    os.write(3, _dumps(record) + b"\n")
-    os.close(3)
-
-
 def _make_stdio():
     """Unbuffered text streams on fds 0-2: a killed run still shows its partial output."""
     return (io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace"),
@@ -657,9 +1359,8 @@ def _make_stdio():
 
 
 def _stdio_for_runs():
-    """The streams of every python run, built once in the zygote (a third of a millisecond per
-    run otherwise).  They are built over what a run has on fds 0-2 (a memfd, then pipes), so
-    they report the same seekability; each child gets its own copy of them."""
+    """The streams of every python run, built once in the zygote.  They are built over what a
+    run has on fds 0-2 (a memfd, then pipes), so they report the same seekability."""
     saved = [os.dup(fd) for fd in (0, 1, 2)]
     stdin_fd = os.memfd_create("stdin", 0)
     out_r, out_w = os.pipe()
@@ -680,8 +1381,7 @@ def _install_stdio(streams):
 
 
 def _main_namespace(cwd):
-    """As `python main.py` sets them up.  The path is joined by hand: `os.path.join` alone
-    costs a run ~35 copy-on-write faults (every object it touches is a page to copy)."""
+    """As `python main.py` sets them up (the path joined by hand: os.path touches more pages)."""
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
@@ -693,15 +1393,13 @@ def _main_namespace(cwd):
 def _finish(code):
     try:
         threading = sys.modules.get("threading")
-        if threading is not None:  # as at interpreter exit: only a run that imported it can have threads to wait for
+        if threading is not None:  # as at interpreter exit: only a run that imported it can have threads
             threading._shutdown()
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:
-                pass
     return code
 
 
@@ -715,17 +1413,18 @@ def _exit_code(exc):
     return 1
 
 
-def _run_python(code, namespace):
+def _run_python(code, namespace, finish=True):
     filename = namespace["__file__"]  # absolute, as `python main.py` shows it in tracebacks
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    done = _finish if finish else (lambda result: result)
     try:
         exec(compile(code, filename, "exec"), namespace)
     except SystemExit as exc:
-        return _finish(_exit_code(exc))
+        return done(_exit_code(exc))
     except BaseException as exc:
         sys.stderr.write("".join(_user_traceback(exc)))
-        return _finish(1)
-    return _finish(0)
+        return done(1)
+    return done(0)
 
 
 def _user_traceback(exc):
@@ -735,23 +1434,57 @@ def _user_traceback(exc):
     return head + traceback.format_exception_only(type(exc), exc)
 
 
-def _run_cells(cells, cell_timeout, output_limit, namespace):
+def _display_data(value):
+    """A cell's result as Jupyter would show it: text/plain, plus image/png and text/html where
+    the object offers them (a matplotlib figure, a pandas frame)."""
+    data = {"text/plain": repr(value)}
+    for method, mime in (("_repr_png_", "image/png"), ("_repr_html_", "text/html")):
+        render = getattr(value, method, None)
+        if callable(render):
+            with contextlib.suppress(Exception):
+                rendered = render()
+                if isinstance(rendered, bytes):
+                    rendered = base64.b64encode(rendered).decode()
+                if rendered:
+                    data[mime] = rendered
+    return data
+
+
+def _figures_display():
+    """Open matplotlib figures, as inline PNGs (what a Jupyter kernel shows after a cell), then closed."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return []
+    shown = []
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        buffer = io.BytesIO()
+        with contextlib.suppress(Exception):
+            figure.savefig(buffer, format="png")
+            shown.append({"image/png": base64.b64encode(buffer.getvalue()).decode(),
+                          "text/plain": repr(figure)})
+    pyplot.close("all")
+    return shown
+
+
+def _run_cells(cells, cell_timeout, output_limit, namespace, finish=True):
     """Cells share one namespace; each cell's output is captured apart and reported on fd 3.
 
     Every cell writes into a memfd standing in for fds 1 and 2 (so output of subprocesses is
     caught too); after the cell its content is read, capped, and the memfd is emptied.
     """
+    saved = (os.dup(1), os.dup(2), sys.stdout, sys.stderr)
     captures = [os.memfd_create("cell-stdout"), os.memfd_create("cell-stderr")]
     os.dup2(captures[0], 1)
     os.dup2(captures[1], 2)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a flooding cell gets EFBIG, not death
-    _install_stdio(_make_stdio())  # over the memfds: seekable, unlike a python run's pipes
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    sys.stdout, sys.stderr = _make_stdio()[1:]  # over the memfds: seekable, unlike a python run's pipes
 
     def _alarm(signum, frame):
         raise TimeoutError(f"cell exceeded cell_timeout of {cell_timeout} s")
 
     signal.signal(signal.SIGALRM, _alarm)
-
     for index, source in enumerate(cells):
         name = f"<cell-{index}>"
         linecache.cache[name] = (len(source), None, source.splitlines(True), name)
@@ -764,31 +1497,43 @@ def _run_cells(cells, cell_timeout, output_limit, namespace):
             exec(compile(tree, name, "exec"), namespace)
             if last is not None:
                 value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
-                if value is not None:
-                    display.append({"text/plain": repr(value)})
+                if value is not None and not _is_figure_artist(value):
+                    display.append(_display_data(value))
+            display.extend(_figures_display())
         except BaseException as exc:  # noqa: B036 - a cell's SystemExit/KeyboardInterrupt is its own error
-            error.append({"ename": type(exc).__name__, "evalue": str(exc),
-                          "traceback": _user_traceback(exc)})
+            error.append({"ename": type(exc).__name__, "evalue": str(exc), "traceback": _user_traceback(exc)})
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         texts = []
         for stream, fd in ((sys.stdout, captures[0]), (sys.stderr, captures[1])):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:
-                pass
             size = os.fstat(fd).st_size
-            data = os.pread(fd, output_limit, 0)
-            text = data.decode("utf-8", "replace")
+            text = os.pread(fd, output_limit, 0).decode("utf-8", "replace")
             if size > output_limit:
                 text += TRUNCATION_MARKER.format(dropped=size - output_limit)
             texts.append(text)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        record = {"stdout": texts[0], "stderr": texts[1], "display": display, "error": error}
-        os.write(3, _dumps(record) + b"\n")
-    return _finish(0)
+        _report({"stdout": texts[0], "stderr": texts[1], "display": display, "error": error})
+    os.dup2(saved[0], 1)
+    os.dup2(saved[1], 2)
+    for fd in (*captures, saved[0], saved[1]):
+        os.close(fd)
+    sys.stdout, sys.stderr = saved[2], saved[3]
+    return _finish(0) if finish else 0
+
+
+def _is_figure_artist(value):
+    """A cell ending in a plotting call returns an artist; Jupyter shows the figure instead."""
+    module = type(value).__module__ or ""
+    if module.startswith("matplotlib"):
+        return True
+    return isinstance(value, list) and bool(value) and (type(value[0]).__module__ or "").startswith("matplotlib")
 
 
 if __name__ == "__main__":
-    Zygote(json.loads(sys.argv[1])).serve()
+    _zygote_config = json.loads(sys.argv[1])
+    _demote_after = _zygote_config["demote_after"]
+    _CHILD_ROOTS[:] = _roots(_zygote_config, _zygote_config["workdir"], _zygote_config["isolated"])
+    Zygote(_zygote_config).serve()

@@ -17,7 +17,7 @@ import signal
 import struct
 import sys
 import traceback
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import cloudpickle
 
@@ -45,7 +45,7 @@ def encode_reply(fn: object, outcome: str, value: object) -> bytes:
 
 
 def run(payload: bytes, loop: asyncio.AbstractEventLoop) -> bytes:
-    fn: object = None
+    fn: Any = None
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
         result = fn(*args, **kwargs)
@@ -55,7 +55,8 @@ def run(payload: bytes, loop: asyncio.AbstractEventLoop) -> bytes:
             result = loop.run_until_complete(result)
         return encode_reply(fn, "ok", result)
     except (Exception, SystemExit) as exc:  # sys.exit() in fn is fn's failure, not ours
-        exc.add_note("Traceback in the pool process:\n" + traceback.format_exc())
+        if sys.version_info >= (3, 11):  # notes are 3.11+; on 3.10 the caller sees the exception alone
+            exc.add_note("Traceback in the pool process:\n" + traceback.format_exc())
         return encode_reply(fn, "err", exc)
 
 

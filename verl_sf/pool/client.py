@@ -25,23 +25,23 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any, Optional, cast
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from verl_sf.pool.limiter import (
     DEFAULT_IDLE_EXIT_S,
+    DEFAULT_LEASE_TTL_S,
     DEFAULT_LIMITER_NAME,
     LeaseExpired,
+    LimiterSettings,
     TokenBucketWorker,
-    validate_lease_ttl,
-    validate_limits,
 )
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LEASE_TTL_S = 30.0
 IDLE_RETURN_S = 1.0
 _RECONNECT_ATTEMPTS = 5
 _RECONNECT_BACKOFF_S = 0.5
@@ -53,18 +53,18 @@ _RemoteLimiter = ray.remote(TokenBucketWorker)
 
 def limiter_handle(rate_limit: int = 10, requests_per_second: Optional[float] = None, *,
                    name: str = DEFAULT_LIMITER_NAME, namespace: Optional[str] = None,
-                   idle_exit_s: float = DEFAULT_IDLE_EXIT_S) -> "ray.actor.ActorHandle":
+                   idle_exit_s: float = DEFAULT_IDLE_EXIT_S) -> ray.actor.ActorHandle:
     """Get the named limiter of this namespace, creating it if needed.
 
     Detached, so it is not owned by (and does not die with) the worker that happens to
     create it; it removes itself `idle_exit_s` after its last lease is gone.  The limits
     given here only apply when this call creates it — a client's `register` reconciles them.
     """
-    return _RemoteLimiter.options(
+    return cast(ray.actor.ActorHandle, _RemoteLimiter.options(
         name=name, namespace=namespace, get_if_exists=True, lifetime="detached",
         num_cpus=0, max_concurrency=_LIMITER_MAX_CONCURRENCY, max_restarts=0,
     ).remote(rate_limit=rate_limit, requests_per_second=requests_per_second, name=name,
-             idle_exit_s=idle_exit_s)
+             idle_exit_s=idle_exit_s))
 
 
 def shutdown_global_limiter(name: str = DEFAULT_LIMITER_NAME, namespace: Optional[str] = None,
@@ -104,10 +104,8 @@ class LimiterClient:
                  name: str = DEFAULT_LIMITER_NAME, namespace: Optional[str] = None,
                  lease_ttl_s: float = DEFAULT_LEASE_TTL_S, client_name: Optional[str] = None,
                  keep_idle: int = 0):
-        validate_limits(rate_limit, requests_per_second)
-        if isinstance(keep_idle, bool) or not isinstance(keep_idle, int) or keep_idle < 0:
-            raise ValueError(f"keep_idle must be an integer >= 0, got {keep_idle!r}")
-        validate_lease_ttl(lease_ttl_s)
+        LimiterSettings(rate_limit=rate_limit, requests_per_second=requests_per_second, lease_ttl_s=lease_ttl_s,
+                        keep_idle=keep_idle)
         self.rate_limit = rate_limit
         self.requests_per_second = requests_per_second
         self.name = name
@@ -116,7 +114,7 @@ class LimiterClient:
         self.client_name = client_name or f"{socket.gethostname()}:{os.getpid()}"
         # A token bucket must see every execution, so idle permits are never kept with one.
         self.keep_idle = 0 if requests_per_second is not None else keep_idle
-        self._handle: Optional[ray.actor.ActorHandle] = None
+        self._handle: Any = None  # the limiter's ray.actor.ActorHandle once connected (methods typed at run time)
         self._lease: Optional[str] = None
         self._connect_lock: Optional[asyncio.Lock] = None
         self._pending: dict[str, asyncio.Future] = {}   # permit -> waiter, insertion = FIFO

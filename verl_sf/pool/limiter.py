@@ -14,8 +14,8 @@ while holding a permit leaked it forever.  This limiter instead
 * applies a different `rate_limit` asked for by a later client (reconfiguration, logged),
   instead of silently keeping the old one.
 
-The protocol is batched so one round trip carries many grants and releases (a Ray call
-costs ~0.5 ms; per-permit calls could not reach thousands of grants per second).  Clients
+The protocol is batched so one round trip carries many grants and releases (one Ray call per
+permit would cap the grant rate far below what a cluster's rollouts ask; docs/pool.md).  Clients
 name their own permit ids, so a release or cancellation can be sent before the grant
 arrives.  Use it through `verl_sf.pool.client.LimiterClient`, not directly.
 """
@@ -26,7 +26,6 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import math
 import os
 import statistics
 import time
@@ -34,38 +33,43 @@ import uuid
 from typing import Any, Optional
 
 import ray
+from pydantic import BaseModel, ConfigDict, Field
 from ray.util.metrics import Counter, Gauge, Histogram
+
+from verl_sf.errors import VerlSfError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LIMITER_NAME = "verl-sf-rate-limiter"
 # Seconds without any lease before the limiter removes itself.
 DEFAULT_IDLE_EXIT_S = 60.0
+DEFAULT_LEASE_TTL_S = 30.0
 _SWEEP_INTERVAL_S = 0.5
 _WAIT_SAMPLES = 4096  # wait times kept for the percentiles in stats()
 _WAIT_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0]
 
 
-class LeaseExpired(RuntimeError):
+class LeaseExpired(VerlSfError, RuntimeError):
     """The limiter does not know this lease (it expired, or the limiter was replaced).
 
     Every permit of the lease has been returned; the client must register again.
     """
 
 
-def validate_limits(rate_limit: Any, requests_per_second: Any) -> None:
-    """Raise ValueError naming the bad setting; shared by the pool and the limiter."""
-    if isinstance(rate_limit, bool) or not isinstance(rate_limit, int) or rate_limit < 1:
-        raise ValueError(f"rate_limit must be an integer >= 1 (executions in flight), got {rate_limit!r}")
-    if requests_per_second is not None:
-        if isinstance(requests_per_second, bool) or not isinstance(requests_per_second, (int, float)) \
-                or not math.isfinite(requests_per_second) or requests_per_second <= 0:
-            raise ValueError(f"requests_per_second must be a number > 0 or None, got {requests_per_second!r}")
+class LimiterSettings(BaseModel):
+    """The numbers a pool, a limiter client and the limiter are given, checked in one place:
+    construct it with the ones at hand and a ValidationError (a ValueError) names a bad one."""
 
+    model_config = ConfigDict(strict=True, frozen=True)
 
-def validate_lease_ttl(lease_ttl_s: Any) -> None:
-    if isinstance(lease_ttl_s, bool) or not isinstance(lease_ttl_s, (int, float)) or not 0 < lease_ttl_s <= 3600:
-        raise ValueError(f"lease_ttl_s must be > 0 and <= 3600 seconds, got {lease_ttl_s!r}")
+    rate_limit: int = Field(10, ge=1)
+    """Executions in flight across the namespace (a cap, not a rate, as in verl)."""
+    requests_per_second: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    """Optional pace of grants (a token bucket); None: no pace."""
+    lease_ttl_s: float = Field(DEFAULT_LEASE_TTL_S, gt=0, le=3600)
+    """A client's lease ends (its permits come back) when it has not polled for this long."""
+    keep_idle: int = Field(0, ge=0)
+    """Released permits a client may keep for its own next acquires while nobody waits."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -136,7 +140,7 @@ class TokenBucketWorker:
 
     def __init__(self, rate_limit: int = 10, requests_per_second: Optional[float] = None,
                  name: str = DEFAULT_LIMITER_NAME, idle_exit_s: float = DEFAULT_IDLE_EXIT_S):
-        validate_limits(rate_limit, requests_per_second)
+        LimiterSettings(rate_limit=rate_limit, requests_per_second=requests_per_second)
         self._name = name
         self._rate_limit = rate_limit
         self._rps: Optional[float] = None
@@ -149,7 +153,7 @@ class TokenBucketWorker:
         self._waiting: dict[str, _Waiter] = {}   # permit -> waiter, queued and not granted
         self._holders: dict[str, _Lease] = {}    # permit -> lease, granted and not returned
         self._waits: collections.deque[float] = collections.deque(maxlen=_WAIT_SAMPLES)
-        self._counts = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()
         self._contention_signalled = False
         self._refill_timer: Optional[asyncio.TimerHandle] = None
         self._sweeper: Optional[asyncio.Task] = None
@@ -166,8 +170,7 @@ class TokenBucketWorker:
         A different `rate_limit` / `requests_per_second` than the live one replaces it for
         everyone (last writer wins) and is logged; the reply tells the client what changed.
         """
-        validate_limits(rate_limit, requests_per_second)
-        validate_lease_ttl(lease_ttl_s)
+        LimiterSettings(rate_limit=rate_limit, requests_per_second=requests_per_second, lease_ttl_s=lease_ttl_s)
         self._ensure_sweeper()
         previous = {"rate_limit": self._rate_limit, "requests_per_second": self._rps}
         changed = self._apply(rate_limit, requests_per_second, reason=f"client {client!r}")
@@ -230,7 +233,7 @@ class TokenBucketWorker:
     async def configure(self, rate_limit: int, requests_per_second: Optional[float] = None) -> bool:
         """Change the limits for everyone; lowering the cap revokes nothing, it only stops
         new grants until enough permits come back.  Returns whether anything changed."""
-        validate_limits(rate_limit, requests_per_second)
+        LimiterSettings(rate_limit=rate_limit, requests_per_second=requests_per_second)
         return self._apply(rate_limit, requests_per_second, reason="configure()")
 
     async def stats(self) -> dict[str, Any]:
@@ -340,6 +343,7 @@ class TokenBucketWorker:
             self._metrics.granted(wait_s)
 
     def _take_token(self) -> bool:
+        assert self._rps is not None  # only called with a requests_per_second limit
         now = time.monotonic()
         self._tokens = min(self._burst(), self._tokens + (now - self._refilled_at) * self._rps)
         self._refilled_at = now
@@ -350,6 +354,7 @@ class TokenBucketWorker:
 
     def _schedule_refill(self) -> None:
         if self._refill_timer is None:
+            assert self._rps is not None  # only called with a requests_per_second limit
             delay = (1.0 - self._tokens) / self._rps
             self._refill_timer = asyncio.get_running_loop().call_later(delay, self._on_refill)
 

@@ -13,14 +13,16 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
+from verl_sf.errors import VerlSfError
 from verl_sf.pool import _child
 
 
-class ExecutionCrashed(RuntimeError):
+class ExecutionCrashed(VerlSfError, RuntimeError):
     """The pool process running `fn` died (e.g. a segfault or `os._exit`) before answering."""
 
 

@@ -21,14 +21,16 @@ import contextlib
 import functools
 import inspect
 import os
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
-from typing import Any, AsyncIterator, Callable, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 
 import ray
+from pydantic import BaseModel, ConfigDict, Field
 
-from verl_sf.pool.client import DEFAULT_LEASE_TTL_S, LimiterClient
-from verl_sf.pool.limiter import DEFAULT_LIMITER_NAME, validate_lease_ttl, validate_limits
+from verl_sf.pool.client import LimiterClient
+from verl_sf.pool.limiter import DEFAULT_LEASE_TTL_S, DEFAULT_LIMITER_NAME, LimiterSettings
 from verl_sf.pool.process_runner import ProcessRunner
 
 T = TypeVar("T")
@@ -173,7 +175,7 @@ class ExecutionWorker:
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _as_mode(mode: Union[PoolMode, str]) -> PoolMode:
@@ -182,9 +184,14 @@ def _as_mode(mode: Union[PoolMode, str]) -> PoolMode:
     return PoolMode[mode]
 
 
+class _PoolSize(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    num_workers: int = Field(ge=1)
+
+
 def _validate_pool_args(num_workers: Any, mode: Any) -> None:
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    _PoolSize(num_workers=num_workers)
     if not isinstance(mode, PoolMode) and mode not in PoolMode.__members__:
         raise ValueError(f"mode must be a PoolMode ({', '.join(PoolMode.__members__)}), got {mode!r}")
 
@@ -192,7 +199,7 @@ def _validate_pool_args(num_workers: Any, mode: Any) -> None:
 def init_execution_pool(num_workers: int, enable_global_rate_limit: bool = True, rate_limit: int = 10,
                         mode: PoolMode = PoolMode.ThreadMode, *, requests_per_second: Optional[float] = None,
                         limiter_name: str = DEFAULT_LIMITER_NAME, lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
-                        **actor_options: Any) -> "ray.actor.ActorHandle":
+                        **actor_options: Any) -> ray.actor.ActorHandle:
     """Create one `ExecutionWorker` actor; call it with `await pool.execute.remote(fn, *args)`.
 
     `rate_limit` caps executions in flight across the Ray namespace (all pools sharing
@@ -202,10 +209,9 @@ def init_execution_pool(num_workers: int, enable_global_rate_limit: bool = True,
     """
     _validate_pool_args(num_workers, mode)
     if enable_global_rate_limit:
-        validate_limits(rate_limit, requests_per_second)
-        validate_lease_ttl(lease_ttl_s)
+        LimiterSettings(rate_limit=rate_limit, requests_per_second=requests_per_second, lease_ttl_s=lease_ttl_s)
     options = {"max_concurrency": max(_MIN_ACTOR_CONCURRENCY, 4 * num_workers), **actor_options}
-    pool = ray.remote(ExecutionWorker).options(**options).remote(
+    pool: ray.actor.ActorHandle = ray.remote(ExecutionWorker).options(**options).remote(  # type: ignore[assignment]
         enable_global_rate_limit=enable_global_rate_limit, rate_limit=rate_limit, mode=mode,
         num_workers=num_workers, requests_per_second=requests_per_second, limiter_name=limiter_name,
         lease_ttl_s=lease_ttl_s)

@@ -7,13 +7,25 @@ Use as verl's custom reward function::
 
 The scorer is chosen from `data_source`; every scorer returns a dict with `score` (what
 verl trains on), `acc` and `pred`, which verl logs and writes into the rollout dump.
+
+Code-test rewards that run in the sandbox (TRL reward functions and verl's `compute_score`)
+are `CodeTestReward`, see `verl_sf.rewards.code_test`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from verl_sf.rewards import boxed, gsm8k
+from verl_sf.rewards.code_test import (
+    CodeTask,
+    CodeTaskError,
+    CodeTestResult,
+    CodeTestReward,
+    Outcome,
+    SandboxFailure,
+)
 
 Scorer = Callable[[str, str], dict]
 
@@ -48,4 +60,5 @@ def compute_score(
     return SCORERS[scorer_for(data_source)](solution_str, ground_truth)
 
 
-__all__ = ["SCORERS", "compute_score", "scorer_for"]
+__all__ = ["SCORERS", "CodeTask", "CodeTaskError", "CodeTestResult", "CodeTestReward", "Outcome", "SandboxFailure",
+           "compute_score", "scorer_for"]

@@ -24,7 +24,7 @@ def last_boxed(text: str) -> Optional[str]:
     body = rest.lstrip()
     if not body.startswith("{"):
         # `\boxed 5`: the argument is the next token (up to whitespace or a closing '$').
-        token = re.match(r"[^\s$]*", body).group(0) if rest[:1].isspace() else ""
+        token = re.split(r"[\s$]", body, maxsplit=1)[0] if rest[:1].isspace() else ""
         return token or None
     rest = body
     depth = 0

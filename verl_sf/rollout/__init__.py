@@ -22,7 +22,14 @@ from verl_sf.rollout.driver import RolloutConfig, RolloutResult, StopReason, Tra
 from verl_sf.rollout.dump import write_rollout_dump
 from verl_sf.rollout.parsing import ToolCall, parse_hermes, parse_openai_tool_calls
 from verl_sf.rollout.summary import RolloutSummary
-from verl_sf.rollout.tools import ErrorKind, ToolCallRecord, ToolConfigLoadError, ToolRunner, load_tools, truncate_tool_text
+from verl_sf.rollout.tools import (
+    ErrorKind,
+    ToolCallRecord,
+    ToolConfigLoadError,
+    ToolRunner,
+    load_tools,
+    truncate_tool_text,
+)
 
 __all__ = [
     "ChatClient", "Completion", "DatasetError", "ErrorKind", "ModelServerError", "RolloutConfig", "RolloutResult",

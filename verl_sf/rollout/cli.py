@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from verl_sf.rollout.client import ChatClient, ModelServerError
 from verl_sf.rollout.data import DatasetError, load_samples
-from verl_sf.rollout.driver import RolloutConfig, RewardFn, run_rollouts
+from verl_sf.rollout.driver import RewardFn, RolloutConfig, run_rollouts
 from verl_sf.rollout.dump import write_rollout_dump
 from verl_sf.rollout.summary import RolloutSummary
 from verl_sf.rollout.tools import TRUNCATE_SIDES, ToolConfigLoadError, ToolRunner, load_tools
@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight to the model server")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--extra-body", default="{}",
-                        help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {"enable_thinking": false}}\'')
+    parser.add_argument("--extra-body", default="{}", help="JSON merged into each request, e.g. "
+                        '\'{"chat_template_kwargs": {"enable_thinking": false}}\'')
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per model request")
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     parser.add_argument("--ray-address",

@@ -14,8 +14,10 @@ from typing import Any, Optional
 
 import aiohttp
 
+from verl_sf.errors import VerlSfError
 
-class ModelServerError(RuntimeError):
+
+class ModelServerError(VerlSfError, RuntimeError):
     """The model server could not give a usable completion (after retries)."""
 
 
@@ -64,7 +66,7 @@ class ChatClient:
         self._semaphore = asyncio.Semaphore(concurrency)
         self._session: Optional[aiohttp.ClientSession] = None
 
-    async def __aenter__(self) -> "ChatClient":
+    async def __aenter__(self) -> ChatClient:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self.concurrency), timeout=self._timeout
         )
@@ -89,7 +91,8 @@ class ChatClient:
             raise ModelServerError(f"{self.base}/models lists no model; pass --model")
         return str(models[0]["id"])
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                       max_tokens: int) -> Completion:
         payload: dict[str, Any] = {**self.sampling, "model": self.model, "messages": messages, "max_tokens": max_tokens}
         if tools:
             payload["tools"] = tools
@@ -111,7 +114,8 @@ class ChatClient:
                         try:
                             return await resp.json(content_type=None)
                         except ValueError:
-                            raise ModelServerError(f"{url} answered 200 with a body that is not JSON: {text[:200]!r}")
+                            raise ModelServerError(
+                                f"{url} answered 200 with a body that is not JSON: {text[:200]!r}") from None
                     last_error = f"{url} answered HTTP {resp.status}: {text[:500]}"
                     if resp.status != 429 and resp.status < 500:
                         raise ModelServerError(last_error)

@@ -12,8 +12,10 @@ import json
 import os
 from typing import Any, Optional
 
+from verl_sf.errors import VerlSfError
 
-class DatasetError(ValueError):
+
+class DatasetError(VerlSfError, ValueError):
     """The dataset file is missing or a row lacks a field the rollout needs (named in the message)."""
 
 

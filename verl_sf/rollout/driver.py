@@ -21,10 +21,12 @@ import asyncio
 import dataclasses
 import inspect
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 from tqdm.auto import tqdm
 
+from verl_sf.enums import StrEnum
 from verl_sf.rollout.client import ChatClient, ModelServerError
 from verl_sf.rollout.data import Sample
 from verl_sf.rollout.parsing import ToolCall, parse_hermes, parse_openai_tool_calls
@@ -34,7 +36,9 @@ from verl_sf.rollout.tools import AgentContext, ToolCallRecord, ToolRunner
 RewardFn = Callable[..., Any]  # verl's compute_score(data_source, solution_str, ground_truth, extra_info)
 
 
-class StopReason:
+class StopReason(StrEnum):
+    """Why a trajectory ended (the dump's and the summary's `stop_reason`)."""
+
     answer = "answer"  # the model replied without calling a tool
     max_turns = "max_turns"  # it still wanted tools after `max_turns` assistant turns
     length = "length"  # the response-length budget ran out (or a turn was cut by it)
@@ -150,13 +154,15 @@ async def run_trajectory(
     return traj
 
 
-def _append_assistant_turn(traj: Trajectory, content: str, raw_calls: list[Any], max_parallel_calls: int) -> list[ToolCall]:
+def _append_assistant_turn(traj: Trajectory, content: str, raw_calls: list[Any],
+                           max_parallel_calls: int) -> list[ToolCall]:
     """Record the assistant message; return the calls to run (the first `max_parallel_calls`)."""
     id_prefix = f"call_{traj.request_id}_{traj.assistant_turns}_"
     if raw_calls:
         calls = parse_openai_tool_calls(raw_calls, id_prefix)
         kept = calls[:max_parallel_calls]
-        message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": [c.openai_dict() for c in kept]}
+        message: dict[str, Any] = {"role": "assistant", "content": content,
+                                   "tool_calls": [c.openai_dict() for c in kept]}
     else:
         # Raw text: keep it verbatim (blocks included) so the model sees exactly what it wrote.
         _, calls = parse_hermes(content, id_prefix)
@@ -204,7 +210,8 @@ async def run_rollouts(
     async def one(sample: Sample, k: int) -> Trajectory:
         nonlocal done, correct
         t0 = time.perf_counter()
-        traj = await run_trajectory(sample, client, runner, config, uid=str(sample.index), request_id=f"{sample.index}_{k}")
+        traj = await run_trajectory(sample, client, runner, config, uid=str(sample.index),
+                                    request_id=f"{sample.index}_{k}")
         if reward_fn is not None:
             await score_trajectory(traj, reward_fn)
         traj.wall_seconds = time.perf_counter() - t0

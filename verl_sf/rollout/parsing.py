@@ -51,7 +51,8 @@ def parse_hermes(text: str, id_prefix: str) -> tuple[str, list[ToolCall]]:
     calls = [_decode_block(body, f"{id_prefix}{i}") for i, body in enumerate(_BLOCK_RE.findall(text))]
     content = _BLOCK_RE.sub("", text)
     if TOOL_CALL_START in content:
-        calls.append(ToolCall(f"{id_prefix}{len(calls)}", "", "", error="unterminated <tool_call> block (no </tool_call>)"))
+        calls.append(ToolCall(f"{id_prefix}{len(calls)}", "", "",
+                              error="unterminated <tool_call> block (no </tool_call>)"))
     return content, calls
 
 
@@ -64,7 +65,8 @@ def _decode_block(body: str, call_id: str) -> ToolCall:
         return ToolCall(call_id, "", body.strip(), error='tool call must be a JSON object with "name" and "arguments"')
     name = payload["name"]
     if not isinstance(name, str):
-        return ToolCall(call_id, "", body.strip(), error=f'tool call "name" must be a string, got {type(name).__name__}')
+        return ToolCall(call_id, "", body.strip(),
+                        error=f'tool call "name" must be a string, got {type(name).__name__}')
     return ToolCall(call_id, name, json.dumps(payload["arguments"], ensure_ascii=False))
 
 

@@ -9,6 +9,7 @@ Qwen's template.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -22,10 +23,8 @@ def _block(role: str, body: str) -> str:
 def _tool_call_text(call: dict[str, Any]) -> str:
     function = call.get("function") or {}
     arguments = function.get("arguments", "")
-    try:
+    with contextlib.suppress(json.JSONDecodeError):  # malformed arguments are shown as the model wrote them
         arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except json.JSONDecodeError:
-        pass  # malformed arguments are shown as the model wrote them
     payload = json.dumps({"name": function.get("name", ""), "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{payload}\n</tool_call>"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verl_sf.rollout.driver import Trajectory
 
@@ -30,7 +31,7 @@ class RolloutSummary:
     failed_trajectories: int  # model-server or reward failures (see each trajectory's `error`)
 
     @classmethod
-    def of(cls, trajectories: Sequence[Trajectory], wall_seconds: float) -> "RolloutSummary":
+    def of(cls, trajectories: Sequence[Trajectory], wall_seconds: float) -> RolloutSummary:
         if not trajectories:
             raise ValueError("no trajectories to summarise")
         busy = sum(t.wall_seconds for t in trajectories) or 1.0

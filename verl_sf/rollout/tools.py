@@ -15,20 +15,23 @@ import importlib
 import inspect
 import os
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import yaml
 
+from verl_sf.enums import StrEnum
+from verl_sf.errors import VerlSfError
 from verl_sf.rollout.parsing import ToolCall, decode_arguments
 
 TRUNCATE_SIDES = ("left", "right", "middle")
 
 
-class ToolConfigLoadError(ValueError):
+class ToolConfigLoadError(VerlSfError, ValueError):
     """The tool-config yaml is missing or does not describe loadable tools."""
 
 
-class ErrorKind:
+class ErrorKind(StrEnum):
     """Why a call failed, as counted in the summary (beside the tool's own `status` metric)."""
 
     malformed_call = "malformed_call"  # the model's call could not be read at all
@@ -79,7 +82,8 @@ def _load_tools_without_verl(path: str) -> list[Any]:
         except (ImportError, AttributeError, ValueError) as exc:
             raise ToolConfigLoadError(f"{where}: cannot import {entry['class_name']!r}: {exc}") from None
         schema = entry.get("tool_schema")
-        tools.append(tool_cls(config=config, tool_schema=OpenAIFunctionToolSchema.model_validate(schema) if schema else None))
+        tool_schema = OpenAIFunctionToolSchema.model_validate(schema) if schema else None
+        tools.append(tool_cls(config=config, tool_schema=tool_schema))
     return tools
 
 
@@ -143,7 +147,8 @@ class ToolCallRecord:
 class ToolRunner:
     """Executes parsed calls against a fixed set of tools, never raising for a bad call."""
 
-    def __init__(self, tools: Sequence[Any], max_tool_response_length: int = 256, truncate_side: str = "middle") -> None:
+    def __init__(self, tools: Sequence[Any], max_tool_response_length: int = 256,
+                 truncate_side: str = "middle") -> None:
         if max_tool_response_length < 1:
             raise ValueError(f"max_tool_response_length must be >= 1, got {max_tool_response_length}")
         truncate_tool_text("", 1, truncate_side)  # validate the side now, not on the first long output
@@ -181,7 +186,8 @@ class ToolRunner:
             return f"Failed to decode tool call: {call.error}. Expected: {hint}", ErrorKind.malformed_call, None, {}
         tool = self.tools.get(call.name)
         if tool is None:
-            return f"Unknown function '{call.name}'. Available tools: {list(self.tools)}", ErrorKind.unknown_tool, None, {}
+            text = f"Unknown function '{call.name}'. Available tools: {list(self.tools)}"
+            return text, ErrorKind.unknown_tool, None, {}
         arguments, problem = decode_arguments(call)
         if problem is not None:
             return problem, ErrorKind.invalid_arguments, None, {}

@@ -1,4 +1,4 @@
-"""aiohttp application: /run_code, /run_jupyter, /v1/ping, /health, /metrics.
+"""aiohttp application: /run_code, /run_jupyter, /v1/ping, /sessions, /health, /metrics.
 
 Error bodies follow FastAPI's shape (`{"detail": ...}`) because Sandbox Fusion is a
 FastAPI app and its users' tooling already parses that.
@@ -19,9 +19,10 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from verl_sf import __version__
-from verl_sf.executor import Executor, ExecutorConfig, Overloaded
-from verl_sf.models import RunCodeRequest, RunJupyterRequest
+from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded, SessionNotFound
+from verl_sf.models import RunCodeRequest, RunJupyterRequest, SessionCreateRequest
 from verl_sf.server.metrics import ServerMetrics
+from verl_sf.verl_tool import VerlToolConfig
 
 log = logging.getLogger(__name__)
 EXECUTOR_KEY = web.AppKey("executor", Executor)
@@ -39,6 +40,7 @@ class ServerConfig:
     reuse_port: bool = False
     """Share the port with other processes (SO_REUSEPORT): `verl-sf serve --fronts N` runs N."""
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
+    verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
 
 
 def _error(status: int, detail: Any) -> web.Response:
@@ -88,9 +90,11 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
     try:
         response = await run(parsed)
     except Overloaded as exc:
-        metrics.rejections.labels("overloaded").inc()
-        retry_after = str(request.app["retry_after_s"])
-        return web.json_response({"detail": f"server overloaded: {exc}"}, status=503, headers={"Retry-After": retry_after})
+        return _overloaded(request, exc)
+    except SessionNotFound as exc:
+        return _session_not_found(request, exc)
+    except InvalidRequest as exc:
+        return _invalid(request, exc)
     lang = language(parsed)
     metrics.runs.labels(endpoint, lang, response.status.value).inc()  # type: ignore[attr-defined]
     metrics.latency.labels(endpoint, lang).observe(time.monotonic() - started)
@@ -98,6 +102,51 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
     if queue_wait is not None:
         metrics.queue_wait.observe(queue_wait)
     return web.Response(body=response.model_dump_json(), content_type="application/json")
+
+
+def _overloaded(request: web.Request, exc: Overloaded) -> web.Response:
+    get_metrics(request).rejections.labels("overloaded").inc()
+    retry_after = str(request.app["retry_after_s"])
+    return web.json_response({"detail": f"server overloaded: {exc}"}, status=503, headers={"Retry-After": retry_after})
+
+
+def _session_not_found(request: web.Request, exc: SessionNotFound) -> web.Response:
+    get_metrics(request).rejections.labels("session_not_found").inc()
+    return _error(404, f"session {exc.session_id!r} not found: {exc.reason}")
+
+
+def _invalid(request: web.Request, exc: InvalidRequest) -> web.Response:
+    get_metrics(request).rejections.labels("invalid").inc()
+    return _error(400, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}])
+
+
+async def create_session(request: web.Request) -> web.Response:
+    parsed = await _parse(request, SessionCreateRequest)
+    if isinstance(parsed, web.Response):
+        return parsed
+    try:
+        info = await get_executor(request).create_session(parsed)
+    except Overloaded as exc:
+        return _overloaded(request, exc)
+    except InvalidRequest as exc:
+        return _invalid(request, exc)
+    return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    try:
+        info = get_executor(request).session_info(request.match_info["session_id"])
+    except SessionNotFound as exc:
+        return _session_not_found(request, exc)
+    return web.Response(body=info.model_dump_json(), content_type="application/json")
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    try:
+        get_executor(request).end_session(request.match_info["session_id"])
+    except SessionNotFound as exc:
+        return _session_not_found(request, exc)
+    return web.json_response({"session_id": request.match_info["session_id"], "ended": True})
 
 
 async def run_code(request: web.Request) -> web.Response:
@@ -124,10 +173,15 @@ async def health(request: web.Request) -> web.Response:
         "preloaded": executor.preloaded(),
         "warm_interpreters": executor.warm_interpreters(),
         "languages": executor.languages(),
-        "workers": executor.config.workers,
+        "missing_languages": executor.toolchains.missing_summary() if executor.toolchains else {},
+        "limits": executor.limits_status(),
+        "slots": executor.config.slots,
+        "sandboxes": executor.config.sandboxes,
         "in_flight": executor.stats.in_flight,
-        "queued": executor.stats.queued,
-        "max_queue": executor.config.max_queue,
+        "queued": executor.slots.waiting,
+        "max_in_flight": executor.config.max_in_flight,
+        "sessions": len(executor.sessions),
+        "max_sessions": executor.config.max_sessions,
     })
 
 
@@ -146,8 +200,14 @@ def build_app(config: ServerConfig, executor: Executor) -> web.Application:
     app.router.add_post("/run_code", run_code)
     app.router.add_post("/run_jupyter", run_jupyter)
     app.router.add_get("/v1/ping", ping)
+    app.router.add_post("/sessions", create_session)
+    app.router.add_get("/sessions/{session_id}", get_session)
+    app.router.add_delete("/sessions/{session_id}", delete_session)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    from verl_sf.verl_tool.routes import add_verl_tool_routes  # imported here: it imports this module's helpers
+
+    add_verl_tool_routes(app, config.verl_tool)
     return app
 
 
@@ -155,16 +215,18 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
                 app_hook: Optional[Callable[[web.Application], None]] = None) -> None:
     """Run until SIGTERM/SIGINT; `ready` gets the base URL once the port is bound; `app_hook`
     may add middlewares and startup steps to the app before it starts (the fronts' routing)."""
+    _protect_from_oom_killer()
     executor = Executor(config.executor)
     await executor.start()
     # Long-lived objects (modules, the app) leave the collector's view: full collections
     # otherwise rescan them every few thousand requests (~13% of server CPU under load).
     gc.collect()
     gc.freeze()
+    # A client that disconnects cancels its handler: its queued run is dropped, its running one killed.
     app = build_app(config, executor)
     if app_hook:
         app_hook(app)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     try:
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_port=config.reuse_port or None)
@@ -181,3 +243,12 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     finally:
         await runner.cleanup()
         await executor.close()
+
+
+def _protect_from_oom_killer() -> None:
+    """Under memory pressure the kernel kills runs (oom_score_adj 1000), never the server."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("-900")
+    except OSError:
+        log.info("verl-sf: cannot lower this server's oom_score_adj (needs CAP_SYS_RESOURCE); runs still go first")

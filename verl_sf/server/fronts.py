@@ -22,7 +22,8 @@ import os
 import re
 import signal
 import socket
-from typing import Any, Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional
 
 import aiohttp
 import aiohttp.payload
@@ -34,7 +35,7 @@ from verl_sf.server.process import die_with_parent
 
 log = logging.getLogger(__name__)
 SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")
-SUMMED_HEALTH_FIELDS = ("workers", "in_flight", "queued", "max_queue", "sessions")
+SUMMED_HEALTH_FIELDS = ("slots", "sandboxes", "in_flight", "queued", "max_in_flight", "sessions", "max_sessions")
 PEERS_KEY = web.AppKey("front_peers", list[int])
 CLIENT_KEY = web.AppKey("front_client", aiohttp.ClientSession)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -210,8 +211,8 @@ def _front_main(config: ServerConfig, index: int, parent: multiprocessing.connec
 
 def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], log_level: str = "INFO") -> int:
     """Start `fronts` servers on `config`'s port; return when they stop (0) or one died (1)."""
-    if fronts < 1 or fronts > config.executor.workers:
-        raise FrontsError(f"--fronts must be between 1 and --workers ({config.executor.workers}), got {fronts}")
+    if fronts < 1 or fronts > config.executor.slots:
+        raise FrontsError(f"--fronts must be between 1 and --slots ({config.executor.slots}), got {fronts}")
     # Held (bound, not listening) until every front has bound the same port: `--port 0` picks it here.
     reservation = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -221,8 +222,10 @@ def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], 
     context = multiprocessing.get_context("spawn")
     processes, pipes = [], []
     for index in range(fronts):
-        executor = dataclasses.replace(config.executor, workers=share(config.executor.workers, fronts, index),
-                                       max_queue=share(config.executor.max_queue, fronts, index))
+        executor = dataclasses.replace(
+            config.executor, slots=share(config.executor.slots, fronts, index),
+            max_in_flight=max(1, share(config.executor.max_in_flight, fronts, index)),
+            max_sessions=max(1, share(config.executor.max_sessions, fronts, index)))
         front = dataclasses.replace(config, port=port, reuse_port=True, executor=executor)
         ours, theirs = context.Pipe()
         process = context.Process(target=_front_main, args=(front, index, theirs, log_level, os.getpid()),

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from verl_sf.executor import Executor
 
@@ -23,12 +27,37 @@ class ServerMetrics:
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rejections = Counter("verl_sf_rejections", "Requests refused before running, by reason",
                                   ["reason"], registry=self.registry)
-        in_flight = Gauge("verl_sf_runs_in_flight", "Runs executing now", registry=self.registry)
-        in_flight.set_function(lambda: executor.stats.in_flight)
-        queued = Gauge("verl_sf_queue_depth", "Requests waiting for a sandbox slot", registry=self.registry)
-        queued.set_function(lambda: executor.stats.queued)
-        slots = Gauge("verl_sf_workers", "Sandbox slots (runs that can execute at once)", registry=self.registry)
-        slots.set(executor.config.workers)
+        gauges = {
+            "verl_sf_runs_in_flight": ("Runs admitted and not yet answered", lambda: executor.stats.in_flight),
+            "verl_sf_queue_depth": ("Runs waiting for a CPU slot", lambda: executor.slots.waiting),
+            "verl_sf_slots": ("CPU slots: runs in their first CPU slice at once", lambda: executor.config.slots),
+            "verl_sf_sessions_live": ("Live sessions", lambda: len(executor.sessions)),
+        }
+        for name, (doc, read) in gauges.items():
+            Gauge(name, doc, registry=self.registry).set_function(read)
+        counters = {
+            "verl_sf_runs_cancelled": ("Runs dropped because their client went away", lambda: executor.stats.cancelled),
+            "verl_sf_cpu_starved_timeouts": ("Time-outs in which the run mostly waited for a CPU",
+                                             lambda: executor.stats.cpu_starved),
+            "verl_sf_sessions_created": ("Sessions created", lambda: executor.stats.sessions_created),
+            "verl_sf_sessions_expired": ("Sessions ended by idle TTL or maximum lifetime",
+                                         lambda: executor.stats.sessions_expired),
+            "verl_sf_sessions_killed": ("Sessions that died (memory, exit, time-out kill)",
+                                        lambda: executor.stats.sessions_killed),
+        }
+        for name, (doc, read) in counters.items():
+            _FunctionCounter(name, doc, read, self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _FunctionCounter(Collector):
+    """A counter whose value the executor keeps (exposed as `<name>_total`, as Prometheus counters are)."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], float], registry: CollectorRegistry):
+        self._name, self._documentation, self._read = name, documentation, read
+        registry.register(self)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self._read())

@@ -13,7 +13,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 LISTEN_RE = re.compile(r"listening on (http://[\w.\-\[\]:]+)")
 PR_SET_PDEATHSIG = 1

@@ -9,12 +9,10 @@ field names and method signatures, so code written against one works against the
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Optional
 from uuid import uuid4
 
 from pydantic import BaseModel, Field
-
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 try:
     from verl.tools.base_tool import BaseTool
@@ -85,7 +83,7 @@ except ImportError:
         async def release(self, instance_id: str, **kwargs: Any) -> None:
             return None
 
-    def rollout_trace_op(func: F) -> F:  # type: ignore[no-redef]
+    def rollout_trace_op(func: Any) -> Any:
         """verl's tracing decorator; without verl there is nothing to trace into."""
         return func
 

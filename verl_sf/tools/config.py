@@ -2,7 +2,9 @@
 
 verl hands the tool the `config:` mapping of the tool yaml as a plain dict.  A typo or a
 wrong type there would otherwise surface hours into a run (or never), so every key is
-checked here and a bad one raises `ToolConfigError` naming it.
+checked here and a bad one raises `ToolConfigError` naming it.  The backend keys
+(`backend`, `sandbox_fusion_url`, and the `http:` / `local:` / `daytona:` block of the chosen
+backend) become one typed, hashable `BackendConfig` (`ToolConfig.backend_config`).
 """
 
 from __future__ import annotations
@@ -11,13 +13,12 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from verl_sf.backends.daytona import DaytonaOptions
+from verl_sf.backends.config import AnyBackendConfig, BackendConfig
+from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES
 
-BackendName = Literal["http", "local", "daytona", "cluster"]
 
-
-class ToolConfigError(ValueError):
+class ToolConfigError(VerlSfError, ValueError):
     """The tool config has a missing, unknown or ill-typed key (the message names it)."""
 
 
@@ -27,9 +28,8 @@ class ToolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["native"] = "native"
-    backend: Optional[BackendName] = None
-    """http (the Sandbox Fusion API at `sandbox_fusion_url`), local (in-process executor), daytona,
-    cluster (the Ray-placed fleet of `verl-sf cluster up`: the caller's own node's server first)."""
+    backend: str = "http"
+    """http (the Sandbox Fusion API at `sandbox_fusion_url`), local (in-process executor), daytona."""
     sandbox_fusion_url: Optional[str] = None
     num_workers: int = Field(10, gt=0)
     """Concurrent calls one tool object runs at once (verl's meaning: its pool actor's slots)."""
@@ -49,13 +49,27 @@ class ToolConfig(BaseModel):
     """ray: run in this process under a permit of the cluster-wide limiter; ray_actor: in an
     ExecutionWorker actor behind the same limiter; inprocess: an asyncio limiter in this
     process (no Ray needed); auto: ray when Ray is initialized, else inprocess."""
-    http: dict[str, Any] = Field(default_factory=dict)
-    """`http:` sub-block: HttpSandboxBackend options (max_retries, backoff_base_s, ...)."""
-    local: dict[str, Any] = Field(default_factory=dict)
-    """`local:` sub-block: ExecutorConfig fields for the in-process executor."""
-    daytona: DaytonaOptions = Field(default_factory=DaytonaOptions)
-    cluster: dict[str, Any] = Field(default_factory=dict)
-    """`cluster:` sub-block: ClusterSandboxBackend options (namespace, address, spill_at, http, ...)."""
+    backend_config: AnyBackendConfig
+    """Built from `backend`, `sandbox_fusion_url` and the yaml block named after the backend."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_backend(cls, data: Any) -> Any:
+        """verl's flat keys -> one tagged backend config; the block of each other backend is dropped."""
+        if not isinstance(data, dict) or "backend_config" in data:
+            return data
+        data = dict(data)
+        name = data.get("backend") or "http"
+        blocks = {key: data.pop(key) for key in list(data) if key in BackendConfig.registry}
+        config_class = BackendConfig.registry.get(name)
+        if config_class is None:
+            raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BackendConfig.registry)}")
+        block = blocks.get(name) or {}
+        if not isinstance(block, dict):
+            raise ValueError(f"{name}: must be a mapping of {name} backend options, got {type(block).__name__}")
+        data["backend"] = name
+        data["backend_config"] = config_class.from_tool_block(block, sandbox_fusion_url=data.get("sandbox_fusion_url"))
+        return data
 
     @field_validator("default_language")
     @classmethod
@@ -71,30 +85,30 @@ class ToolConfig(BaseModel):
             raise ValueError(f"must be -1 (server default) or between 16 and 1048576 MB, got {value}")
         return value
 
-    @model_validator(mode="after")
-    def _backend_choice(self) -> "ToolConfig":
-        if self.resolved_backend == "http" and not self.sandbox_fusion_url:
-            raise ValueError("sandbox_fusion_url is required for the http backend "
-                             "(or set backend: local / backend: daytona)")
-        return self
-
-    @property
-    def resolved_backend(self) -> BackendName:
-        return self.backend or "http"
-
     @classmethod
-    def parse(cls, config: Optional[dict[str, Any]]) -> "ToolConfig":
+    def parse(cls, config: Optional[dict[str, Any]]) -> ToolConfig:
         """Validate verl's `config:` dict; raise ToolConfigError naming each bad key."""
         try:
             return cls.model_validate(dict(config or {}))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {_reason(err)}" for err in exc.errors()
-            )
+            backend = str((config or {}).get("backend") or "http")
+            problems = "; ".join(f"{_where(err['loc'], backend)}: {_reason(err)}" for err in exc.errors())
             raise ToolConfigError(f"invalid SandboxFusionTool config: {problems}") from None
 
 
+def _where(loc: tuple[Any, ...], backend: str) -> str:
+    """A yaml path: with `backend: local`, `backend_config.executor.slots` is the `local:` block's `slots`."""
+    if loc[:1] == ("backend_config",):
+        rest = loc[1:]
+        config_class = BackendConfig.registry.get(backend)
+        if config_class is not None and config_class.tool_block_field is not None \
+                and rest[:1] == (config_class.tool_block_field,):
+            rest = rest[1:]
+        loc = (backend, *rest)
+    return ".".join(str(part) for part in loc) or "config"
+
+
 def _reason(err: Any) -> str:
-    if err["type"] == "extra_forbidden":
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return "unknown key"
     return str(err["msg"]).removeprefix("Value error, ")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 import weakref
@@ -19,26 +18,27 @@ from typing import Any, Optional
 from uuid import uuid4
 
 from verl_sf.backends.base import SandboxUnavailable
+from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
-from verl_sf.tools import render
+from verl_sf.tools import reply
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
+from verl_sf.tools.backend_calls import close_backend, end_session, run_request
 from verl_sf.tools.code import extract_python_block, print_last_expression
-from verl_sf.tools.config import ToolConfig, ToolConfigError
-from verl_sf.tools.pools import make_pool
-from verl_sf.tools.runner import BackendSpec, close_backend, end_session, run_request
+from verl_sf.tools.config import ToolConfig
+from verl_sf.tools.dispatch import Closer, Pool, make_pool
 from verl_sf.tools.schema import code_interpreter_schema
 
 log = logging.getLogger(__name__)
 
 
-class ToolArgumentError(ValueError):
+class ToolArgumentError(VerlSfError, ValueError):
     """The model's arguments cannot be run (missing code, bad timeout or language)."""
 
 
 @dataclasses.dataclass
 class _Instance:
     ground_truth: Any = None
-    session: Optional[str] = None  # a Daytona session keyed on this instance (no trajectory given)
+    session: Optional[str] = None  # a backend session keyed on this instance (no trajectory given)
 
 
 class SandboxFusionTool(BaseTool):
@@ -46,7 +46,7 @@ class SandboxFusionTool(BaseTool):
 
     Config (the tool yaml's `config:`): verl's `type`, `num_workers`, `rate_limit`,
     `enable_global_rate_limit`, `default_timeout`, `default_language`, `sandbox_fusion_url`,
-    `memory_limit_mb`, plus `backend` (http | local | daytona | cluster), the ReTool switches
+    `memory_limit_mb`, plus `backend` (http | local | daytona), the ReTool switches
     `extract_code_block` and `print_last_expression`, `max_output_chars` and `pool`.
     See docs/verl.md.
     """
@@ -54,19 +54,13 @@ class SandboxFusionTool(BaseTool):
     def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema] = None):
         self.settings = ToolConfig.parse(config)
         super().__init__(config, tool_schema or code_interpreter_schema())
-        self.backend_name = self.settings.resolved_backend
-        options = {"http": self.settings.http, "local": self.settings.local,
-                   "daytona": self.settings.daytona.model_dump(), "cluster": self.settings.cluster}[self.backend_name]
-        self.spec = BackendSpec(self.backend_name, self.settings.sandbox_fusion_url,
-                                json.dumps(options, sort_keys=True))
-        try:  # builds nothing that connects or starts: just checks the options here, not hours later
-            self.spec.build()
-        except (TypeError, ValueError) as exc:
-            raise ToolConfigError(f"invalid SandboxFusionTool config: {self.backend_name}: {exc}") from None
-        self._pool: Any = None
+        self.backend_config = self.settings.backend_config
+        self.backend_name = self.backend_config.type
+        self._keeps_sessions = self.backend_config.supports_sessions
+        self._pool: Optional[Pool] = None
         self._instances: dict[str, _Instance] = {}
-        # Daytona sessions of live trajectories: AgentData -> session, session -> its finalizer.
-        self._trajectory_sessions: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        # Backend sessions of live trajectories: AgentData -> session, session -> its finalizer.
+        self._trajectory_sessions: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._trajectories: dict[str, weakref.finalize] = {}
         self._background: set[asyncio.Task] = set()
 
@@ -74,7 +68,7 @@ class SandboxFusionTool(BaseTool):
         return self.tool_schema
 
     @property
-    def pool(self) -> Any:
+    def pool(self) -> Pool:
         if self._pool is None:
             s = self.settings
             self._pool = make_pool(s.pool, s.num_workers, s.rate_limit, s.enable_global_rate_limit)
@@ -101,19 +95,19 @@ class SandboxFusionTool(BaseTool):
         try:
             request = self._request(parameters)
         except ToolArgumentError as exc:
-            return ToolResponse(text=f"Invalid arguments: {exc}"), None, render.metrics(
-                None, self.backend_name, truncated=False, outcome="invalid_arguments")
+            return ToolResponse(text=f"Invalid arguments: {exc}"), None, reply.metrics(
+                None, self.backend_name, truncated=False, outcome=reply.Outcome.invalid_arguments)
         session = self._session(instance_id, kwargs.get("agent_data"))
         submitted = time.time()
         try:
-            execution = await self.pool.run(run_request, self.spec, request, session)
+            execution = await self.pool.run(run_request, self.backend_config, request, session)
         except SandboxUnavailable as exc:
             log.warning("code_interpreter: sandbox unavailable: %s", exc)
-            return ToolResponse(text=render.render_unavailable(exc)), None, render.metrics(
+            return ToolResponse(text=reply.unavailable_text(exc)), None, reply.metrics(
                 None, self.backend_name, truncated=False)
         response = execution.response
-        text, cut = render.render(response, request.run_timeout, self.settings.max_output_chars)
-        metrics = render.metrics(response, self.backend_name, truncated=cut)
+        text, cut = reply.reply_text(response, request.run_timeout, self.settings.max_output_chars)
+        metrics = reply.metrics(response, self.backend_name, truncated=cut)
         metrics["pool_wait"] = max(0.0, execution.started_at - submitted)
         metrics["queue_wait"] = metrics["pool_wait"] + (response.queue_wait or 0.0)
         return ToolResponse(text=text), None, metrics
@@ -128,7 +122,7 @@ class SandboxFusionTool(BaseTool):
         return 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
-        """Forget the instance; end its own Daytona session if it had one (never raises:
+        """Forget the instance; end its own backend session if it had one (never raises:
         verl calls this in a `finally`)."""
         instance = self._instances.pop(instance_id, None)
         if instance is not None and instance.session is not None:
@@ -144,7 +138,8 @@ class SandboxFusionTool(BaseTool):
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._pool is not None:
-            closers = [(end_session, (self.spec, s)) for s in sessions] + [(close_backend, (self.spec,))]
+            closers: list[Closer] = [(end_session, (self.backend_config, s)) for s in sessions]
+            closers.append((close_backend, (self.backend_config,)))
             pool, self._pool = self._pool, None
             await pool.close(*closers)
 
@@ -175,12 +170,12 @@ class SandboxFusionTool(BaseTool):
                               memory_limit_MB=self.settings.memory_limit_mb)
 
     def _session(self, instance_id: str, agent_data: Any) -> Optional[str]:
-        """The Daytona session a call runs in: its trajectory's, else its instance's.
+        """The backend session a call runs in (None if the backend keeps none): its trajectory's, else its instance's.
 
         A trajectory is its AgentData object, not just its request_id: under verl's
         full_determinism many trajectories share one request_id ("det-0").
         """
-        if self.backend_name != "daytona":
+        if not self._keeps_sessions:
             return None
         request_id = getattr(agent_data, "request_id", None)
         if request_id:
@@ -215,6 +210,6 @@ class SandboxFusionTool(BaseTool):
 
     async def _end_session_quietly(self, session: str) -> None:
         try:
-            await self.pool.run(end_session, self.spec, session)
+            await self.pool.run(end_session, self.backend_config, session)
         except Exception as exc:  # a background cleanup must not crash the loop; the reaper is the backstop
             log.warning("code_interpreter: could not end session %s: %s", session, exc)

@@ -1,0 +1,38 @@
+"""What of the host system a sandbox sees beyond /usr, and which system calls a run may not make.
+
+Both lists are policy, kept apart from the code that applies them (sandbox.py, zygote.py) so a
+reviewer reads them in one place; docs/security.md explains each choice beside Docker's default.
+"""
+
+from __future__ import annotations
+
+# /etc entries bound read-only when they exist.  Everything else of the host's /etc stays out
+# (service configs, credentials, cloud-init data); passwd, group, hosts, hostname, resolv.conf
+# and nsswitch.conf are synthetic.  Languages add what their toolchains read (LanguageSpec.etc).
+ETC_ENTRIES: tuple[str, ...] = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d",  # the dynamic loader
+    "alternatives",  # Debian's java, javac, cc, c++ ... are symlinks through here
+    "ssl", "ca-certificates", "ca-certificates.conf", "pki",  # CA bundles (runtimes load them at start)
+    "localtime", "timezone",  # the zone itself is /usr/share/zoneinfo
+    "mime.types", "protocols", "services", "host.conf", "gai.conf",
+    "java-17-openjdk",  # the JDK's conf/ links here
+    "perl",  # Debian's perl reads its site config here
+)
+
+# Refused with EPERM for every run of every language: the kernel surface that container escapes
+# and host-wide effects go through, as in Docker's default profile.  clone3 answers ENOSYS (its
+# flags are out of a filter's reach; libc then uses clone, whose namespace flags are refused).
+SECCOMP_DENIED: tuple[str, ...] = (
+    # namespaces and mounts
+    "unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount",
+    "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    # kernel interfaces with a history of escapes
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "userfaultfd", "perf_event_open",
+    "keyctl", "add_key", "request_key", "open_by_handle_at", "name_to_handle_at",
+    # the kernel itself and the machine
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
+    "swapon", "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "vhangup",
+    "iopl", "ioperm", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
+    "setdomainname", "nfsservctl", "uselib", "_sysctl", "sysfs", "ustat", "create_module",
+    "get_kernel_syms", "query_module", "vm86", "vm86old", "fanotify_init", "lsm_set_self_attr",
+)

@@ -1,0 +1,149 @@
+"""One warm interpreter in its sandbox, seen from the server: requests out, replies matched by id.
+
+A zygote runs many jobs at once; each request line carries an id and its reply comes back with
+it, in completion order.  Replies nobody waits for any more (a cancelled run) are dropped; an
+unprompted reply for a session (it died between calls) goes to `on_session_end`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+from typing import Any, Callable, Optional
+
+from verl_sf.errors import VerlSfError
+from verl_sf.executor.cgroups import SandboxCgroup
+from verl_sf.executor.sandbox import SandboxLauncher
+from verl_sf.executor.zygote import Head, Reply
+
+log = logging.getLogger(__name__)
+MAX_REPLY_BYTES = 512 << 20  # stdout+stderr caps plus fetched files, base64
+_ids = itertools.count(1)
+
+
+class SandboxCrashed(VerlSfError, RuntimeError):
+    """A zygote died with jobs in flight (e.g. killed from outside); it is restarted."""
+
+
+def next_id() -> int:
+    return next(_ids)
+
+
+class ZygoteProcess:
+    def __init__(self, name: str, flavor: str, launcher: SandboxLauncher, cgroup: Optional[SandboxCgroup],
+                 on_session_end: Callable[[int, str], None]):
+        self.name = name
+        self.flavor = flavor
+        self.launcher = launcher
+        self.cgroup = cgroup
+        self.on_session_end = on_session_end
+        self.process: Optional[asyncio.subprocess.Process] = None
+        self.pending: dict[int, asyncio.Future[Reply]] = {}
+        self.sessions: set[int] = set()
+        self._reader: Optional[asyncio.Task[None]] = None
+        self._starting: Optional[asyncio.Task[None]] = None
+
+    @property
+    def load(self) -> int:
+        return len(self.pending)
+
+    async def ensure_started(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            return
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
+        procs = self.cgroup.procs_files if self.cgroup else []
+        # The zygote reaches its delegated cgroups through these descriptors, never through a path.
+        fds = {c: os.open(d, os.O_RDONLY | os.O_DIRECTORY) for c, d in self.cgroup.dirs.items()} if self.cgroup else {}
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.launcher.command(self.name, self.flavor, fds, bool(self.cgroup and self.cgroup.v2)),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
+                env=self.launcher.env, preexec_fn=self.launcher.preexec(procs), limit=MAX_REPLY_BYTES,
+                pass_fds=tuple(fds.values()),
+            )
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        assert self.process.stdout is not None
+        line = await self.process.stdout.readline()
+        hello = json.loads(line) if line else {}
+        if not hello.get("ready"):
+            code = await self.process.wait()
+            raise SandboxCrashed(f"sandbox {self.name} ({self.flavor}) failed to start (exit code {code})")
+        self._reader = asyncio.create_task(self._read_replies(self.process))
+
+    async def _read_replies(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        while True:
+            line = await process.stdout.readline()
+            if not line:
+                break
+            reply: Reply = json.loads(line)
+            future = self.pending.pop(reply.get("id", -1), None)
+            if future is not None:
+                if not future.done():
+                    future.set_result(reply)
+            elif "session_end" in reply and reply.get("id") in self.sessions:
+                self.sessions.discard(reply["id"])
+                self.on_session_end(reply["id"], reply["session_end"])
+        code = await process.wait()
+        self._fail_all(f"sandbox {self.name} ({self.flavor}) exited (code {code})")
+
+    def _fail_all(self, why: str) -> None:
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(SandboxCrashed(why))
+        sessions, self.sessions = self.sessions, set()
+        for session in sessions:
+            self.on_session_end(session, "the sandbox holding it crashed")
+
+    async def request(self, head: Head, body: bytes = b"") -> Reply:
+        """Send one request and wait for its reply; a cancelled wait cancels the job (a run is
+        killed, a session call interrupted as at its time-out)."""
+        await self.ensure_started()
+        job_id = head["id"]
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.pending[job_id] = future
+        try:
+            self._write(head, body)
+            return await future
+        except asyncio.CancelledError:
+            self.pending.pop(job_id, None)
+            if head["op"] == "run":
+                self.send({"op": "cancel", "id": job_id})
+            raise
+
+    def send(self, head: Head) -> None:
+        """A request that has no reply (cancel, close)."""
+        if self.process is not None and self.process.returncode is None:
+            self._write(head, b"")
+
+    def _write(self, head: Head, body: bytes) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write(json.dumps(head).encode() + b"\t" + body + b"\n")
+
+    async def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.send_signal(signal.SIGKILL)  # bwrap is PID 1 of the sandbox: all of it goes
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._fail_all("the server is shutting down")
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """A body as one line of JSON (json.dumps escapes every newline and tab)."""
+    return json.dumps(body).encode()

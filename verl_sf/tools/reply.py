@@ -1,0 +1,114 @@
+"""Turn a sandbox answer into the text the model reads and the metrics verl logs.
+
+The old verl tool answered "no stdout here" for every time-out, API error and sandbox
+error, and an empty message when stderr was missing.  Here every outcome has its own
+short, truthful text, and the text is never empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from verl_sf.enums import StrEnum
+from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus
+
+NO_OUTPUT = "(no output; print() the values you want to see)"
+
+
+class Outcome(StrEnum):
+    """Values of the `status` metric (one word per way a call can end)."""
+
+    success = "success"
+    error = "error"  # the code raised or exited non-zero
+    compile_error = "compile_error"
+    timeout = "timeout"
+    sandbox_error = "sandbox_error"  # the sandbox (or the way to it) failed, not the code
+    invalid_arguments = "invalid_arguments"  # the model's arguments could not be run at all
+
+
+def outcome_of(response: RunCodeResponse) -> Outcome:
+    compile_result, run_result = response.compile_result, response.run_result
+    for stage in (compile_result, run_result):
+        if stage is not None and stage.status == CommandRunStatus.TimeLimitExceeded:
+            return Outcome.timeout
+    if response.status == RunStatus.Success:
+        return Outcome.success
+    if compile_result is not None and compile_result.status == CommandRunStatus.Finished and compile_result.return_code:
+        return Outcome.compile_error
+    if run_result is not None and run_result.status == CommandRunStatus.Finished:
+        return Outcome.error
+    return Outcome.sandbox_error
+
+
+def reply_text(response: RunCodeResponse, timeout: float, max_chars: int) -> tuple[str, bool]:
+    """(text for the model, whether this function cut it to `max_chars`)."""
+    outcome = outcome_of(response)
+    if outcome == Outcome.timeout:
+        stage = _timed_out_stage(response)
+        what = "Compilation" if stage is response.compile_result else "Execution"
+        text = _join(f"{what} timed out after {timeout:g} s", _streams(stage, label_partial=True))
+    elif outcome == Outcome.compile_error:
+        text = _join("Compilation failed:", _streams(response.compile_result) or NO_OUTPUT)
+    elif outcome == Outcome.sandbox_error:
+        text = f"Sandbox error: {_one_line(response.message) or 'the sandbox could not run the code'}"
+    else:
+        run = response.run_result
+        text = _streams(run)
+        if outcome == Outcome.error and run is not None and not (run.stderr or "").strip():
+            text = _join(text, f"(exited with code {run.return_code})")
+        text = text or NO_OUTPUT
+    return _cap(text, max_chars)
+
+
+def unavailable_text(error: BaseException) -> str:
+    """The text for a call that got no answer at all (network, dead server, retries used up)."""
+    return f"Sandbox error: {_one_line(str(error)) or type(error).__name__}"
+
+
+def metrics(response: Optional[RunCodeResponse], backend: str, *, truncated: bool,
+            outcome: Optional[Outcome] = None) -> dict[str, Any]:
+    """The tool's metrics dict (verl returns it alongside the response and the reward)."""
+    run = response.run_result if response else None
+    return {
+        "status": outcome or (outcome_of(response) if response else Outcome.sandbox_error),
+        "execution_time": run.execution_time if run else None,
+        "queue_wait": response.queue_wait if response else None,
+        "truncated": bool(truncated or (response is not None and response.truncated)),
+        "backend": backend,
+    }
+
+
+def _timed_out_stage(response: RunCodeResponse) -> Optional[CommandRunResult]:
+    for stage in (response.compile_result, response.run_result):
+        if stage is not None and stage.status == CommandRunStatus.TimeLimitExceeded:
+            return stage
+    return None
+
+
+def _streams(stage: Optional[CommandRunResult], label_partial: bool = False) -> str:
+    """stdout then stderr, as a terminal would show them when stderr follows."""
+    if stage is None:
+        return ""
+    parts = [s for s in (stage.stdout or "", stage.stderr or "") if s]
+    text = "".join(p if p.endswith("\n") or p is parts[-1] else p + "\n" for p in parts).rstrip("\n")
+    if label_partial and text:
+        return "Output before the time-out:\n" + text
+    return text
+
+
+def _join(*parts: str) -> str:
+    return "\n".join(p for p in parts if p)
+
+
+def _one_line(message: str) -> str:
+    return " ".join((message or "").split())[:500]
+
+
+def _cap(text: str, max_chars: int) -> tuple[str, bool]:
+    """Keep the head and the tail (where tracebacks end) and say how much was cut."""
+    if len(text) <= max_chars:
+        return text, False
+    tail_len = max_chars // 3
+    head_len = max_chars - tail_len
+    dropped = len(text) - head_len - tail_len
+    return f"{text[:head_len]}\n[... output truncated: {dropped} characters not shown ...]\n{text[-tail_len:]}", True

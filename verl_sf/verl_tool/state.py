@@ -1,0 +1,160 @@
+"""What a trajectory keeps between its turns, in the two ways `--verl-tool-state` offers.
+
+`SessionTrajectories` gives each trajectory a live interpreter (a server session); a turn runs
+only its own code.  `ReplayTrajectories` keeps each trajectory's earlier code and re-runs it,
+silenced, before the turn's own (verl-tool's semantics) through plain stateless runs.  Both
+forget a trajectory on its finish signal or after `idle_ttl_s` without a turn, and run the turns
+of one trajectory one at a time, in the order they arrived.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Optional
+
+from verl_sf.errors import VerlSfError
+from verl_sf.executor import Executor
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
+from verl_sf.verl_tool.config import VerlToolConfig
+from verl_sf.verl_tool.programs import build_program
+
+if TYPE_CHECKING:
+    from verl_sf.verl_tool.sessions import ExecutorSessions
+
+
+class SessionGone(VerlSfError):
+    """The trajectory's session has ended (idle, killed, or the server restarted)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """What the server keeps of one trajectory between its turns."""
+
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    last_used: float = dataclasses.field(default_factory=time.monotonic)
+    earlier_code: list[str] = dataclasses.field(default_factory=list)
+    """Replay mode: the code of every turn that ran, in order."""
+    session_id: Optional[str] = None
+    """Session mode: the trajectory's live interpreter, once its first turn opened one."""
+
+
+@dataclasses.dataclass
+class Turn:
+    response: RunCodeResponse
+    lost_state: Optional[str] = None
+    """Why the trajectory's earlier state was gone when this turn ran (it ran from a clean start)."""
+
+
+class Trajectories(abc.ABC):
+    """The live trajectories by id, least recently used first, and the ids that expired lately."""
+
+    def __init__(self, executor: Executor, config: VerlToolConfig):
+        self.executor = executor
+        self.config = config
+        self._live: collections.OrderedDict[str, Trajectory] = collections.OrderedDict()  # least recently used first
+        self._expired: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> when it expired
+
+    async def run_turn(self, trajectory_id: str, code: str, stdin: Optional[str]) -> Turn:
+        while True:
+            trajectory, lost_state = self._get(trajectory_id)
+            async with trajectory.lock:
+                if self._live.get(trajectory_id) is not trajectory:
+                    continue  # it finished while this turn waited: the turn starts a new one
+                try:
+                    return await self._run(trajectory, code, stdin, lost_state)
+                finally:
+                    trajectory.last_used = time.monotonic()
+
+    async def end(self, trajectory_id: str) -> None:
+        """The finish signal: the trajectory's state goes (after a turn of it that is running)."""
+        self._expired.pop(trajectory_id, None)  # a later turn with this id starts a new trajectory
+        trajectory = self._live.get(trajectory_id)
+        if trajectory is None:
+            return
+        async with trajectory.lock:
+            if self._live.get(trajectory_id) is trajectory:
+                del self._live[trajectory_id]
+                await self._release(trajectory)
+
+    def _get(self, trajectory_id: str) -> tuple[Trajectory, Optional[str]]:
+        self._expire(time.monotonic())
+        trajectory = self._live.get(trajectory_id)
+        if trajectory is not None:
+            self._live.move_to_end(trajectory_id)
+            return trajectory, None
+        trajectory = self._live[trajectory_id] = Trajectory()
+        if self._expired.pop(trajectory_id, None) is None:
+            return trajectory, None
+        return trajectory, f"it had been idle for more than {self.config.idle_ttl_s:g} s"
+
+    def _expire(self, now: float) -> None:
+        ttl = self.config.idle_ttl_s
+        idle = []
+        for trajectory_id, trajectory in self._live.items():
+            if now - trajectory.last_used <= ttl:
+                break
+            if not trajectory.lock.locked():  # a turn running now keeps its trajectory
+                idle.append(trajectory_id)
+        for trajectory_id in idle:
+            del self._live[trajectory_id]
+            self._expired[trajectory_id] = now
+        while self._expired and now - next(iter(self._expired.values())) > ttl:
+            self._expired.popitem(last=False)  # remembered for one more TTL, to explain a late turn
+
+    def _request(self, code: str, stdin: Optional[str]) -> RunCodeRequest:
+        return RunCodeRequest(code=code, language="python", run_timeout=self.config.run_timeout, stdin=stdin)
+
+    @abc.abstractmethod
+    async def _run(self, trajectory: Trajectory, code: str, stdin: Optional[str], lost_state: Optional[str]) -> Turn:
+        """Run one turn of `trajectory` (its lock held)."""
+
+    @abc.abstractmethod
+    async def _release(self, trajectory: Trajectory) -> None:
+        """Free what the trajectory holds beyond this process's memory (its lock held)."""
+
+
+class ReplayTrajectories(Trajectories):
+    async def _run(self, trajectory: Trajectory, code: str, stdin: Optional[str], lost_state: Optional[str]) -> Turn:
+        program = build_program(code, pre_import=self.config.pre_import, earlier=trajectory.earlier_code)
+        response = await self.executor.run_code(self._request(program, stdin))
+        if response.status != RunStatus.SandboxError:  # code that never ran is not replayed either
+            trajectory.earlier_code.append(code)
+        return Turn(response, lost_state)
+
+    async def _release(self, trajectory: Trajectory) -> None:
+        """Its earlier code lives in this process only."""
+
+
+class SessionTrajectories(Trajectories):
+    def __init__(self, executor: Executor, config: VerlToolConfig, sessions: ExecutorSessions):
+        super().__init__(executor, config)
+        self.sessions = sessions
+
+    async def _run(self, trajectory: Trajectory, code: str, stdin: Optional[str], lost_state: Optional[str]) -> Turn:
+        if trajectory.session_id is not None:
+            try:
+                return Turn(await self.sessions.run(trajectory.session_id, self._request(code, stdin)))
+            except SessionGone as exc:
+                lost_state = exc.reason
+        trajectory.session_id = None
+        session_id = await self.sessions.open()
+        program = build_program(code, pre_import=self.config.pre_import)  # a new interpreter: pre-imports first
+        try:
+            response = await self.sessions.run(session_id, self._request(program, stdin))
+        except Exception:
+            await self.sessions.close(session_id)  # its pre-imports never ran: the next turn opens another
+            raise
+        trajectory.session_id = session_id
+        return Turn(response, lost_state)
+
+    async def _release(self, trajectory: Trajectory) -> None:
+        if trajectory.session_id is not None:
+            await self.sessions.close(trajectory.session_id)
