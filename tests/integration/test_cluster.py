@@ -42,15 +42,17 @@ def ray_cluster() -> Iterator[Any]:
     saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "TMPDIR")}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="vsfc-", dir="/tmp")
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        **NODE_ARGS, "resources": {"sandbox": 1, "node_a": 1}, "include_dashboard": False})
-    cluster.add_node(**NODE_ARGS, resources={"sandbox": 1, "node_b": 1})
-    cluster.add_node(**NODE_ARGS, resources={"node_c": 1})
+    cluster = None
     try:
+        cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+            **NODE_ARGS, "resources": {"sandbox": 1, "node_a": 1}, "include_dashboard": False})
+        cluster.add_node(**NODE_ARGS, resources={"sandbox": 1, "node_b": 1})
+        cluster.add_node(**NODE_ARGS, resources={"node_c": 1})
         yield cluster
     finally:
-        cli(cluster, "down", "--namespace", NAMESPACE)
-        cluster.shutdown()
+        if cluster is not None:
+            cli(cluster, "down", "--namespace", NAMESPACE)
+            cluster.shutdown()
         shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
         for key, value in saved.items():
             if value is None:
