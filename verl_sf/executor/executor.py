@@ -248,16 +248,17 @@ class Executor:
 
     async def _job(self, flavor: str, head: dict[str, Any], body: dict[str, Any], arrived: float) -> tuple[Reply, float]:
         """Admitted already: wait for a CPU slot, run, and give the slot back."""
-        lease = await self.slots.acquire()
-        queue_wait = time.monotonic() - arrived
         try:
-            zygote = await self._pick(flavor)
-            reply = await zygote.request(head, encode_body(body))  # type: ignore[arg-type]
-        except asyncio.CancelledError:
+            lease = await self.slots.acquire()
+            queue_wait = time.monotonic() - arrived
+            try:
+                zygote = await self._pick(flavor)
+                reply = await zygote.request(head, encode_body(body))  # type: ignore[arg-type]
+            finally:
+                lease.release()
+        except asyncio.CancelledError:  # its client went away, whether it was queued or running
             self.stats.cancelled += 1
             raise
-        finally:
-            lease.release()
         return reply, queue_wait
 
     # ---- requests --------------------------------------------------------------------------
