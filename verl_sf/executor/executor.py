@@ -120,7 +120,7 @@ class Executor:
             log.warning(warning)
         if self.config.isolation == IsolationMode.sandbox:
             check_isolation_support()
-            self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}")
+            self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}", self.config.runs_memory_mb << 20)
             if not self.cgroups.available:
                 log.warning("verl-sf: runs are capped by rlimits only (RLIMIT_DATA, RLIMIT_NPROC): %s",
                             self.cgroups.reason)
@@ -326,7 +326,8 @@ class Executor:
     def _command_result(self, stage: StageResult, memory_mb: int) -> CommandRunResult:
         stderr = stage.get("stderr", "")
         if stage.get("memory_exceeded"):
-            stderr += f"\n[verl-sf: killed: memory limit of {memory_mb} MB exceeded]\n"
+            stderr += (f"\n[verl-sf: killed: memory limit of {memory_mb} MB exceeded, or the memory of all "
+                       f"runs together reached the server's cap of {self.config.runs_memory_mb} MB]\n")
         if stage.get("cpu_starved"):
             self.stats.cpu_starved += 1
         return CommandRunResult(status=CommandRunStatus(stage.get("status", "Error")),
