@@ -84,20 +84,37 @@ def two_slots() -> Iterator[ServerHandle]:
     stop_server(handle.process)
 
 
-def test_a_loop_burst_larger_than_the_slots_is_all_answered_as_time_outs_in_time(two_slots: ServerHandle) -> None:
-    bodies = [{"code": LOOP, "language": "python", "run_timeout": 2, "compile_timeout": 2} for _ in range(12)]
-    results = asyncio.run(burst(two_slots.url, bodies))
-    assert [status for status, _, _ in results] == [200] * 12
+def loop_burst_answered_in_time(server: ServerHandle, count: int) -> list[dict[str, Any]]:
+    """`count` loops at once, each client waiting verl's deadline (14 s here): every one must be
+    answered TimeLimitExceeded (a late reply raises TimeoutError)."""
+    bodies = [{"code": LOOP, "language": "python", "run_timeout": 2, "compile_timeout": 2} for _ in range(count)]
+    results = asyncio.run(burst(server.url, bodies))
+    assert [status for status, _, _ in results] == [200] * count
     for _, _, body in results:
         assert body["status"] == "Failed" and body["run_result"]["status"] == "TimeLimitExceeded", body
         assert body["run_result"]["cpu_time"] is not None and body["run_result"]["cpu_wait_time"] is not None
-    starved = [body for _, _, body in results if body["run_result"]["cpu_starved"]]
+    return [body for _, _, body in results]
+
+
+def test_a_loop_burst_larger_than_the_slots_is_all_answered_as_time_outs_in_time(two_slots: ServerHandle) -> None:
+    bodies = loop_burst_answered_in_time(two_slots, 12)
+    starved = [body for body in bodies if body["run_result"]["cpu_starved"]]
     assert metric(two_slots, "verl_sf_cpu_starved_timeouts_total") >= len(starved)
     # Real starved replies (if this burst produced any) read as the server's fault in verl-sf's own tool.
     for body in starved:
         response = RunCodeResponse.model_validate(body)
         assert reply.outcome_of(response) == reply.Outcome.sandbox_error
         assert reply.reply_text(response, 2, 1000)[0].startswith("Sandbox error:")
+
+
+def test_time_spent_waiting_for_a_slot_comes_off_the_time_left_before_the_clients_deadline() -> None:
+    """Slots held 2 s each: the last of 10 loops waits ~8 s for one, and its CPU-wait extension
+    must still end before its client's deadline, which counts from the request, not the slot."""
+    server = start_server("--slots", "2", "--cpu-slice", "2", "--preload", "")
+    try:
+        loop_burst_answered_in_time(server, 10)
+    finally:
+        stop_server(server.process)
 
 
 def test_a_sleep_burst_is_answered_at_its_run_timeout_not_at_the_end_of_the_sleeps(two_slots: ServerHandle) -> None:

@@ -586,13 +586,14 @@ class Run:
         if self.session is None:
             os.close(job_w)  # a run reads its job to the end; a session keeps the pipe for calls
             self.job_w = -1
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]  # for all stages: the client waits for all
         self._begin_stage(self.head.get("compile_timeout") or self.limits["timeout"])
 
     def _begin_stage(self, timeout):
         now = time.monotonic()
         self.stage_started = now
         self.stage_timeout = timeout
-        self.hard_deadline = now + max(self.limits["hard_timeout"], timeout)
+        self.hard_deadline = max(self.hard_deadline, now + timeout)
         self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
         self.dropped = 0
         self.wait_seen = 0.0  # CPU-wait of this stage, sampled for runs past their first slice
@@ -810,6 +811,7 @@ class Run:
         self.limits = head["limits"]
         self.records = []
         self._drain()  # output of background work between calls is not this call's
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self._begin_stage(self.limits["timeout"])
         self.interrupted_at = None
         with contextlib.suppress(OSError):
