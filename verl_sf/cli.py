@@ -71,7 +71,8 @@ def _serve(args: argparse.Namespace) -> int:
         session_max_lifetime_s=args.session_max_lifetime, host_uid_base=args.host_uid_base,
         isolation=IsolationMode(args.isolation),
         fast_path=args.fast_path, preload=tuple(m for m in args.preload.split(",") if m),
-        default_memory_mb=args.default_memory_mb, runs_memory_mb=args.runs_memory_mb, output_limit_bytes=args.output_limit_kb << 10,
+        default_memory_mb=args.default_memory_mb, runs_memory_mb=args.runs_memory_mb,
+        output_limit_bytes=args.output_limit_kb << 10,
         workdir_size_mb=args.workdir_size_mb, max_processes=args.max_processes, python=args.python,
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
