@@ -212,7 +212,7 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         summary["memory"]["root_pid_is_benchmark_process"] = root == os.getpid()
         summary["memory"]["idle_after_start_mb"] = tree_memory_mb(root) if root else None
         total = sum((args.warmup + args.iterations) * c for c in args.concurrency) * len(args.scenarios)
-        with tqdm(total=total or None, desc=label, unit="call", dynamic_ncols=True) as bar:
+        with tqdm(total=total, desc=label, unit="call", dynamic_ncols=True, disable=not total) as bar:
             for scenario_name in args.scenarios:
                 for concurrency in args.concurrency:
                     bar.set_postfix_str(f"{scenario_name} c={concurrency}")

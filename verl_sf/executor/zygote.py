@@ -702,7 +702,7 @@ class Run:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
             else:
-                _kill(self.pid, zygote.isolated)
+                self._finish(zygote)  # kills it and answers at once, with the output it has written
 
     def _sample(self, zygote):
         """CPU time used and time spent waiting for a CPU, over the run's processes."""
@@ -739,7 +739,12 @@ class Run:
         self._drain()
         done = next((r for r in self.records if r.get("done") is True), None)
         cpu = None
-        if self.timed_out or done is None:
+        if self.timed_out:
+            # Answered now: waiting for the kernel to end a run (slow for one at nice 19 on a busy machine)
+            # would make its reply late; retire() collects its PID 1 once it is gone.
+            _kill(self.pid, zygote.isolated)
+            code = -signal.SIGKILL
+        elif done is None:
             _kill(self.pid, zygote.isolated)
             _, wstatus = os.waitpid(self.pid, 0)  # PID 1 is dead or dying: this does not block long
             self.exited = self.collected = True
