@@ -584,13 +584,14 @@ class Run:
         if self.session is None:
             os.close(job_w)  # a run reads its job to the end; a session keeps the pipe for calls
             self.job_w = -1
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]  # for all stages: the client waits for all
         self._begin_stage(self.head.get("compile_timeout") or self.limits["timeout"])
 
     def _begin_stage(self, timeout, fresh_output=True):
         now = time.monotonic()
         self.stage_started = now
         self.stage_timeout = timeout
-        self.hard_deadline = now + max(self.limits["hard_timeout"], timeout)
+        self.hard_deadline = max(self.hard_deadline, now + timeout)
         if fresh_output:
             self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
             self.dropped = 0
@@ -703,7 +704,7 @@ class Run:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
             else:
-                _kill(self.pid, zygote.isolated)
+                self._finish(zygote)  # kills it and answers at once, with the output it has written
 
     def _sample(self, zygote):
         """CPU time used and time spent waiting for a CPU, over the run's processes."""
@@ -740,7 +741,12 @@ class Run:
         self._drain()
         done = next((r for r in self.records if r.get("done") is True), None)
         cpu = None
-        if self.timed_out or done is None:
+        if self.timed_out:
+            # Answered now: waiting for the kernel to end a run (slow for one at nice 19 on a busy machine)
+            # would make its reply late; retire() collects its PID 1 once it is gone.
+            _kill(self.pid, zygote.isolated)
+            code = -signal.SIGKILL
+        elif done is None:
             _kill(self.pid, zygote.isolated)
             _, wstatus = os.waitpid(self.pid, 0)  # PID 1 is dead or dying: this does not block long
             self.exited = self.collected = True
@@ -812,6 +818,7 @@ class Run:
         self.limits = head["limits"]
         self.records = []
         self._drain()  # output of background work between calls is not this call's
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self._begin_stage(self.limits["timeout"])
         self.interrupted_at = None
         with contextlib.suppress(OSError):
