@@ -475,7 +475,11 @@ class Executor:
         head = {"op": "call", "id": next_id(), "session": session.open_id, "grace": self.config.session_interrupt_grace_s,
                 "limits": self._limits(timeout, timeout + CLIENT_SLACK_S, arrived, session.memory_mb)}
         await session.busy.acquire()
-        self._admit()
+        try:
+            self._admit()
+        except Overloaded:
+            session.busy.release()  # refused: the session's next call must not wait for this one
+            raise
         call = None
         try:
             lease = await self.slots.acquire()
