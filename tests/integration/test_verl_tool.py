@@ -244,8 +244,9 @@ def test_malformed_bodies_get_422_naming_the_field(server: ServerHandle) -> None
 
 @pytest.fixture(params=["session", "replay"], scope="module")
 def short_ttl_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """A 1 s idle TTL and a 256 MB memory cap per run."""
     handle = start_server("--verl-tool-state", request.param, "--verl-tool-idle-ttl", "1", "--slots", "1",
-                          "--preload", "")
+                          "--default-memory-mb", "256", "--preload", "")
     yield handle
     stop_server(handle.process)
 
@@ -259,6 +260,22 @@ def test_an_idle_trajectory_loses_its_state_and_is_told(short_ttl_server: Server
     assert observation.endswith("NameError: name 'kept' is not defined\n</result>\n")
     assert turn(short_ttl_server, trajectory, "<python>kept = 2</python>") == result("")
     assert turn(short_ttl_server, trajectory, "<python>print(kept)</python>") == result("2")
+    finish(short_ttl_server, [trajectory])
+
+
+def test_a_turn_killed_for_memory(short_ttl_server: ServerHandle, request: pytest.FixtureRequest) -> None:
+    [trajectory] = new_ids()
+    assert turn(short_ttl_server, trajectory, "<python>kept = 1</python>") == result("")
+    killed = turn(short_ttl_server, trajectory, "<python>print('filling')\nblock = bytearray(512 << 20)</python>")
+    memory = "[verl-sf: killed: memory limit of 256 MB exceeded]"
+    after = turn(short_ttl_server, trajectory, "<python>print('kept' in globals())</python>")
+    if request.node.callspec.params["short_ttl_server"] == "session":
+        assert killed == result(f"filling\n\n\n{memory}\n[verl-sf: the interpreter ended (killed for exceeding its "
+                                "memory limit); the next turn starts from a clean state]")
+        assert after == result("False")
+    else:  # verl-tool's replay: every later turn re-runs the allocation first, and dies of it too
+        assert killed == result(f"filling\n\n\n{memory}")
+        assert after == result(memory)
     finish(short_ttl_server, [trajectory])
 
 

@@ -106,7 +106,7 @@ class Trajectories(abc.ABC):
             if not trajectory.lock.locked():  # a turn running now keeps its trajectory
                 idle.append(trajectory_id)
         for trajectory_id in idle:
-            del self._live[trajectory_id]
+            self._release(self._live.pop(trajectory_id))
             self._expired[trajectory_id] = now
         while self._expired and now - next(iter(self._expired.values())) > ttl:
             self._expired.popitem(last=False)  # remembered for one more TTL, to explain a late turn
@@ -120,7 +120,7 @@ class Trajectories(abc.ABC):
 
     @abc.abstractmethod
     def _release(self, trajectory: Trajectory) -> None:
-        """Free what the trajectory holds beyond this process's memory (its lock held)."""
+        """Free what the trajectory holds beyond this process's memory (no turn of it running)."""
 
 
 class ReplayTrajectories(Trajectories):
