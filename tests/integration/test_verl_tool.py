@@ -341,6 +341,17 @@ def test_a_turn_that_ignores_the_interrupt_ends_the_state_and_says_so(sf_server:
     finish(sf_server, [trajectory])
 
 
+def test_a_turn_whose_client_gave_up_still_runs_before_the_next(sf_server: ServerHandle) -> None:
+    """verl-tool's client may time out and move on: the abandoned turn ends, then the next one runs."""
+    [trajectory] = new_ids()
+    assert turn(sf_server, trajectory, "<python>x = 1</python>") == result("")
+    with pytest.raises(requests.Timeout):
+        requests.post(sf_server.url + "/get_observation", timeout=0.5, json={
+            "trajectory_ids": [trajectory], "actions": ["<python>import time\ntime.sleep(2)\nx = 2</python>"]})
+    assert turn(sf_server, trajectory, "<python>print(x)</python>") == result("2")
+    finish(sf_server, [trajectory])
+
+
 def test_session_tracebacks_keep_the_turns_own_line_numbers(sf_server: ServerHandle) -> None:
     [trajectory] = new_ids()
     for code in ("x = 1\ny = x +\n", "values = []\n\nvalues[3]", "def f():\n    return no_such_name\nf()"):
