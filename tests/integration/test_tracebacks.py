@@ -6,13 +6,10 @@ in a temporary directory whose path is then read as /workdir.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
-
 import pytest
 import requests
 
+from tests.reference_python import python_main_py
 from tests.server_fixtures import ServerHandle, run_code
 
 PROGRAMS = {
@@ -28,19 +25,10 @@ PROGRAMS = {
 HINTED = {"module-level name error", "name error in a function", "attribute error", "method of a str with wide characters"}
 
 
-def python_main_py(code: str) -> tuple[str, str]:
-    """stdout and stderr of `python main.py` with `code`, its directory's path shown as /workdir."""
-    with tempfile.TemporaryDirectory() as directory:
-        with open(f"{directory}/main.py", "w") as main:
-            main.write(code)
-        done = subprocess.run([sys.executable, "main.py"], cwd=directory, capture_output=True, text=True, timeout=60)
-    return done.stdout, done.stderr.replace(f'File "{directory}/', 'File "/workdir/')
-
-
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_a_traceback_is_the_one_python_main_py_prints(sf_server: ServerHandle, name: str) -> None:
     code = PROGRAMS[name]
-    stdout, stderr = python_main_py(code)
+    stdout, stderr = python_main_py(code, "/workdir/")
     assert stderr.endswith("\n") and ("Did you mean" in stderr) == (name in HINTED)  # CPython 3.10+ hints
     run = run_code(sf_server, code)["run_result"]
     assert (run["stdout"], run["stderr"]) == (stdout, stderr)

@@ -7,9 +7,6 @@ shared default server) and `replay` (a server started with `--verl-tool-state re
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -19,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests.reference_python import python_main_py
 from tests.server_fixtures import SERVER_SECRET, ServerHandle, run_code, start_server, stop_server
 
 # verl-tool's servers/tests/test_python_code_tool.py actions, as it sends them.
@@ -356,14 +354,6 @@ def test_session_tracebacks_keep_the_turns_own_line_numbers(sf_server: ServerHan
     [trajectory] = new_ids()
     for code in ("x = 1\ny = x +\n", "values = []\n\nvalues[3]", "def f():\n    return no_such_name\nf()"):
         observation = turn(sf_server, trajectory, f"<python>{code}</python>")
-        assert observation == result(python_main_py_stderr(code).strip()), observation
+        assert observation == result(python_main_py(code, "")[1].strip()), observation
     finish(sf_server, [trajectory])
 
-
-def python_main_py_stderr(code: str) -> str:
-    """What `python main.py` prints for `code`, its file named as verl-tool names it."""
-    with tempfile.TemporaryDirectory() as directory:
-        with open(os.path.join(directory, "main.py"), "w") as main:
-            main.write(code)
-        done = subprocess.run([sys.executable, "main.py"], cwd=directory, capture_output=True, text=True, timeout=60)
-    return done.stderr.replace(f'File "{directory}/main.py"', 'File "main.py"')
