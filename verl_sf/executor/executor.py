@@ -403,7 +403,11 @@ class Executor:
         if request.language == "bash" and "bash" in self.toolchains.missing:
             raise InvalidRequest("language", self.toolchains.missing_message("bash"))
         if len(self.sessions) >= self.config.max_sessions:
-            oldest = min(self.sessions.values(), key=lambda s: s.idle_since)
+            idle = [session for session in self.sessions.values() if not session.busy.locked()]
+            if not idle:  # ending one would kill a call in progress
+                raise Overloaded(f"{len(self.sessions)} live sessions, all running a call "
+                                 f"(max_sessions={self.config.max_sessions})")
+            oldest = min(idle, key=lambda s: s.idle_since)
             self._end(oldest, f"evicted: the server's cap of {self.config.max_sessions} live sessions was reached "
                               f"and it was the longest idle")
         memory_mb = self._memory_mb(request.memory_limit_MB)
@@ -500,7 +504,11 @@ class Executor:
         head = {"op": "call", "id": next_id(), "session": session.open_id, "grace": self.config.session_interrupt_grace_s,
                 "limits": self._limits(timeout, timeout + CLIENT_SLACK_S, session.memory_mb)}
         await session.busy.acquire()
-        self._admit()
+        try:
+            self._admit()
+        except Overloaded:
+            session.busy.release()  # refused: the session's next call must not wait for this one
+            raise
         call = None
         try:
             lease = await self.slots.acquire()
@@ -513,8 +521,8 @@ class Executor:
         except asyncio.CancelledError:
             self.stats.cancelled += 1
             if call is not None and not call.done():  # the call goes on to its time-out: the session stays busy till then
-                call.add_done_callback(lambda _: session.busy.release())
-                session.busy = asyncio.Lock()
+                busy = session.busy
+                call.add_done_callback(lambda _: busy.release())
                 raise
             session.busy.release()
             raise

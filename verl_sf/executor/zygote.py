@@ -1424,7 +1424,7 @@ def _exit_code(exc):
 
 def _run_python(code, namespace, finish=True):
     filename = namespace["__file__"]  # absolute, as `python main.py` shows it in tracebacks
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    _cache_source(filename, code)
     done = _finish if finish else (lambda result: result)
     try:
         exec(compile(code, filename, "exec"), namespace)
@@ -1436,11 +1436,45 @@ def _run_python(code, namespace, finish=True):
     return done(0)
 
 
+def _cache_source(name, source):
+    """The code's lines as linecache reads a file's: each ends with a newline, which the traceback's
+    carets are placed by."""
+    lines = source.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[name] = (len(source), None, lines, name)
+
+
 def _user_traceback(exc):
-    """The traceback as `python main.py` would print it: without this file's frames (named "<string>")."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename != "<string>"]
-    head = ["Traceback (most recent call last):\n"] + traceback.StackSummary.from_list(frames).format() if frames else []
-    return head + traceback.format_exception_only(type(exc), exc)
+    """The traceback as `python main.py` prints it, chained exceptions and CPython's "Did you mean"
+    hints included (they need the frames), without the outer frames of this file (named "<string>")
+    that ran the code."""
+    report = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    while report.stack and report.stack[0].filename == "<string>":
+        del report.stack[0]
+    lines = list(report.format())
+    if isinstance(exc, (NameError, AttributeError)):
+        own = next(report.format_exception_only())
+        hinted = _hinted_line(exc, own)
+        if hinted is not None and own in lines:
+            lines[len(lines) - 1 - lines[::-1].index(own)] = hinted
+    return lines
+
+
+def _hinted_line(exc, own):
+    """The exception's line with CPython's "Did you mean" hint, taken from CPython's own display:
+    before 3.12 only that display computes it (the rest of its output is dropped: it reads source
+    lines from disk, where a fast-path run has no main.py)."""
+    shown, saved = io.StringIO(), sys.stderr
+    sys.stderr = shown
+    try:
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+    except Exception:
+        return None
+    finally:
+        sys.stderr = saved
+    prefix = own.rstrip("\n") + ". Did you mean"
+    return next((line for line in reversed(shown.getvalue().splitlines(True)) if line.startswith(prefix)), None)
 
 
 def _display_data(value):
@@ -1496,7 +1530,7 @@ def _run_cells(cells, cell_timeout, output_limit, namespace, finish=True):
     signal.signal(signal.SIGALRM, _alarm)
     for index, source in enumerate(cells):
         name = f"<cell-{index}>"
-        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        _cache_source(name, source)
         display, error = [], []
         if cell_timeout:
             signal.setitimer(signal.ITIMER_REAL, cell_timeout)
