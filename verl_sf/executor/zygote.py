@@ -583,9 +583,7 @@ class Run:
         self.pid, self.out_r, self.err_r, self.meta_r, self.job_w, self.groups = pid, out_r, err_r, meta_r, job_w, groups
         self.pidfd = os.pidfd_open(pid)
         _set_cgroup_limits(groups, zygote.cfg["cgroup_v2"], self.limits)
-        self.open_fds = {out_r, err_r, meta_r}
-        for fd in self.open_fds:
-            os.set_blocking(fd, False)
+        self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
         zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
         if self.session is None:
             zygote.runs[self.id] = self
@@ -638,10 +636,7 @@ class Run:
                     _kill(self.pid, False)  # no PID namespace: take the whole process group down
             self._maybe_finish(zygote)
             return
-        try:
-            chunk = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
-            return
+        chunk = os.read(fd, READ_CHUNK)
         if not chunk:
             zygote.unwatch(fd)
             self.open_fds.discard(fd)
@@ -810,11 +805,8 @@ class Run:
         for fd in (self.out_r, self.err_r):
             if fd not in self.open_fds:
                 continue
-            while True:
-                try:
-                    chunk = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
-                    break
+            while select.select([fd], [], [], 0)[0]:
+                chunk = os.read(fd, READ_CHUNK)
                 if not chunk:
                     break
                 self._keep(fd, chunk)
