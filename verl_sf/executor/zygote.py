@@ -316,7 +316,17 @@ class Zygote:
         os.set_blocking(self.req_fd, False)
         os.environ.clear()  # children inherit the environment: set once here, not in every run
         os.environ.update(config["env"])
-        self.seccomp = _seccomp_program(config) if self.isolated and config["seccomp"] else b""
+        program = _seccomp_program(config) if self.isolated and config["seccomp"] else b""
+        # The filter's sock_fprog is built here once; a child only hands its address to prctl.
+        self._seccomp_buffer = ctypes.create_string_buffer(program, len(program) or 1)
+        self._seccomp_fprog = _SockFprog(len(program) // 8, ctypes.cast(self._seccomp_buffer, ctypes.c_char_p))
+        self.seccomp = ctypes.c_void_p(ctypes.addressof(self._seccomp_fprog)) if program else None
+        # Each run's tmpfs mounts, as the arguments mount(2) takes, encoded once.
+        owner = 0 if config["single_uid"] else config["uid"]
+        self.mounts = [(target.encode(), f"size={config['sizes'][target]},mode={'1777' if target == config['tmpdir'] else '0755'},"
+                        f"uid={owner},gid={owner}".encode(), target, config["keep"].get(target, ()))
+                       for target in dict.fromkeys((config["workdir"], config["tmpdir"], config["datadir"]))
+                       if target in config["sizes"]]
         if self.isolated:
             _shrink_capabilities()
         _install_stdio(_stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
@@ -534,7 +544,7 @@ class Zygote:
         """Once PID 1 is collected the kernel has ended every process of the run: its cgroups
         are empty and go back to the pool (the limits are rewritten by the next run)."""
         os.close(run.pidfd)
-        if run.groups and not _memory_exceeded(run.groups, self.cfg["cgroup_v2"]):
+        if run.groups and not run.memory_exceeded:  # a group with a kill on its counter is not reused
             self.free_groups.append(run.groups)
         else:
             for base, name in set(run.groups.values()):
@@ -556,6 +566,7 @@ class Run:
         self.alive = True
         self.exited = False
         self.collected = False  # its PID 1 was waited for already
+        self.memory_exceeded = False
         self.job_w = -1
         self.exit_time = 0.0
         self.open_fds = set()
@@ -572,9 +583,7 @@ class Run:
         self.pid, self.out_r, self.err_r, self.meta_r, self.job_w, self.groups = pid, out_r, err_r, meta_r, job_w, groups
         self.pidfd = os.pidfd_open(pid)
         _set_cgroup_limits(groups, zygote.cfg["cgroup_v2"], self.limits)
-        self.open_fds = {out_r, err_r, meta_r}
-        for fd in self.open_fds:
-            os.set_blocking(fd, False)
+        self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
         zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
         if self.session is None:
             zygote.runs[self.id] = self
@@ -627,10 +636,7 @@ class Run:
                     _kill(self.pid, False)  # no PID namespace: take the whole process group down
             self._maybe_finish(zygote)
             return
-        try:
-            chunk = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
-            return
+        chunk = os.read(fd, READ_CHUNK)
         if not chunk:
             zygote.unwatch(fd)
             self.open_fds.discard(fd)
@@ -766,7 +772,8 @@ class Run:
             reply["cells"] = cells
         if self.end_reason == "cancelled":
             reply["error"] = "cancelled"
-        if _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"]):
+        self.memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        if self.memory_exceeded:
             reply["memory_exceeded"] = True
         zygote._reply(reply)
         zygote.retire(self)
@@ -798,11 +805,8 @@ class Run:
         for fd in (self.out_r, self.err_r):
             if fd not in self.open_fds:
                 continue
-            while True:
-                try:
-                    chunk = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
-                    break
+            while select.select([fd], [], [], 0)[0]:
+                chunk = os.read(fd, READ_CHUNK)
                 if not chunk:
                     break
                 self._keep(fd, chunk)
@@ -821,8 +825,8 @@ class Run:
         self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self._begin_stage(self.limits["timeout"])
         self.interrupted_at = None
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PGRP, self.pid, 0)
+        # A session once demoted stays at the lowest priority (raising it back takes CAP_SYS_NICE on the
+        # host): as in a multi-level feedback queue, a job that has run long stays low.
         _set_cgroup_limits(self.groups, zygote.cfg["cgroup_v2"], self.limits, memory=False)
         try:
             # bash reads NUL-terminated code; the python session reads the JSON line itself.
@@ -850,7 +854,7 @@ class Run:
             return
         self.alive = False
         self._drain()
-        memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        memory_exceeded = self.memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
         reason = "killed for exceeding its memory limit" if memory_exceeded else self.end_reason or "its interpreter exited"
         if self.current_call is not None:
             reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished", {"return_code": None})
@@ -890,11 +894,20 @@ def _kill(pid, isolated):
         pass
 
 
+_limits_set = {}  # (group, file) -> the value last written: a pooled group keeps it for the next run
+
+
 def _set_cgroup_limits(groups, v2, limits, memory=True):
     if memory and limits["memory"] and "memory" in groups:
-        _write_group(groups["memory"], "memory.max" if v2 else "memory.limit_in_bytes", str(limits["memory"]))
+        _write_limit(groups["memory"], "memory.max" if v2 else "memory.limit_in_bytes", str(limits["memory"]))
     if "pids" in groups:
-        _write_group(groups["pids"], "pids.max", str(limits["nproc"] + 8))
+        _write_limit(groups["pids"], "pids.max", str(limits["nproc"] + 8))
+
+
+def _write_limit(group, name, value):
+    if _limits_set.get((group, name)) != value:
+        _write_group(group, name, value)
+        _limits_set[(group, name)] = value
 
 
 def _memory_exceeded(groups, v2):
@@ -961,6 +974,7 @@ class Child:
         self.cfg = zygote.cfg
         self.isolated = zygote.isolated
         self.seccomp = zygote.seccomp
+        self.mounts = zygote.mounts
         self.comm = zygote.comm
         self.cwd = zygote.cwd
         self.groups = groups
@@ -1024,14 +1038,11 @@ class Child:
     def _mounts(self):
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
-        owner = 0 if self.cfg["single_uid"] else self.cfg["uid"]
-        for target in (self.cfg["workdir"], self.cfg["tmpdir"], self.cfg["datadir"]):
-            kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in self.cfg["keep"].get(target, ())]
-            mode = "1777" if target == self.cfg["tmpdir"] else "0755"
-            options = f"size={self.cfg['sizes'][target]},mode={mode},uid={owner},gid={owner}".encode()
-            _check(_libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {target}")
+        for encoded, options, target, keep in self.mounts:
+            kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in keep]
+            _check(_libc.mount(b"tmpfs", encoded, b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {target}")
             # A runtime that lives under /tmp (a CI checkout, say) is bound back on top.
-            for entry, fd in zip(self.cfg["keep"].get(target, ()), kept):
+            for entry, fd in zip(keep, kept):
                 os.mkdir(f"{target}/{entry}", 0o711)
                 _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None,
                                    MS_BIND | MS_REC, None), f"bind {entry}")
@@ -1042,15 +1053,14 @@ class Child:
         uid keeps uid 0 of the namespace, so they are cleared by hand); then no_new_privs and the
         seccomp filter, which an exec keeps."""
         os.setgroups([])
-        if not self.cfg["single_uid"]:
+        if self.cfg["single_uid"]:
+            _set_capabilities(keep_effective=False)
+        else:
             os.setresgid(self.cfg["gid"], self.cfg["gid"], self.cfg["gid"])
             os.setresuid(self.cfg["uid"], self.cfg["uid"], self.cfg["uid"])
-        _set_capabilities(keep_effective=False)
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         if self.seccomp:
-            program = ctypes.create_string_buffer(self.seccomp, len(self.seccomp))
-            fprog = _SockFprog(len(self.seccomp) // 8, ctypes.cast(program, ctypes.c_char_p))
-            _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+            _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self.seccomp, 0, 0), "seccomp")
 
     def _limit(self, job):
         limits = {
