@@ -46,7 +46,8 @@ module.exports = {
     rootDir: process.cwd(),
     modulePaths: [path.join(__dirname, "node_modules")],
     cacheDirectory: path.join(os.tmpdir(), "jest-cache"),
-    transform: {"\\\\.[jt]sx?$": [require.resolve("babel-jest"), {configFile: path.join(__dirname, "babel.config.js")}]},
+    transform: {"\\\\.[jt]sx?$": [require.resolve("babel-jest"),
+                                 {configFile: path.join(__dirname, "babel.config.js")}]},
     maxWorkers: 2,
     watchman: false,
 };
@@ -75,7 +76,8 @@ class InstallPlan:
     def commands(self, python: str, runtime_dir: str) -> list[list[str]]:
         steps = []
         if self.apt:
-            steps += [["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *self.apt]]
+            steps += [["apt-get", "update", "-q"],
+                      ["apt-get", "install", "-y", "-q", "--no-install-recommends", *self.apt]]
         if self.npm:
             steps.append(["npm", "install", "--prefix", os.path.join(runtime_dir, "node"), "--no-audit", "--no-fund",
                           "--loglevel=error", *NPM_PACKAGES])
@@ -170,7 +172,7 @@ def list_languages(args: argparse.Namespace) -> int:
     toolchains = _detect(args.python, args.runtime_dir)
     available = toolchains.available_languages()
     with ThreadPoolExecutor(8) as pool:
-        versions = dict(zip(available, pool.map(lambda name: _version(toolchains, name), available)))
+        versions = dict(zip(available, pool.map(lambda name: _version(toolchains, name), available), strict=True))
     width = max(map(len, SPECS))
     for name in sorted(SPECS, key=str.lower):
         if name in versions:
@@ -198,12 +200,13 @@ def install_languages(args: argparse.Namespace) -> int:
         print(f"already installed: {', '.join(names)}")
         return 1 if explicit_unavailable else 0
     if os.geteuid() != 0:
-        print("verl-sf languages install: installing toolchains needs root; ask an administrator to run:", file=sys.stderr)
+        print("verl-sf languages install: installing toolchains needs root; ask an administrator to run:",
+              file=sys.stderr)
         for step in steps:
             print("  " + " ".join(step), file=sys.stderr)
         if plan.npm:
-            print(f"  (then: verl-sf languages install {' '.join(args.names)}  -- writes {args.runtime_dir}/node's configs)",
-                  file=sys.stderr)
+            print(f"  (then: verl-sf languages install {' '.join(args.names)}  "
+                  f"-- writes {args.runtime_dir}/node's configs)", file=sys.stderr)
         return 1
     for step in steps:
         print("+ " + " ".join(step), flush=True)
@@ -228,7 +231,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                   ("install", install_languages, "install toolchains (root), or say what to ask for")):
         p = sub.add_parser(name, help=help_text)
         if name == "install":
-            p.add_argument("names", nargs="+", metavar="NAME", help="Sandbox Fusion language names, `all`, or `default` (the common set)")
+            p.add_argument("names", nargs="+", metavar="NAME",
+                           help="Sandbox Fusion language names, `all`, or `default` (the common set)")
         p.add_argument("--python", default=sys.executable, help="runtime interpreter the code runs with (as serve)")
         p.add_argument("--runtime-dir", default=default_runtime_dir(),
                        help="verl-sf's runtime directory for npm packages (as serve's)")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
+
 from tests.server_fixtures import ServerHandle, start_server, stop_server
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.server_fixtures import runs_finished, ServerHandle, start_server, stop_server
+from tests.server_fixtures import ServerHandle, runs_finished, start_server, stop_server
 from verl_sf.rewards import CodeTestReward, Outcome
 from verl_sf.rewards.example_tasks import EXAMPLE_TASKS, MAX_SUBARRAY_PROMPT, SORTING_PROMPT
 
@@ -191,9 +191,9 @@ def test_verl_compute_score_reports_and_excludes_sandbox_failures(reward_server:
         "score": 1.0, "acc": 1.0, "passed": 7.0, "total": 7.0, "sandbox_failure": 0.0}
     body = compute_score("code", "    return sum(xs)\n", task, sandbox_url=reward_server.url)
     assert (body["score"], body["sandbox_failure"]) == (pytest.approx(3 / 7), 0.0)
-    with CodeTestReward(EXAMPLE_TASKS, sandbox_url="http://127.0.0.1:9", max_retries=0) as unreachable:
-        with pytest.raises(SandboxFailure, match="no verdict"):
-            unreachable.compute_score("code", KADANE, "max_subarray")
+    with CodeTestReward(EXAMPLE_TASKS, sandbox_url="http://127.0.0.1:9", max_retries=0) as unreachable, \
+            pytest.raises(SandboxFailure, match="no verdict"):
+        unreachable.compute_score("code", KADANE, "max_subarray")
     scored = compute_score("code", KADANE, task, sandbox_url="http://127.0.0.1:9", on_sandbox_failure="score",
                            failure_score=0.25, max_retries=0)
     assert (scored["score"], scored["sandbox_failure"]) == (0.25, 1.0)

@@ -3,7 +3,6 @@ those /etc entries (plus the loader's and account files) bound, as the sandbox w
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import sys
@@ -69,7 +68,7 @@ def run_in_minimal_sandbox(toolchains: Toolchains, language: str) -> str:
 @pytest.fixture(scope="module")
 def outputs(toolchains: Toolchains) -> dict[str, str]:
     with ThreadPoolExecutor(4) as pool:
-        return dict(zip(PROGRAMS, pool.map(lambda name: run_in_minimal_sandbox(toolchains, name), PROGRAMS)))
+        return dict(zip(PROGRAMS, pool.map(lambda name: run_in_minimal_sandbox(toolchains, name), PROGRAMS), strict=True))
 
 
 @pytest.mark.parametrize("language", sorted(PROGRAMS))

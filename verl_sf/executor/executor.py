@@ -171,7 +171,7 @@ class Executor:
             self._launcher.close()
         self._zygotes = {}
 
-    async def __aenter__(self) -> "Executor":
+    async def __aenter__(self) -> Executor:
         await self.start()
         return self
 
@@ -262,7 +262,8 @@ class Executor:
         return {"fsize": cfg.max_file_size_mb << 20, "nofile": cfg.max_open_files, "nproc": cfg.max_processes,
                 "memory": memory_mb << 20, "output_limit": cfg.output_limit_bytes}
 
-    async def _job(self, flavor: str, head: dict[str, Any], body: dict[str, Any], arrived: float) -> tuple[Reply, float]:
+    async def _job(self, flavor: str, head: dict[str, Any], body: dict[str, Any],
+                   arrived: float) -> tuple[Reply, float]:
         """Admitted already: wait for a CPU slot, run, and give the slot back."""
         try:
             lease = await self.slots.acquire()
@@ -285,7 +286,8 @@ class Executor:
         arrived = time.monotonic()
         spec = SPECS[request.language]
         if request.language in self.toolchains.missing:
-            return RunCodeResponse(status=RunStatus.SandboxError, message=self.toolchains.missing_message(request.language),
+            return RunCodeResponse(status=RunStatus.SandboxError,
+                                   message=self.toolchains.missing_message(request.language),
                                    executor_pod_name=self.config.pod_name)
         try:
             source = spec.prepare_source(request.code)
@@ -424,7 +426,8 @@ class Executor:
         reply = await zygote.request(head, encode_body(body))  # type: ignore[arg-type]
         if not reply.get("session_alive"):
             zygote.sessions.discard(open_id)
-            raise InvalidRequest("files", f"the session could not start: {reply.get('stderr') or reply.get('session_end')}")
+            why = reply.get("stderr") or reply.get("session_end")
+            raise InvalidRequest("files", f"the session could not start: {why}")
         session.group = reply.get("group")
         self.sessions[session.id] = session
         self._by_open_id[open_id] = session
@@ -433,7 +436,7 @@ class Executor:
 
     def session_info(self, session_id: str) -> SessionInfo:
         session = self._live(session_id)
-        return SessionInfo(session_id=session.id, language=session.language, alive=True,  # type: ignore[arg-type]
+        return SessionInfo(session_id=session.id, language=session.language, alive=True,
                            created_at=session.created_at, idle_since=session.idle_since, idle_ttl_s=session.idle_ttl_s,
                            calls=session.calls, memory_bytes=self._session_memory(session),
                            memory_limit_MB=session.memory_mb, executor_pod_name=self.config.pod_name)
@@ -501,8 +504,9 @@ class Executor:
 
     async def _session_call(self, session: Session, timeout: float, body: Any) -> tuple[Reply, float]:
         arrived = time.monotonic()
-        head = {"op": "call", "id": next_id(), "session": session.open_id, "grace": self.config.session_interrupt_grace_s,
-                "limits": self._limits(timeout, timeout + CLIENT_SLACK_S, session.memory_mb)}
+        limits = self._limits(timeout, timeout + CLIENT_SLACK_S, session.memory_mb)
+        head = {"op": "call", "id": next_id(), "session": session.open_id,
+                "grace": self.config.session_interrupt_grace_s, "limits": limits}
         await session.busy.acquire()
         try:
             self._admit()
@@ -512,7 +516,7 @@ class Executor:
         call = None
         try:
             lease = await self.slots.acquire()
-            queue_wait = self._hand_over(head["limits"], arrived)
+            queue_wait = self._hand_over(limits, arrived)
             try:
                 call = asyncio.ensure_future(session.zygote.request(head, body))  # type: ignore[arg-type]
                 reply = await asyncio.shield(call)
@@ -520,7 +524,8 @@ class Executor:
                 lease.release()
         except asyncio.CancelledError:
             self.stats.cancelled += 1
-            if call is not None and not call.done():  # the call goes on to its time-out: the session stays busy till then
+            # The call goes on to its time-out: the session stays busy till then.
+            if call is not None and not call.done():
                 busy = session.busy
                 call.add_done_callback(lambda _: busy.release())
                 raise
@@ -554,7 +559,8 @@ class Executor:
                                      "a bash session takes neither stdin nor fetch_files; use a python session")
             body = encode_body(request.code)  # type: ignore[arg-type]
         else:
-            body = encode_body({"code": request.code, "stdin": request.stdin, "output_limit": self.config.output_limit_bytes,
+            body = encode_body({"code": request.code, "stdin": request.stdin,
+                                "output_limit": self.config.output_limit_bytes,
                                 "fetch_files": request.fetch_files or None})
         reply, queue_wait = await self._session_call(session, request.run_timeout, body)
         response = self._run_response(reply, False, session.memory_mb, queue_wait, session.id)

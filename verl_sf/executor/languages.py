@@ -95,7 +95,8 @@ def _csharp_source(code: str) -> PreparedSource:
     """Prepends the usings dotnet adds implicitly (on the first line, so error line numbers stay the
     code's) and appends the listener that makes a failed Debug.Assert fail the run."""
     usings = "".join(f"using {ns}; " for ns in CSHARP_IMPLICIT_USINGS)
-    return PreparedSource("main.cs", usings + code + CSHARP_ASSERT_LISTENER, extra_files={"main.exe.config": CSHARP_APP_CONFIG})
+    return PreparedSource("main.cs", usings + code + CSHARP_ASSERT_LISTENER,
+                          extra_files={"main.exe.config": CSHARP_APP_CONFIG})
 
 
 def _junit_source(code: str) -> PreparedSource:
@@ -119,13 +120,15 @@ NODE_ENV = (("NODE_PATH", NODE_MODULES),)
 
 SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("python", "main.py", ("{python}", "main.py")),
-    LanguageSpec("pytest", "test_main.py", ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_main.py")),
+    LanguageSpec("pytest", "test_main.py",
+                 ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_main.py")),
     LanguageSpec("python_gpu", "main.py", ("{python}", "main.py"), needs=(GPU_DEVICE,)),
     LanguageSpec("python2", "main.py", ("python2", "main.py"), needs=("python2",)),
     LanguageSpec("bash", "main.sh", ("bash", "main.sh"), needs=("bash",)),
     # Assertions stay on everywhere (java -ea, rust debug assertions, no NDEBUG, no dmd -release):
     # MultiPL-E style tests are assert statements, and with them off every candidate passes.
-    LanguageSpec("cpp", "main.cpp", ("./main",), ("g++", "-std=c++17", "-O2", "main.cpp", "-o", "main", "-lm", "-lpthread"),
+    LanguageSpec("cpp", "main.cpp", ("./main",),
+                 ("g++", "-std=c++17", "-O2", "main.cpp", "-o", "main", "-lm", "-lpthread"),
                  needs=("g++",)),
     LanguageSpec("cuda", "main.cu", ("./main",), ("nvcc", "main.cu", "-o", "main"), needs=("nvcc", GPU_DEVICE)),
     LanguageSpec("gtest", "main.cpp", ("./main",),
@@ -171,7 +174,8 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("swift", "main.swift", ("./main",), ("swiftc", "main.swift", "-o", "main"), needs=("swiftc",)),
     LanguageSpec("racket", "main.rkt", ("racket", "main.rkt"), needs=("racket",), etc=("/etc/racket",)),
     LanguageSpec("verilog", "main.sv", ("vvp", "-n", "test.vvp"),
-                 ("iverilog", "-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb", "-o", "test.vvp", "main.sv"),
+                 ("iverilog", "-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb", "-o", "test.vvp",
+                  "main.sv"),
                  needs=("iverilog", "vvp")),
 )}
 

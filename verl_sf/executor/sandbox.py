@@ -26,8 +26,9 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor import zygote
@@ -149,7 +150,8 @@ class SandboxLauncher:
         entries runtimes read, and synthetic identity files.  Nothing added to the host's /etc
         later shows inside."""
         os.mkdir(self._etc_dir, 0o755)
-        entries = [os.path.relpath(os.path.normpath(os.path.join("/etc", e)), "/etc") for e in ETC_ENTRIES + self.extra_etc]
+        entries = [os.path.relpath(os.path.normpath(os.path.join("/etc", e)), "/etc")
+                   for e in ETC_ENTRIES + self.extra_etc]
         for entry in dict.fromkeys(e for e in entries if not e.startswith("..")):
             target = os.path.join(self._etc_dir, entry)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -157,8 +159,8 @@ class SandboxLauncher:
         uid = self.config.sandbox_uid
         identity = {
             # getpwuid() must work inside (Python's getpass, javac), without showing host accounts.
-            "passwd": f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}:sandbox:{SANDBOX_WORKDIR}:"
-                      "/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            "passwd": "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+                      f"sandbox:x:{uid}:{uid}:sandbox:{SANDBOX_WORKDIR}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
             "group": f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n",
             "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
             "hostname": "sandbox\n",
@@ -195,8 +197,10 @@ class SandboxLauncher:
             "workdir": workdir,
             "tmpdir": tmpdir,
             "datadir": datadir,
-            "sizes": {workdir: cfg.workdir_size_mb << 20, tmpdir: cfg.tmp_size_mb << 20, datadir: cfg.workdir_size_mb << 20},
-            "keep": {d: self.kept_entries(d) for d in (SANDBOX_TMP, SANDBOX_WORKDIR, SANDBOX_DATA)} if self.isolated else {},
+            "sizes": {workdir: cfg.workdir_size_mb << 20, tmpdir: cfg.tmp_size_mb << 20,
+                      datadir: cfg.workdir_size_mb << 20},
+            "keep": ({d: self.kept_entries(d) for d in (SANDBOX_TMP, SANDBOX_WORKDIR, SANDBOX_DATA)}
+                     if self.isolated else {}),
             "uid": cfg.sandbox_uid,
             "gid": cfg.sandbox_uid,
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": workdir},
@@ -301,7 +305,9 @@ def _stage(staged: dict[str, str]) -> None:
 
 
 def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, options: Optional[str]) -> None:
-    encode = (lambda v: None if v is None else v.encode())
+    def encode(value: Optional[str]) -> Optional[bytes]:
+        return None if value is None else value.encode()
+
     if _libc.mount(encode(source), encode(target), encode(fstype), flags, encode(options)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {target}: {os.strerror(err)}")

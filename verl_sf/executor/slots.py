@@ -17,7 +17,7 @@ from typing import Optional
 class SlotLease:
     """One held slot; `release()` may be called any number of times, the slot returns once."""
 
-    def __init__(self, slots: "CpuSlots"):
+    def __init__(self, slots: CpuSlots):
         self._slots: Optional[CpuSlots] = slots
         self._timer = asyncio.get_running_loop().call_later(slots.slice_s, self.release)
 

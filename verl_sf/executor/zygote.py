@@ -41,7 +41,7 @@ import sys
 import time
 import traceback
 import types
-from typing import Dict, List, Literal, Optional, TypedDict, Union
+from typing import Literal, Optional, TypedDict, Union
 
 # ---- messages (the executor imports these; keep them standard-library `typing` only) ----------
 RunMode = Literal["python", "exec", "jupyter"]
@@ -54,16 +54,16 @@ class ZygoteConfig(TypedDict):
     workdir: str
     tmpdir: str
     datadir: str
-    sizes: Dict[str, int]  # tmpfs size in bytes by mount point
-    keep: Dict[str, List[str]]  # entries of a per-run tmpfs mount point that lead to bound runtime dirs
+    sizes: dict[str, int]  # tmpfs size in bytes by mount point
+    keep: dict[str, list[str]]  # entries of a per-run tmpfs mount point that lead to bound runtime dirs
     uid: int
     gid: int
-    env: Dict[str, str]
-    preload: List[str]
+    env: dict[str, str]
+    preload: list[str]
     fetch_limit: int
-    cgroups: Dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
+    cgroups: dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
     cgroup_v2: bool
-    seccomp: List[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
+    seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
     libseccomp: str
     demote_after: float  # seconds of wall time after which a run drops to the lowest CPU priority
 
@@ -116,14 +116,14 @@ class RunBody(TypedDict, total=False):
     """What the child reads: the run's own data, which this process never parses."""
 
     mode: RunMode
-    files: Dict[str, str]  # path -> base64
+    files: dict[str, str]  # path -> base64
     stdin: Optional[str]
     code: str
-    argv: List[str]
-    compile_argv: List[str]
-    cells: List[str]
+    argv: list[str]
+    compile_argv: list[str]
+    cells: list[str]
     cell_timeout: float
-    fetch_files: List[str]
+    fetch_files: list[str]
     fsize: int
     nofile: int
     nproc: int
@@ -144,8 +144,8 @@ class StageResult(TypedDict, total=False):
 class Reply(StageResult, total=False):
     id: int
     compile: StageResult  # present when the run had a compile stage
-    files: Dict[str, str]
-    cells: List[dict]
+    files: dict[str, str]
+    cells: list[dict]
     truncated: bool
     error: str  # the zygote could not do what was asked (a bug, or a resource it could not get)
     session_alive: bool  # a session's reply: does the session live on
@@ -180,10 +180,12 @@ BASH_SESSION = (
 # First calls into these libraries import submodules and fill caches; doing them once here
 # spares every forked run.
 WARMUPS = {
-    "sympy": "import sympy as sp\nx, y = sp.symbols('x y')\nsp.solve(x**2 - 4, x)\nsp.simplify(sp.sin(x)**2 + sp.cos(x)**2)\n"
+    "sympy": "import sympy as sp\nx, y = sp.symbols('x y')\nsp.solve(x**2 - 4, x)\n"
+             "sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)\n"
              "sp.factor(x**2 - y**2)\nsp.integrate(x**2, x)\nsp.diff(sp.exp(x) * x, x)\nsp.Rational(1, 3) + 1\n"
              "sp.sqrt(8)\nsp.N(sp.pi, 10)\nsp.Matrix([[1, 2], [3, 4]]).det()\nsp.limit(sp.sin(x) / x, x, 0)\n",
-    "numpy": "import numpy as np\na = np.arange(10)\na.sum(); a.mean(); np.linalg.inv(np.eye(3)); np.random.default_rng(0).random(3)\n",
+    "numpy": "import numpy as np\na = np.arange(10)\na.sum(); a.mean(); np.linalg.inv(np.eye(3))\n"
+             "np.random.default_rng(0).random(3)\n",
     "scipy": "import scipy.optimize, scipy.special, scipy.stats, scipy.integrate, scipy.linalg\n",
 }
 
@@ -194,9 +196,9 @@ RESEEDED_MODULES = ("numpy.random", "sympy.core.random")
 
 # JSON through the C scanner and encoder directly: json.loads/dumps' Python layers touch pages
 # that a process forked a moment ago must copy.
-_scan_json = json.JSONDecoder().scan_once
-_encode_json = json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring_ascii, None, ":", ",",
-                                           False, False, True)
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_encode_json = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -323,7 +325,8 @@ class Zygote:
         self.seccomp = ctypes.c_void_p(ctypes.addressof(self._seccomp_fprog)) if program else None
         # Each run's tmpfs mounts, as the arguments mount(2) takes, encoded once.
         owner = 0 if config["single_uid"] else config["uid"]
-        self.mounts = [(target.encode(), f"size={config['sizes'][target]},mode={'1777' if target == config['tmpdir'] else '0755'},"
+        self.mounts = [(target.encode(),
+                        f"size={config['sizes'][target]},mode={'1777' if target == config['tmpdir'] else '0755'},"
                         f"uid={owner},gid={owner}".encode(), target, config["keep"].get(target, ()))
                        for target in dict.fromkeys((config["workdir"], config["tmpdir"], config["datadir"]))
                        if target in config["sizes"]]
@@ -355,10 +358,8 @@ class Zygote:
                 except Exception:  # a missing optional library just is not preloaded
                     pass
             for name in loaded:
-                try:
+                with contextlib.suppress(Exception):  # a warm-up is only an optimisation
                     exec(WARMUPS.get(name, ""), {})
-                except Exception:  # a warm-up is only an optimisation
-                    pass
         gc.collect()
         gc.freeze()  # keeps the collector from dirtying shared pages in every child
         _collapse_heap()
@@ -580,7 +581,8 @@ class Run:
     # -- start and stages ------------------------------------------------------------------------
     def start(self, zygote):
         pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready()
-        self.pid, self.out_r, self.err_r, self.meta_r, self.job_w, self.groups = pid, out_r, err_r, meta_r, job_w, groups
+        self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
+        self.groups = groups
         self.pidfd = os.pidfd_open(pid)
         _set_cgroup_limits(groups, zygote.cfg["cgroup_v2"], self.limits)
         self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
@@ -855,7 +857,8 @@ class Run:
         self.alive = False
         self._drain()
         memory_exceeded = self.memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
-        reason = "killed for exceeding its memory limit" if memory_exceeded else self.end_reason or "its interpreter exited"
+        reason = ("killed for exceeding its memory limit" if memory_exceeded
+                  else self.end_reason or "its interpreter exited")
         if self.current_call is not None:
             reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished", {"return_code": None})
             if memory_exceeded:
@@ -894,7 +897,7 @@ def _kill(pid, isolated):
         pass
 
 
-_limits_set = {}  # (group, file) -> the value last written: a pooled group keeps it for the next run
+_limits_set: dict[tuple, str] = {}  # (group, file) -> the value last written: a pooled group keeps it for the next run
 
 
 def _set_cgroup_limits(groups, v2, limits, memory=True):
@@ -995,7 +998,7 @@ class Child:
         # Everything that does not depend on the job is done while waiting for it, off the
         # request's path: the job pipe sits on fd 9 until the job is read.
         moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_r, out_w, err_w, meta_w)]  # above every target
-        for fd, target in zip(moved, (9, 1, 2, 3)):
+        for fd, target in zip(moved, (9, 1, 2, 3), strict=True):
             os.dup2(fd, target)
         os.closerange(4, 9)
         os.closerange(10, 1 << 16)
@@ -1042,7 +1045,7 @@ class Child:
             kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in keep]
             _check(_libc.mount(b"tmpfs", encoded, b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {target}")
             # A runtime that lives under /tmp (a CI checkout, say) is bound back on top.
-            for entry, fd in zip(keep, kept):
+            for entry, fd in zip(keep, kept, strict=True):
                 os.mkdir(f"{target}/{entry}", 0o711)
                 _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None,
                                    MS_BIND | MS_REC, None), f"bind {entry}")
@@ -1184,7 +1187,7 @@ def _write_files(files, workdir):
             os._exit(1)
 
 
-_CHILD_ROOTS = []  # set in the zygote: the per-run mount points a path may name
+_CHILD_ROOTS: list[str] = []  # set in the zygote: the per-run mount points a path may name
 
 
 def _read_job():
@@ -1388,7 +1391,7 @@ def _stdio_for_runs():
     try:
         return _make_stdio()
     finally:
-        for fd, target in zip(saved, (0, 1, 2)):
+        for fd, target in zip(saved, (0, 1, 2), strict=True):
             os.dup2(fd, target)
         for fd in (*saved, stdin_fd, out_r, out_w):
             os.close(fd)
@@ -1396,7 +1399,7 @@ def _stdio_for_runs():
 
 def _install_stdio(streams):
     sys.stdin, sys.stdout, sys.stderr = streams
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
 
 
 def _main_namespace(cwd):

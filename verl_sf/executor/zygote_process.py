@@ -8,12 +8,14 @@ unprompted reply for a session (it died between calls) goes to `on_session_end`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import os
 import signal
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
@@ -134,10 +136,8 @@ class ZygoteProcess:
     async def stop(self) -> None:
         proc, self.process = self.process, None
         if proc is not None and proc.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGKILL)  # bwrap is PID 1 of the sandbox: all of it goes
-            except ProcessLookupError:
-                pass
             await proc.wait()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)

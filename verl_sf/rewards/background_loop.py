@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, Optional, TypeVar
+from collections.abc import Coroutine
+from typing import Any, Optional, TypeVar
 
 T = TypeVar("T")
 

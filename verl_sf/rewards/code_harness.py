@@ -10,7 +10,8 @@ import dataclasses
 import itertools
 import json
 import re
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 

@@ -26,9 +26,10 @@ import dataclasses
 import enum
 import logging
 import threading
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Optional, Union
 
-from tqdm.auto import tqdm  # type: ignore[import-untyped]
+from tqdm.auto import tqdm
 
 from verl_sf.backends.base import SandboxBackend
 from verl_sf.errors import VerlSfError
@@ -188,7 +189,7 @@ class CodeTestReward:
         self._loop.stop()
         self._in_flight = None
 
-    def __enter__(self) -> "CodeTestReward":
+    def __enter__(self) -> CodeTestReward:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

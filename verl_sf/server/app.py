@@ -13,7 +13,8 @@ import json
 import logging
 import signal
 import time
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
