@@ -31,15 +31,19 @@ pick_python() {
 }
 
 install_system_packages() {
-  # bubblewrap builds every sandbox; we are the ones to install it when we can.
-  if command -v bwrap >/dev/null 2>&1; then return 0; fi
+  # bubblewrap builds every sandbox and libseccomp compiles every run's filter: we are the ones to
+  # install them when we can.
+  local missing=()
+  command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
+  [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "verl-sf: installing bubblewrap (apt-get)" >&2
+    echo "verl-sf: installing ${missing[*]} (apt-get)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "verl-sf: WARNING: bubblewrap (bwrap) is not installed and this user cannot install it." >&2
-    echo "verl-sf:          install it (e.g. 'sudo apt-get install bubblewrap') for isolated runs;" >&2
+    echo "verl-sf: WARNING: ${missing[*]} not installed and this user cannot install it." >&2
+    echo "verl-sf:          ask an administrator for it (e.g. 'sudo apt-get install ${missing[*]}') for isolated runs;" >&2
     echo "verl-sf:          without it the server refuses to start unless given --isolation none." >&2
   fi
 }
