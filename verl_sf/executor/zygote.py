@@ -1024,8 +1024,8 @@ class Child:
         """The uid change clears the effective and permitted capabilities (an unmapped single
         uid keeps uid 0 of the namespace, so they are cleared by hand); then no_new_privs and the
         seccomp filter, which an exec keeps."""
-        os.setgroups([])
-        if not self.cfg["single_uid"]:
+        if not self.cfg["single_uid"]:  # a single-uid namespace has setgroups denied (and no groups to drop)
+            os.setgroups([])
             os.setresgid(self.cfg["gid"], self.cfg["gid"], self.cfg["gid"])
             os.setresuid(self.cfg["uid"], self.cfg["uid"], self.cfg["uid"])
         _set_capabilities(keep_effective=False)
