@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pwd
+import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +21,7 @@ from verl_sf.server.process import start_server_process, stop_server_process
 class ServerHandle:
     url: str  # base URL, e.g. http://127.0.0.1:41234
     process: subprocess.Popen
+    as_root: bool = True  # started as root (two-uid map, cgroups) or as an ordinary account
 
     @property
     def run_code_url(self) -> str:
@@ -31,6 +36,47 @@ def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: f
 
 def stop_server(proc: subprocess.Popen) -> None:
     stop_server_process(proc)
+
+
+CI_ACCOUNT = "verlsf-ci"
+"""The ordinary account the non-root server runs as (scripts/dev.sh creates it; so does this fixture)."""
+
+
+def ci_account() -> pwd.struct_passwd:
+    """The non-root account, created (system account, no login, no home) when missing."""
+    try:
+        return pwd.getpwnam(CI_ACCOUNT)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", CI_ACCOUNT],
+                       check=True, capture_output=True)
+        return pwd.getpwnam(CI_ACCOUNT)
+
+
+def start_server_as_user(*extra_args: str, timeout: float = 120.0) -> tuple[ServerHandle, str]:
+    """`verl-sf serve` as an ordinary account: as root, the CI account; otherwise ourselves.
+    Returns the handle and the server's private HOME/TMPDIR (the caller removes it).
+
+    The account must be able to read the interpreter, the venv and this checkout; a checkout
+    under a private (0700) directory cannot be, and is reported as such rather than worked around."""
+    if os.geteuid() != 0:
+        home = tempfile.mkdtemp(prefix="verl-sf-user-")
+        env = {**os.environ, "HOME": home, "TMPDIR": home}
+        return start_server(*extra_args, env=env, timeout=timeout), home
+    account = ci_account()
+    home = tempfile.mkdtemp(prefix="verl-sf-ci-", dir="/tmp")
+    os.chown(home, account.pw_uid, account.pw_gid)
+    env = {**os.environ, "HOME": home, "TMPDIR": home, "USER": CI_ACCOUNT, "LOGNAME": CI_ACCOUNT}
+    probe = subprocess.run([sys.executable, "-c", "import verl_sf.cli"], env=env, capture_output=True, text=True,
+                           user=CI_ACCOUNT, group=account.pw_gid, extra_groups=[], cwd=home)
+    if probe.returncode != 0:
+        shutil.rmtree(home, ignore_errors=True)
+        raise RuntimeError(
+            f"the account {CI_ACCOUNT!r} cannot run {sys.executable} with this checkout (PYTHONPATH="
+            f"{os.environ.get('PYTHONPATH', '')!r}): {probe.stderr.strip()[-400:]}\n"
+            "The non-root tests need the venv and the checkout readable by every user: clone into a "
+            "directory whose parents are world-traversable (e.g. /opt or /tmp, not under a 0700 home).")
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT)
+    return ServerHandle(url, proc, as_root=False), home
 
 
 # The shared server holds this in its environment, as a real one would hold an API key.
