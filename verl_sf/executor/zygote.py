@@ -64,6 +64,7 @@ class ZygoteConfig(TypedDict):
     cgroups: Dict[str, str]  # controller (memory, pids) -> the delegated directory run groups are made in
     cgroup_v2: bool
     seccomp: List[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
+    seccomp_socket_families: List[int]  # socket() refused with EPERM for these address families
     libseccomp: str
     demote_after: float  # seconds of wall time after which a run drops to the lowest CPU priority
 
@@ -285,7 +286,9 @@ def _seccomp_program(config):
         for name in config["seccomp"]:
             rule(eperm, name)
         rule(enosys, "clone3")  # its flags live in memory a filter cannot read; libc falls back to clone
-        masked_eq = 7  # SCMP_CMP_MASKED_EQ
+        equal, masked_eq = 4, 7  # SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ
+        for family in config["seccomp_socket_families"]:
+            rule(eperm, "socket", _ArgCmp(0, equal, family, 0))
         for flag in NAMESPACE_FLAGS:
             rule(eperm, "clone", _ArgCmp(0, masked_eq, flag, flag))
         exported = os.memfd_create("seccomp")
