@@ -1065,6 +1065,9 @@ class Child:
                 _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None,
                                    MS_BIND | MS_REC, None), f"bind {entry}")
                 os.close(fd)
+        # POSIX shared memory and semaphores (multiprocessing's locks) live here: private to the run too.
+        shm_options = f"size={self.cfg['sizes'][self.cfg['tmpdir']]},mode=1777".encode()
+        _check(_libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_options), "mount /dev/shm")
 
     def _drop_privileges(self):
         """The uid change clears the effective and permitted capabilities (an unmapped single
