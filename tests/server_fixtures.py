@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pwd
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import IO
 
 import pytest
 import requests
@@ -28,9 +30,10 @@ class ServerHandle:
         return self.url + "/run_code"
 
 
-def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> ServerHandle:
+def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
+                 stderr: IO[str] | None = None) -> ServerHandle:
     """Start `verl-sf serve --port 0` and wait for its 'listening on' line."""
-    proc, url = start_server_process(*extra_args, env=env, timeout=timeout)
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, stderr=stderr)
     return ServerHandle(url, proc)
 
 
@@ -52,7 +55,8 @@ def ci_account() -> pwd.struct_passwd:
         return pwd.getpwnam(CI_ACCOUNT)
 
 
-def start_server_as_user(*extra_args: str, timeout: float = 120.0) -> tuple[ServerHandle, str]:
+def start_server_as_user(*extra_args: str, extra_env: dict[str, str] | None = None, timeout: float = 120.0,
+                         stderr: IO[str] | None = None) -> tuple[ServerHandle, str]:
     """`verl-sf serve` as an ordinary account: as root, the CI account; otherwise ourselves.
     Returns the handle and the server's private HOME/TMPDIR (the caller removes it).
 
@@ -60,12 +64,12 @@ def start_server_as_user(*extra_args: str, timeout: float = 120.0) -> tuple[Serv
     under a private (0700) directory cannot be, and is reported as such rather than worked around."""
     if os.geteuid() != 0:
         home = tempfile.mkdtemp(prefix="verl-sf-user-")
-        env = {**os.environ, "HOME": home, "TMPDIR": home}
-        return start_server(*extra_args, env=env, timeout=timeout), home
+        env = {**os.environ, **(extra_env or {}), "HOME": home, "TMPDIR": home}
+        return dataclasses.replace(start_server(*extra_args, env=env, timeout=timeout, stderr=stderr), as_root=False), home
     account = ci_account()
     home = tempfile.mkdtemp(prefix="verl-sf-ci-", dir="/tmp")
     os.chown(home, account.pw_uid, account.pw_gid)
-    env = {**os.environ, "HOME": home, "TMPDIR": home, "USER": CI_ACCOUNT, "LOGNAME": CI_ACCOUNT}
+    env = {**os.environ, **(extra_env or {}), "HOME": home, "TMPDIR": home, "USER": CI_ACCOUNT, "LOGNAME": CI_ACCOUNT}
     probe = subprocess.run([sys.executable, "-c", "import verl_sf.cli"], env=env, capture_output=True, text=True,
                            user=CI_ACCOUNT, group=account.pw_gid, extra_groups=[], cwd=home)
     if probe.returncode != 0:
@@ -75,7 +79,7 @@ def start_server_as_user(*extra_args: str, timeout: float = 120.0) -> tuple[Serv
             f"{os.environ.get('PYTHONPATH', '')!r}): {probe.stderr.strip()[-400:]}\n"
             "The non-root tests need the venv and the checkout readable by every user: clone into a "
             "directory whose parents are world-traversable (e.g. /opt or /tmp, not under a 0700 home).")
-    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT)
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT, stderr=stderr)
     return ServerHandle(url, proc, as_root=False), home
 
 
@@ -96,3 +100,22 @@ def run_code(server: ServerHandle, code: str, language: str = "python", **fields
     response = requests.post(server.run_code_url, json={"code": code, "language": language, **fields}, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+SERVER_MODES = ["root", "non-root"] if os.geteuid() == 0 else ["non-root"]
+"""How the isolation suites start their servers: as root (when we are) and as an ordinary account."""
+
+
+@contextlib.contextmanager
+def server_in_mode(mode: str, *extra_args: str, extra_env: dict[str, str] | None = None) -> Iterator[ServerHandle]:
+    home = None
+    if mode == "root":
+        handle = start_server(*extra_args, env={**os.environ, **(extra_env or {})})
+    else:
+        handle, home = start_server_as_user(*extra_args, extra_env=extra_env)
+    try:
+        yield handle
+    finally:
+        stop_server(handle.process)
+        if home:
+            shutil.rmtree(home, ignore_errors=True)

@@ -16,38 +16,31 @@ from __future__ import annotations
 import base64
 import os
 import secrets
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
-from tests.server_fixtures import ServerHandle, run_code, start_server, start_server_as_user, stop_server
+from tests.host_view import descendants, host_uid
+from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.languages import SPECS
 from verl_sf.executor.system_view import ETC_ENTRIES
 
-MODES = ["root", "non-root"] if os.geteuid() == 0 else ["non-root"]
 SERVER_ARGS = ("--slots", "2", "--sandboxes", "1", "--preload", "")
 ROOT_RUN_HOST_UID = ExecutorConfig.host_uid_base + ExecutorConfig.sandbox_uid
 SYNTHETIC_ETC = {"passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf"}
 EPERM, ENOSYS = 1, 38
 
 
-@pytest.fixture(scope="module", params=MODES)
+@pytest.fixture(scope="module", params=SERVER_MODES)
 def server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
-    home = None
-    if request.param == "root":
-        handle = start_server(*SERVER_ARGS)
-    else:
-        handle, home = start_server_as_user(*SERVER_ARGS)
-    yield handle
-    stop_server(handle.process)
-    if home:
-        shutil.rmtree(home, ignore_errors=True)
+    with server_in_mode(request.param, *SERVER_ARGS) as handle:
+        yield handle
 
 
 @pytest.fixture(autouse=True)
@@ -62,13 +55,13 @@ def host_uid_of_runs(server: ServerHandle) -> int:
     return ROOT_RUN_HOST_UID if server.as_root else os.stat(f"/proc/{server.process.pid}").st_uid
 
 
-def fetched(server: ServerHandle, code: str, fetch_files: list[str], **fields: object) -> dict[str, bytes]:
+def fetched(server: ServerHandle, code: str, fetch_files: list[str], **fields: Any) -> dict[str, bytes]:
     body = run_code(server, code, fetch_files=fetch_files, **fields)
     assert body["status"] == "Success", body
     return {path: base64.b64decode(data) for path, data in body["files"].items()}
 
 
-def c_program(server: ServerHandle, source: str, **fields: object) -> dict:
+def c_program(server: ServerHandle, source: str, **fields: Any) -> dict:
     return run_code(server, source, language="cpp", compile_timeout=60, run_timeout=20, **fields)
 
 
@@ -202,29 +195,6 @@ def test_uid_map_has_no_host_root_entry(server: ServerHandle) -> None:
             f"/proc/{server.process.pid}").st_gid))}
 
 
-def _descendants(root: int) -> dict[int, int]:
-    """{pid: host uid} of every process below `root`, from the host's /proc."""
-    parents: dict[int, int] = {}
-    uids: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            uids[int(entry.name)] = int((entry / "status").read_text().split("\nUid:\t", 1)[1].split()[0])
-        except (OSError, IndexError):
-            continue
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    below, frontier = {}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in below:
-                below[pid] = uids[pid]
-                frontier.append(pid)
-    return below
-
-
 def test_host_uids_of_a_runs_processes_are_not_root(server: ServerHandle) -> None:
     marker = f"{secrets.randbelow(10**6) / 10**6 + 40:.6f}"
     thread = threading.Thread(target=run_code, args=(server, f"import subprocess\nsubprocess.run(['sleep', '{marker}'])"),
@@ -233,7 +203,7 @@ def test_host_uids_of_a_runs_processes_are_not_root(server: ServerHandle) -> Non
     deadline = time.monotonic() + 20
     sleeper = None
     while sleeper is None and time.monotonic() < deadline:
-        for pid in _descendants(server.process.pid):
+        for pid in descendants(server.process.pid):
             try:
                 if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\0" + marker.encode() + b"\0":
                     sleeper = pid
@@ -241,7 +211,7 @@ def test_host_uids_of_a_runs_processes_are_not_root(server: ServerHandle) -> Non
                 continue
         time.sleep(0.05)
     assert sleeper is not None, "the run's process was not found below the server"
-    sandbox = _descendants(server.process.pid)
+    sandbox = {pid: host_uid(pid) for pid in descendants(server.process.pid)}
     assert sandbox and 0 not in sandbox.values(), sandbox  # bwrap, zygotes, runs: none is host root
     assert os.stat(f"/proc/{sleeper}").st_uid == host_uid_of_runs(server)
     if server.as_root:  # the sandbox's own cgroups hold only non-root processes too
@@ -278,7 +248,7 @@ def test_seccomp_on_the_compile_stage(server: ServerHandle) -> None:
     thread.start()
     status = None
     while status is None and thread.is_alive():
-        for pid in _descendants(server.process.pid):
+        for pid in descendants(server.process.pid):
             try:
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "cc1plus":
                     status = Path(f"/proc/{pid}/status").read_text()

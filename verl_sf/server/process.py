@@ -14,14 +14,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 LISTEN_RE = re.compile(r"listening on (http://[\w.\-\[\]:]+)")
 
 
 def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120.0,
                          preexec_fn: Optional[Callable[[], None]] = None,
-                         user: Optional[str] = None) -> tuple[subprocess.Popen, str]:
+                         user: Optional[str] = None, stderr: Optional[IO[str]] = None) -> tuple[subprocess.Popen, str]:
     """Run `verl-sf serve --host 127.0.0.1 --port 0 *args`; return the process and its base URL.
 
     `user` (an account name; needs root) starts the server as that account, with its primary
@@ -29,7 +29,7 @@ def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeo
     cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
     identity: dict[str, Any] = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env or os.environ.copy(),
-                            start_new_session=True, preexec_fn=preexec_fn, **identity)
+                            start_new_session=True, preexec_fn=preexec_fn, stderr=stderr, **identity)
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
