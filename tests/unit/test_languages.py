@@ -79,3 +79,12 @@ def test_python_slow_path_equals_fast_path_on_errors(sf_server: ServerHandle) ->
     slow = run_code(sf_server, "raise KeyError('k')", language="python_gpu")
     assert fast["run_result"]["stderr"] == slow["run_result"]["stderr"]
     assert fast["run_result"]["return_code"] == slow["run_result"]["return_code"] == 1
+
+
+def test_a_compiled_programs_output_is_never_lost(sf_server: ServerHandle) -> None:
+    """The program's first output can reach the zygote together with the end of the compile stage;
+    it belongs to the run, whatever order the two are read in."""
+    source = ('#include <cstdio>\n#include <unistd.h>\nint main(){ std::printf("before\\n"); std::fflush(stdout);'
+              ' usleep(100000); return 0; }\n')
+    outs = [run_code(sf_server, source, language="cpp", compile_timeout=60)["run_result"]["stdout"] for _ in range(8)]
+    assert outs == ["before\n"] * 8

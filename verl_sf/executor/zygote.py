@@ -676,7 +676,11 @@ class Run:
                 self.compile_result = self._stage_result("Finished", record)
                 self.compile_result["stdout"] = record.get("stdout", "")
                 self.compile_result["stderr"] = record.get("stderr", "")
+                # The compiler writes to memfds, so whatever the pipes gave already is the program's
+                # own output, read before this record when both were ready at once: keep it.
+                early = self.buffers, self.dropped
                 self._begin_stage(self.limits["timeout"])
+                self.buffers, self.dropped = early
             elif record.get("call_done") is True and self.current_call is not None:
                 self._finish_call(zygote, record)
             elif record.get("session_ready") is True and self.session is not None and self.current_call is None:
