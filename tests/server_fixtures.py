@@ -16,6 +16,7 @@ from typing import IO
 import pytest
 import requests
 
+import verl_sf
 from verl_sf.server.process import start_server_process, stop_server_process
 
 
@@ -70,13 +71,16 @@ def start_server_as_user(*extra_args: str, extra_env: dict[str, str] | None = No
     home = tempfile.mkdtemp(prefix="verl-sf-ci-", dir="/tmp")
     os.chown(home, account.pw_uid, account.pw_gid)
     env = {**os.environ, **(extra_env or {}), "HOME": home, "TMPDIR": home, "USER": CI_ACCOUNT, "LOGNAME": CI_ACCOUNT}
-    probe = subprocess.run([sys.executable, "-c", "import verl_sf.cli"], env=env, capture_output=True, text=True,
-                           user=CI_ACCOUNT, group=account.pw_gid, extra_groups=[], cwd=home)
-    if probe.returncode != 0:
+    # The account must import this very checkout: an unreadable PYTHONPATH entry is skipped
+    # silently, and another installed copy of verl_sf would be tested in its place.
+    probe = subprocess.run([sys.executable, "-c", "import verl_sf.cli; print(verl_sf.__file__)"], env=env,
+                           capture_output=True, text=True, user=CI_ACCOUNT, group=account.pw_gid, extra_groups=[],
+                           cwd=home)
+    if probe.returncode != 0 or probe.stdout.strip() != verl_sf.__file__:
         shutil.rmtree(home, ignore_errors=True)
         raise RuntimeError(
-            f"the account {CI_ACCOUNT!r} cannot run {sys.executable} with this checkout (PYTHONPATH="
-            f"{os.environ.get('PYTHONPATH', '')!r}): {probe.stderr.strip()[-400:]}\n"
+            f"the account {CI_ACCOUNT!r} cannot run {sys.executable} with this checkout ({verl_sf.__file__}; it "
+            f"imported {probe.stdout.strip() or 'nothing'}): {probe.stderr.strip()[-400:]}\n"
             "The non-root tests need the venv and the checkout readable by every user: clone into a "
             "directory whose parents are world-traversable (e.g. /opt or /tmp, not under a 0700 home).")
     proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT, stderr=stderr)
