@@ -80,9 +80,16 @@ check_sandbox_support() {
 ensure_ci_account() {
   # The isolation and hostile tests also start the server as this ordinary account (no login, no home).
   [ "$(id -u)" = 0 ] || return 0
-  id -u verlsf-ci >/dev/null 2>&1 && return 0
-  echo "verl-sf: creating the system account verlsf-ci for the non-root server tests" >&2
-  useradd --system --no-create-home --shell /usr/sbin/nologin verlsf-ci
+  if ! id -u verlsf-ci >/dev/null 2>&1; then
+    echo "verl-sf: creating the system account verlsf-ci for the non-root server tests" >&2
+    useradd --system --no-create-home --shell /usr/sbin/nologin verlsf-ci
+  fi
+  # That account runs the server from this checkout and venv: under a private (0700) directory it
+  # cannot, and those tests fail saying so. Say it up front too.
+  if ! runuser -u verlsf-ci -- test -r "$ROOT/verl_sf/__init__.py" -a -x "$VENV/bin/python" 2>/dev/null; then
+    echo "verl-sf: WARNING: verlsf-ci cannot read $ROOT or $VENV (a parent directory is private):" >&2
+    echo "verl-sf:          the non-root isolation tests will fail; clone under a world-traversable path (e.g. /opt, /tmp)." >&2
+  fi
 }
 
 pip_quiet() {
@@ -118,8 +125,8 @@ case "$mode" in
     ;;
   test)
     install_system_packages
-    ensure_ci_account
     setup_venv all
+    ensure_ci_account
     # Lint and types first (config in pyproject.toml); `ruff format` is not enforced: the tree is not formatted.
     "$VENV/bin/ruff" check --no-cache .
     "$VENV/bin/mypy"
