@@ -11,7 +11,8 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any
 
 import pytest
 import requests
@@ -104,6 +105,21 @@ def run_code(server: ServerHandle, code: str, language: str = "python", **fields
     response = requests.post(server.run_code_url, json={"code": code, "language": language, **fields}, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def runs_finished(server: ServerHandle) -> float:
+    """Requests the server has finished, from its Prometheus counter (`verl_sf_runs_total`)."""
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("verl_sf_runs_total{"))
+
+
+def run_code_batch(server: ServerHandle, cases: dict[str, tuple[str, str, dict[str, Any]]]) -> dict[str, dict]:
+    """POST every case (key -> (code, language, fields)) at once; the server queues them, so
+    slow start-ups (JVMs) and sleeps overlap instead of adding up."""
+    with ThreadPoolExecutor(8) as pool:
+        futures = {key: pool.submit(run_code, server, code, language=language, **fields)
+                   for key, (code, language, fields) in cases.items()}
+        return {key: future.result() for key, future in futures.items()}
 
 
 SERVER_MODES = ["root", "non-root"] if os.geteuid() == 0 else ["non-root"]
