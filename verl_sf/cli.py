@@ -9,6 +9,8 @@ import sys
 from typing import Optional
 
 from verl_sf import __version__
+from verl_sf.cluster import cli as cluster_cli
+from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.verl_tool import VerlToolConfig, VerlToolState
 
@@ -55,6 +57,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="/get_observation: seconds one turn's code may run")
     p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
                    help="/get_observation: seconds a trajectory keeps its state without a turn")
+    p.add_argument("--fronts", type=int, default=1,
+                   help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -82,9 +86,16 @@ def _serve(args: argparse.Namespace) -> int:
               flush=True)
 
     try:
+        if args.fronts != 1:
+            from verl_sf.server.fronts import run_fronts
+
+            return run_fronts(config, args.fronts, ready, args.log_level)
         asyncio.run(serve(config, ready))
     except IsolationUnavailable as exc:
         print(f"verl-sf: cannot isolate runs: {exc}", file=sys.stderr)
+        return 2
+    except VerlSfError as exc:  # FrontsError: a bad --fronts, or a front that could not start
+        print(f"verl-sf serve: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -110,6 +121,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     _add_serve(sub)
     _add_rollout(sub)
     _add_languages(sub)
+    cluster_cli.add_arguments(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -12,7 +12,11 @@ is async (aiohttp, pooled keep-alive connections) and retries what is worth retr
 * never a request the server rejected (other 4xx: `SandboxRequestRejected`, naming the
   status and the server's message), nor a read time-out (the code may still be running).
 
-When no usable answer comes, `SandboxUnavailable` says why.  The object holds only its
+When no usable answer comes, `SandboxUnavailable` says why, as one of three subclasses that
+tell a router (the `cluster` backend) what it may do next: `SandboxUnreachable` (no connection:
+the call never reached the server, so another server may run it), `SandboxOverloaded` (429/503:
+the server declined it) and `SandboxConnectionLost` (the connection broke after the request was
+sent: the run may have started, so it is not re-sent elsewhere).  The object holds only its
 configuration — the aiohttp session lives in a per-process, per-event-loop registry — so
 it pickles cheaply into Ray pool actors and every copy in a process shares connections.
 """
@@ -26,6 +30,7 @@ import json
 import random
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Optional, TypeVar
 
 import aiohttp
@@ -39,6 +44,7 @@ from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, R
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
+T = TypeVar("T")
 
 
 class SandboxRequestRejected(VerlSfError, ValueError):
@@ -49,6 +55,21 @@ class SandboxRequestRejected(VerlSfError, ValueError):
         self.url = url
         self.status = status
         self.body = body
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # crosses Ray and process pools intact
+        return type(self), (self.url, self.status, self.body)
+
+
+class SandboxUnreachable(SandboxUnavailable):
+    """No connection could be made (refused, connect time-out): the call never reached the server."""
+
+
+class SandboxOverloaded(SandboxUnavailable):
+    """The server declined the call (HTTP 429/502/503/504) each time it was tried."""
+
+
+class SandboxConnectionLost(SandboxUnavailable):
+    """The connection broke after the request was sent: the run may have started (or finished)."""
 
 
 # loop -> {session key -> session}.  Weak on the loop: a session is bound to the loop it
@@ -134,35 +155,51 @@ class HttpSandboxBackend(SandboxBackend):
             per_loop[self._session_key()] = session
         return session
 
+    async def request_json(self, method: str, path: str, payload: Optional[dict[str, Any]] = None,
+                           budget_s: Optional[float] = None) -> Any:
+        """`method base_url+path` with a JSON body; the decoded JSON answer (same retries as a run)."""
+        url = self.base_url + path
+        return await self._send(method, url, payload, lambda body: _json(url, body),
+                                self.config.server_margin_s if budget_s is None else budget_s)
+
     async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float) -> ResponseT:
-        payload = request.model_dump(mode="json")
+        return await self._send("POST", url, request.model_dump(mode="json"),
+                                lambda body: _parse(url, body, response_type), budget_s)
+
+    async def _send(self, method: str, url: str, payload: Optional[dict[str, Any]], parse: Callable[[bytes], T],
+                    budget_s: float) -> T:
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s, sock_read=budget_s)
         attempts = self.config.max_retries + 1
         reason = "no attempt made"
+        failure: type[SandboxUnavailable] = SandboxUnavailable
         for attempt in range(attempts):
             retry_after = 0.0
             try:
-                async with self._session().post(url, json=payload, timeout=timeout) as response:
-                    if response.status == 200:
-                        return _parse(url, await response.read(), response_type)
+                async with self._session().request(method, url, json=payload, timeout=timeout) as response:
+                    if 200 <= response.status < 300:  # 201 Created, 204 No Content (the session API)
+                        return parse(await response.read())
                     body = (await response.text(errors="replace"))[:500]
                     if response.status not in RETRY_STATUSES:
                         if 400 <= response.status < 500:
                             raise SandboxRequestRejected(url, response.status, body)
                         raise SandboxUnavailable(f"{url} answered HTTP {response.status}: {body}")
-                    reason = f"HTTP {response.status}"
+                    reason, failure = f"HTTP {response.status}", SandboxOverloaded
                     retry_after = _retry_after_s(response.headers.get("Retry-After"))
                     if retry_after > self.config.max_retry_after_s:
-                        raise SandboxUnavailable(f"{url} answered {reason} with Retry-After {retry_after:g} s, "
-                                                 f"more than max_retry_after_s={self.config.max_retry_after_s:g}")
+                        raise SandboxOverloaded(f"{url} answered {reason} with Retry-After {retry_after:g} s, "
+                                                f"more than max_retry_after_s={self.config.max_retry_after_s:g}")
             except aiohttp.SocketTimeoutError as exc:
                 raise SandboxUnavailable(f"{url} sent no answer within {budget_s:g} s; not retried because "
                                          f"the run may still be executing") from exc
+            except aiohttp.ClientConnectorError as exc:
+                reason, failure = f"{type(exc).__name__}: {exc}", SandboxUnreachable
+            except aiohttp.ConnectionTimeoutError as exc:
+                reason, failure = f"connect time-out: {exc}", SandboxUnreachable
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+                reason, failure = f"{type(exc).__name__}: {exc}", SandboxConnectionLost
             if attempt + 1 < attempts:
                 await asyncio.sleep(max(retry_after, self._backoff_s(attempt)))
-        raise SandboxUnavailable(f"{url}: no usable answer after {attempts} attempt(s); last: {reason}")
+        raise failure(f"{url}: no usable answer after {attempts} attempt(s); last: {reason}")
 
     def _backoff_s(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, base * 2**attempt)] spreads retrying clients out."""
@@ -175,6 +212,15 @@ def _parse(url: str, body: bytes, response_type: type[ResponseT]) -> ResponseT:
     except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
         raise SandboxUnavailable(f"{url} answered 200 with a body that is not a "
                                  f"{response_type.__name__}: {str(exc)[:300]}") from exc
+
+
+def _json(url: str, body: bytes) -> Any:
+    if not body.strip():
+        return None
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise SandboxUnavailable(f"{url} answered with a body that is not JSON: {str(exc)[:300]}") from exc
 
 
 def _retry_after_s(value: Optional[str]) -> float:

@@ -171,7 +171,6 @@ TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not show
 DRAIN_AFTER_EXIT = 1.0  # seconds to collect output still in flight once a run's PID 1 is gone
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
-STARVED_SHARE = 0.5  # a time-out is the CPU's fault when the run waited at least this share of its time
 BASH_SESSION = (
     "trap 'printf \"\\nKeyboardInterrupt\\n\" >&2' INT\n"
     "while IFS= read -r -d '' __verl_sf_code <&9; do\n"
@@ -609,6 +608,7 @@ class Run:
         self.cpu_seen = 0.0
         self.demoted = False
         self.timed_out = False
+        self.starved = False
 
     def deadline(self):
         return min(self.stage_started + self.stage_timeout + self.wait_seen, self.hard_deadline)
@@ -710,6 +710,8 @@ class Run:
             self._sample(zygote)
         if now >= self.deadline():
             self.timed_out = True
+            # Starved: cut off by the client's deadline before it had its own time-out of running time.
+            self.starved = self.hard_deadline < self.stage_started + self.stage_timeout + self.wait_seen
             if self.session is not None:
                 self.interrupted_at = now
                 with contextlib.suppress(ProcessLookupError):
@@ -794,7 +796,7 @@ class Run:
             if result["cpu_time"] is None:
                 result["cpu_time"] = self.cpu_seen
         if status == "TimeLimitExceeded":
-            result["cpu_starved"] = self.wait_seen >= STARVED_SHARE * elapsed
+            result["cpu_starved"] = self.starved
         out = self.buffers[self.out_r].decode("utf-8", "replace")
         err = self.buffers[self.err_r].decode("utf-8", "replace")
         if self.dropped:
