@@ -459,3 +459,20 @@ def test_dev_shm_is_private_to_each_run(server: ServerHandle) -> None:
     assert run_code(server, code)["run_result"]["stdout"] == f"['{token}']\n"
     again = run_code(server, "import os\nprint(sorted(os.listdir('/dev/shm')))")
     assert again["run_result"]["stdout"] == "[]\n"
+
+
+def test_an_idle_sessions_memory_bomb_ends_it_and_says_why(server: ServerHandle) -> None:
+    """Work a session left running between calls is capped too (the watchdog samples idle sessions)."""
+    created = requests.post(server.url + "/sessions", json={"language": "python", "memory_limit_MB": 256}, timeout=60)
+    assert created.status_code == 201, created.text
+    session_id = created.json()["session_id"]
+    bomb = ("import mmap, threading, time\ndef grow():\n    time.sleep(0.5)\n    m = mmap.mmap(-1, 1 << 30)\n"
+            "    for i in range(0, 1 << 30, 4096):\n        m[i] = 1\n    time.sleep(60)\n"
+            "threading.Thread(target=grow, daemon=True).start()\nprint('started')\n")
+    assert run_code(server, bomb, session_id=session_id)["run_result"]["stdout"] == "started\n"
+    deadline = time.monotonic() + 30
+    status = requests.get(f"{server.url}/sessions/{session_id}", timeout=10)
+    while status.status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = requests.get(f"{server.url}/sessions/{session_id}", timeout=10)
+    assert status.status_code == 404 and "memory" in status.text, status.text
