@@ -46,6 +46,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="memory cap when a request says memory_limit_MB=-1")
     p.add_argument("--output-limit-kb", type=int, default=defaults.output_limit_bytes >> 10,
                    help="stdout and stderr kept per run (each); the rest is cut with a marker")
+    p.add_argument("--runs-memory-mb", type=int, default=defaults.runs_memory_mb,
+                   help="cap on all runs' memory together (this machine's memory less a reserve)")
     p.add_argument("--workdir-size-mb", type=int, default=defaults.workdir_size_mb)
     p.add_argument("--max-processes", type=int, default=defaults.max_processes,
                    help="processes+threads per run")
@@ -73,7 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
         session_max_lifetime_s=args.session_max_lifetime, host_uid_base=args.host_uid_base,
         isolation=IsolationMode(args.isolation),
         fast_path=args.fast_path, preload=tuple(m for m in args.preload.split(",") if m),
-        default_memory_mb=args.default_memory_mb, output_limit_bytes=args.output_limit_kb << 10,
+        default_memory_mb=args.default_memory_mb, runs_memory_mb=args.runs_memory_mb,
+        output_limit_bytes=args.output_limit_kb << 10,
         workdir_size_mb=args.workdir_size_mb, max_processes=args.max_processes, python=args.python,
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,

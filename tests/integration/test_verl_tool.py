@@ -10,11 +10,13 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
 
+from tests.reference_python import python_main_py
 from tests.server_fixtures import SERVER_SECRET, ServerHandle, run_code, start_server, stop_server
 
 # verl-tool's servers/tests/test_python_code_tool.py actions, as it sends them.
@@ -79,26 +81,39 @@ def server(request: pytest.FixtureRequest) -> ServerHandle:
     return request.getfixturevalue("sf_server" if request.param == "session" else "replay_server")
 
 
-def test_verl_tools_own_example_actions(server: ServerHandle) -> None:
+def test_verl_tools_own_example_actions(server: ServerHandle, request: pytest.FixtureRequest) -> None:
     actions = [HELLO, HELLO_ARGS, FENCED, SEVERAL_BLOCKS, SLEEP, SYNTAX_ERROR, RAISES,
-               ALLOCATION.format(n=5000), ALLOCATION.format(n=40000), BIG_PRINT]
+               ALLOCATION.format(n=5000), BIG_PRINT, ALLOCATION.format(n=40000)]
     ids = new_ids(len(actions))
     body = observe(server, ids, actions)  # one batch: the entries run side by side
-    assert body["valids"] == [True] * len(actions) and body["dones"] == [False] * len(actions)
-    hello, args, fenced, several, sleep, syntax, raises, small, huge, big_print = body["observations"]
+    assert body["valids"][:-1] == [True] * 9 and body["dones"][:-1] == [False] * 9
+    hello, args, fenced, several, sleep, syntax, raises, small, big_print, huge = body["observations"]
     assert hello == result("Hello from Python!")
     assert args == result("Hello from Python!\nArguments: []\nNumber 0\nNumber 1\nNumber 2\nNumber 3\nNumber 4")
     assert fenced == "\n```result\nHello from Python!\n```\n"
     assert several == result("Hello from Python!\nHello again!")  # verl-tool's docs show this very answer
     assert sleep == result("Execution timed out after 10 seconds.")
-    # The turn's code follows one line of set-up (verl-tool's pre-imports).
-    assert syntax.startswith('\n<result>\nTraceback (most recent call last):\n  File "main.py", line 2, in <module>')
-    assert syntax.endswith("NameError: name 'prnit' is not defined\n</result>\n") and "/workdir" not in syntax
+    # A session runs the pre-imports as a call of their own; replay puts them on a line before the turn's code.
+    line = 1 if request.node.callspec.params["server"] == "session" else 2
+    assert syntax.startswith(f'\n<result>\nTraceback (most recent call last):\n  File "main.py", line {line}, in <module>')
+    assert syntax.endswith("NameError: name 'prnit' is not defined. Did you mean: 'print'?\n</result>\n")
+    assert "/workdir" not in syntax
     assert raises.endswith("ValueError: This is a test error\n```\n")
     assert small == result("Memory test completed after allocating a 5000x5000 array, which is 190.73 MB.")
-    assert "Memory test completed" not in huge and ("MemoryError" in huge or "memory limit" in huge), huge
     assert big_print == result("x" * (68 * 1024))
+    assert_killed_for_memory(huge, body["valids"][-1], body["dones"][-1])
     finish(server, ids)
+
+
+def assert_killed_for_memory(observation: Any, valid: bool, done: bool) -> None:
+    """Filling 2 GB takes seconds of CPU: on a machine busy enough that the run mostly waits for a CPU
+    and times out, that is the sandbox's failure (never the code's); otherwise the memory cap's verdict."""
+    if not valid:
+        assert done and observation["obs"] == "" and "sandbox error" in observation["error"], observation
+        assert "waited for a CPU" in observation["error"]
+        return
+    assert not done and "Memory test completed" not in observation, observation
+    assert "MemoryError" in observation or "memory limit" in observation, observation
 
 
 def test_an_action_without_code_is_not_valid(server: ServerHandle) -> None:
@@ -133,14 +148,21 @@ def test_stdin_from_extra_fields_and_from_an_input_block(server: ServerHandle) -
     finish(server, ids)
 
 
-def test_256_trajectories_in_one_batch(server: ServerHandle) -> None:
+def test_256_trajectories_in_one_batch(server: ServerHandle, request: pytest.FixtureRequest) -> None:
+    def live_sessions() -> int:
+        return requests.get(server.url + "/health", timeout=30).json()["sessions"]
+
+    before = live_sessions()
     ids = new_ids(256)
     first = observe(server, ids, [f"<python>n = {index}\nprint(n * n)</python>" for index in range(256)])
     assert first["observations"] == [result(str(index * index)) for index in range(256)]
     assert first["valids"] == [True] * 256 and first["dones"] == [False] * 256
+    opened = 256 if request.node.callspec.params["server"] == "session" else 0  # replay keeps no sessions
+    assert live_sessions() == before + opened
     second = observe(server, ids, ["<python>print(n + 1)</python>"] * 256)
     assert second["observations"] == [result(str(index + 1)) for index in range(256)]
     finish(server, ids)
+    assert live_sessions() == before
 
 
 def test_the_finish_signal_ends_the_trajectorys_state(server: ServerHandle) -> None:
@@ -220,8 +242,9 @@ def test_malformed_bodies_get_422_naming_the_field(server: ServerHandle) -> None
 
 @pytest.fixture(params=["session", "replay"], scope="module")
 def short_ttl_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
-    handle = start_server("--verl-tool-state", request.param, "--verl-tool-idle-ttl", "1", "--workers", "1",
-                          "--preload", "")
+    """A 1 s idle TTL and a 256 MB memory cap per run."""
+    handle = start_server("--verl-tool-state", request.param, "--verl-tool-idle-ttl", "1", "--slots", "1",
+                          "--default-memory-mb", "256", "--preload", "")
     yield handle
     stop_server(handle.process)
 
@@ -238,39 +261,99 @@ def test_an_idle_trajectory_loses_its_state_and_is_told(short_ttl_server: Server
     finish(short_ttl_server, [trajectory])
 
 
+def test_a_turn_killed_for_memory(short_ttl_server: ServerHandle, request: pytest.FixtureRequest) -> None:
+    [trajectory] = new_ids()
+    assert turn(short_ttl_server, trajectory, "<python>kept = 1</python>") == result("")
+    killed = turn(short_ttl_server, trajectory, "<python>print('filling')\nblock = bytearray(512 << 20)</python>")
+    memory = "[verl-sf: killed: memory limit of 256 MB exceeded]"
+    after = turn(short_ttl_server, trajectory, "<python>print('kept' in globals())</python>")
+    if request.node.callspec.params["short_ttl_server"] == "session":
+        assert killed == result(f"filling\n\n\n{memory}\n[verl-sf: the interpreter ended (killed for exceeding its "
+                                "memory limit); the next turn starts from a clean state]")
+        assert after == result("False")
+    else:  # verl-tool's replay: every later turn re-runs the allocation first, and dies of it too
+        assert killed == result(f"filling\n\n\n{memory}")
+        assert after == result(memory)
+    finish(short_ttl_server, [trajectory])
+
+
 @pytest.fixture(scope="module")
 def tiny_server() -> Iterator[ServerHandle]:
-    """One sandbox slot and room for two waiting runs."""
-    handle = start_server("--verl-tool-state", "replay", "--workers", "1", "--max-queue", "2", "--preload", "")
+    """Room for two runs in flight (running or waiting for the one CPU slot)."""
+    handle = start_server("--verl-tool-state", "replay", "--slots", "1", "--max-in-flight", "2", "--preload", "")
     yield handle
     stop_server(handle.process)
 
 
-def test_a_batch_past_the_queue_gets_overloaded_entries_not_a_failed_batch(tiny_server: ServerHandle) -> None:
-    actions = ["<python>import time\ntime.sleep(0.5)\nprint('ran')</python>"] * 4
-    body = observe(tiny_server, new_ids(4), actions)
+def test_a_batch_past_the_in_flight_cap_gets_overloaded_entries_not_a_failed_batch(tiny_server: ServerHandle) -> None:
+    actions = ["<python>import time\ntime.sleep(0.5)\nprint('ran')</python>"] * 3
+    body = observe(tiny_server, new_ids(3), actions)
     ran = [observation == result("ran") for observation in body["observations"]]
-    assert ran == [True, True, True, False]  # one running, two queued, the fourth refused
-    refused = body["observations"][3]
+    assert ran == [True, True, False]  # two in flight, the third refused
+    refused = body["observations"][2]
     assert refused["obs"] == "" and "server overloaded" in refused["error"]
-    assert body["valids"] == [True, True, True, False] and body["dones"] == [False, False, False, True]
+    assert body["valids"] == [True, True, False] and body["dones"] == [False, False, True]
     metrics = requests.get(tiny_server.url + "/metrics", timeout=30).text
-    assert 'verl_sf_runs_total{endpoint="get_observation",language="python",status="Success"} 3.0' in metrics
+    assert 'verl_sf_runs_total{endpoint="get_observation",language="python",status="Success"} 2.0' in metrics
     assert 'verl_sf_rejections_total{reason="overloaded"} 1.0' in metrics
 
 
 def test_a_batch_that_could_not_run_at_all_gets_503(tiny_server: ServerHandle) -> None:
     blocking: dict[str, Any] = {}
-    actions = ["<python>import time\ntime.sleep(3)\nprint('ran')</python>"] * 3
-    thread = threading.Thread(target=lambda: blocking.update(observe(tiny_server, new_ids(3), actions)))
+    actions = ["<python>import time\ntime.sleep(3)\nprint('ran')</python>"] * 2
+    thread = threading.Thread(target=lambda: blocking.update(observe(tiny_server, new_ids(2), actions)))
     thread.start()
     deadline = time.monotonic() + 60
-    while requests.get(tiny_server.url + "/health", timeout=30).json()["queued"] < 2:
-        assert time.monotonic() < deadline, "the blocking batch never filled the queue"
+    while requests.get(tiny_server.url + "/health", timeout=30).json()["in_flight"] < 2:
+        assert time.monotonic() < deadline, "the blocking batch never filled the in-flight cap"
         time.sleep(0.05)
     response = requests.post(tiny_server.url + "/get_observation", timeout=60,
                              json={"trajectory_ids": new_ids(), "actions": [HELLO]})
     thread.join()
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     assert "server overloaded" in response.json()["detail"]
-    assert blocking["observations"] == [result("ran")] * 3
+    assert blocking["observations"] == [result("ran")] * 2
+
+
+# ---- session mode only ---------------------------------------------------------------------------------
+
+def test_a_turn_interrupted_at_its_time_out_keeps_the_trajectorys_state(sf_server: ServerHandle) -> None:
+    [trajectory] = new_ids()
+    assert turn(sf_server, trajectory, "<python>kept = 'still here'</python>") == result("")
+    interrupted = turn(sf_server, trajectory, "<python>import time\nprint('started')\ntime.sleep(30)</python>")
+    assert interrupted == result("started\n\nExecution timed out after 10 seconds.")  # no KeyboardInterrupt traceback
+    assert turn(sf_server, trajectory, "<python>print(kept)</python>") == result("still here")
+    finish(sf_server, [trajectory])
+
+
+def test_a_turn_that_ignores_the_interrupt_ends_the_state_and_says_so(sf_server: ServerHandle) -> None:
+    [trajectory] = new_ids()
+    assert turn(sf_server, trajectory, "<python>kept = 1</python>") == result("")
+    stubborn = ("<python>import time\nwhile True:\n    try:\n        time.sleep(30)\n"
+                "    except KeyboardInterrupt:\n        pass</python>")
+    observation = turn(sf_server, trajectory, stubborn)
+    assert observation == result("Execution timed out after 10 seconds.\n[verl-sf: the interpreter ended (the call "
+                                 "ignored the interrupt at its time-out); the next turn starts from a clean state]")
+    fresh = turn(sf_server, trajectory, "<python>print('kept' in globals(), sqrt(16))</python>")
+    assert fresh == result("False 4.0")  # a new interpreter, with verl-tool's pre-imports again
+    finish(sf_server, [trajectory])
+
+
+def test_a_turn_whose_client_gave_up_still_runs_before_the_next(sf_server: ServerHandle) -> None:
+    """verl-tool's client may time out and move on: the abandoned turn ends, then the next one runs."""
+    [trajectory] = new_ids()
+    assert turn(sf_server, trajectory, "<python>x = 1</python>") == result("")
+    with pytest.raises(requests.Timeout):
+        requests.post(sf_server.url + "/get_observation", timeout=0.5, json={
+            "trajectory_ids": [trajectory], "actions": ["<python>import time\ntime.sleep(2)\nx = 2</python>"]})
+    assert turn(sf_server, trajectory, "<python>print(x)</python>") == result("2")
+    finish(sf_server, [trajectory])
+
+
+def test_session_tracebacks_keep_the_turns_own_line_numbers(sf_server: ServerHandle) -> None:
+    [trajectory] = new_ids()
+    for code in ("x = 1\ny = x +\n", "values = []\n\nvalues[3]", "def f():\n    return no_such_name\nf()"):
+        observation = turn(sf_server, trajectory, f"<python>{code}</python>")
+        assert observation == result(python_main_py(code, "")[1].strip()), observation
+    finish(sf_server, [trajectory])
+

@@ -74,6 +74,17 @@ def test_a_time_out_is_said_in_verl_tools_words() -> None:
     assert render_output("started\n", "", True, 2.5, 100_000) == "started\n\nExecution timed out after 2.5 seconds."
 
 
+def test_a_sessions_interrupt_at_the_time_out_is_not_shown_as_the_codes_error() -> None:
+    interrupt = 'Traceback (most recent call last):\n  File "/workdir/main.py", line 2, in <module>\n' \
+                "    time.sleep(30)\nKeyboardInterrupt\n"
+    assert render_output("started\n", interrupt, True, 10, 100_000) == \
+        "started\n\nExecution timed out after 10 seconds."
+    assert render_output("", "KeyboardInterrupt\n" + interrupt, True, 10, 100_000) == \
+        "KeyboardInterrupt\nExecution timed out after 10 seconds."  # only the trailing traceback is the server's
+    # The code's own KeyboardInterrupt, when the run did not time out, stays.
+    assert render_output("", interrupt, False, 10, 100_000).endswith("KeyboardInterrupt")
+
+
 def test_tracebacks_name_the_file_as_the_code_knows_it() -> None:
     stderr = 'Traceback (most recent call last):\n  File "/workdir/main.py", line 2, in <module>\nNameError: x\n'
     assert render_output("", stderr, False, 10, 100_000) == \
@@ -193,7 +204,7 @@ def test_malformed_requests_name_the_field(body: dict, field: str) -> None:
     assert excinfo.value.errors()[0]["loc"][0] == field
 
 
-@pytest.mark.parametrize("fields", [{"run_timeout": 0}, {"run_timeout": 4000}, {"idle_ttl_s": 0}])
+@pytest.mark.parametrize("fields", [{"run_timeout": 0}, {"run_timeout": 4000}, {"idle_ttl_s": 0}, {"idle_ttl_s": 4000}])
 def test_config_refuses_time_limits_no_run_could_use(fields: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(fields))):
         VerlToolConfig(**fields)

@@ -320,7 +320,17 @@ class Zygote:
         os.set_blocking(self.req_fd, False)
         os.environ.clear()  # children inherit the environment: set once here, not in every run
         os.environ.update(config["env"])
-        self.seccomp = _seccomp_program(config) if self.isolated and config["seccomp"] else b""
+        program = _seccomp_program(config) if self.isolated and config["seccomp"] else b""
+        # The filter's sock_fprog is built here once; a child only hands its address to prctl.
+        self._seccomp_buffer = ctypes.create_string_buffer(program, len(program) or 1)
+        self._seccomp_fprog = _SockFprog(len(program) // 8, ctypes.cast(self._seccomp_buffer, ctypes.c_char_p))
+        self.seccomp = ctypes.c_void_p(ctypes.addressof(self._seccomp_fprog)) if program else None
+        # Each run's tmpfs mounts, as the arguments mount(2) takes, encoded once.
+        owner = 0 if config["single_uid"] else config["uid"]
+        self.mounts = [(target.encode(), f"size={config['sizes'][target]},mode={'1777' if target == config['tmpdir'] else '0755'},"
+                        f"uid={owner},gid={owner}".encode(), target, config["keep"].get(target, ()))
+                       for target in dict.fromkeys((config["workdir"], config["tmpdir"], config["datadir"]))
+                       if target in config["sizes"]]
         if self.isolated:
             _shrink_capabilities()
         _install_stdio(_stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
@@ -538,7 +548,7 @@ class Zygote:
         """Once PID 1 is collected the kernel has ended every process of the run: its cgroups
         are empty and go back to the pool (the limits are rewritten by the next run)."""
         os.close(run.pidfd)
-        if run.groups and not _memory_exceeded(run.groups, self.cfg["cgroup_v2"]):
+        if run.groups and not run.memory_exceeded:  # a group with a kill on its counter is not reused
             self.free_groups.append(run.groups)
         else:
             for base, name in set(run.groups.values()):
@@ -560,6 +570,7 @@ class Run:
         self.alive = True
         self.exited = False
         self.collected = False  # its PID 1 was waited for already
+        self.memory_exceeded = False
         self.job_w = -1
         self.exit_time = 0.0
         self.open_fds = set()
@@ -581,9 +592,7 @@ class Run:
         self.pid, self.out_r, self.err_r, self.meta_r, self.job_w, self.groups = pid, out_r, err_r, meta_r, job_w, groups
         self.pidfd = os.pidfd_open(pid)
         _set_cgroup_limits(groups, zygote.cfg["cgroup_v2"], self.limits)
-        self.open_fds = {out_r, err_r, meta_r}
-        for fd in self.open_fds:
-            os.set_blocking(fd, False)
+        self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
         zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
         if self.session is None:
             zygote.runs[self.id] = self
@@ -593,13 +602,14 @@ class Run:
         if self.session is None:
             os.close(job_w)  # a run reads its job to the end; a session keeps the pipe for calls
             self.job_w = -1
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]  # for all stages: the client waits for all
         self._begin_stage(self.head.get("compile_timeout") or self.limits["timeout"])
 
     def _begin_stage(self, timeout, fresh_output=True):
         now = time.monotonic()
         self.stage_started = now
         self.stage_timeout = timeout
-        self.hard_deadline = now + max(self.limits["hard_timeout"], timeout)
+        self.hard_deadline = max(self.hard_deadline, now + timeout)
         if fresh_output:
             self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
             self.dropped = 0
@@ -636,10 +646,7 @@ class Run:
                     _kill(self.pid, False)  # no PID namespace: take the whole process group down
             self._maybe_finish(zygote)
             return
-        try:
-            chunk = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
-            return
+        chunk = os.read(fd, READ_CHUNK)
         if not chunk:
             zygote.unwatch(fd)
             self.open_fds.discard(fd)
@@ -717,7 +724,7 @@ class Run:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
             else:
-                _kill(self.pid, zygote.isolated)
+                self._finish(zygote)  # kills it and answers at once, with the output it has written
 
     def _sample(self, zygote):
         """CPU time used and time spent waiting for a CPU, over the run's processes."""
@@ -761,7 +768,12 @@ class Run:
         self._drain()
         done = next((r for r in self.records if r.get("done") is True), None)
         cpu = None
-        if self.timed_out or done is None:
+        if self.timed_out:
+            # Answered now: waiting for the kernel to end a run (slow for one at nice 19 on a busy machine)
+            # would make its reply late; retire() collects its PID 1 once it is gone.
+            _kill(self.pid, zygote.isolated)
+            code = -signal.SIGKILL
+        elif done is None:
             _kill(self.pid, zygote.isolated)
             _, wstatus = os.waitpid(self.pid, 0)  # PID 1 is dead or dying: this does not block long
             self.exited = self.collected = True
@@ -781,7 +793,8 @@ class Run:
             reply["cells"] = cells
         if self.end_reason == "cancelled":
             reply["error"] = "cancelled"
-        if self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"]):
+        self.memory_exceeded = self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        if self.memory_exceeded:
             reply["memory_exceeded"] = True
         zygote._reply(reply)
         zygote.retire(self)
@@ -813,11 +826,8 @@ class Run:
         for fd in (self.out_r, self.err_r):
             if fd not in self.open_fds:
                 continue
-            while True:
-                try:
-                    chunk = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
-                    break
+            while select.select([fd], [], [], 0)[0]:
+                chunk = os.read(fd, READ_CHUNK)
                 if not chunk:
                     break
                 self._keep(fd, chunk)
@@ -833,10 +843,11 @@ class Run:
         self.limits = head["limits"]
         self.records = []
         self._drain()  # output of background work between calls is not this call's
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self._begin_stage(self.limits["timeout"])
         self.interrupted_at = None
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PGRP, self.pid, 0)
+        # A session once demoted stays at the lowest priority (raising it back takes CAP_SYS_NICE on the
+        # host): as in a multi-level feedback queue, a job that has run long stays low.
         _set_cgroup_limits(self.groups, zygote.cfg["cgroup_v2"], self.limits, memory=False)
         try:
             # bash reads NUL-terminated code; the python session reads the JSON line itself.
@@ -864,7 +875,8 @@ class Run:
             return
         self.alive = False
         self._drain()
-        memory_exceeded = self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        self.memory_exceeded = self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        memory_exceeded = self.memory_exceeded
         reason = "killed for exceeding its memory limit" if memory_exceeded else self.end_reason or "its interpreter exited"
         if self.current_call is not None:
             reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished", {"return_code": None})
@@ -904,11 +916,20 @@ def _kill(pid, isolated):
         pass
 
 
+_limits_set = {}  # (group, file) -> the value last written: a pooled group keeps it for the next run
+
+
 def _set_cgroup_limits(groups, v2, limits, memory=True):
     if memory and limits["memory"] and "memory" in groups:
-        _write_group(groups["memory"], "memory.max" if v2 else "memory.limit_in_bytes", str(limits["memory"]))
+        _write_limit(groups["memory"], "memory.max" if v2 else "memory.limit_in_bytes", str(limits["memory"]))
     if "pids" in groups:
-        _write_group(groups["pids"], "pids.max", str(limits["nproc"] + 8))
+        _write_limit(groups["pids"], "pids.max", str(limits["nproc"] + 8))
+
+
+def _write_limit(group, name, value):
+    if _limits_set.get((group, name)) != value:
+        _write_group(group, name, value)
+        _limits_set[(group, name)] = value
 
 
 def _memory_exceeded(groups, v2):
@@ -1000,6 +1021,7 @@ class Child:
         self.cfg = zygote.cfg
         self.isolated = zygote.isolated
         self.seccomp = zygote.seccomp
+        self.mounts = zygote.mounts
         self.comm = zygote.comm
         self.cwd = zygote.cwd
         self.groups = groups
@@ -1063,14 +1085,11 @@ class Child:
     def _mounts(self):
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
-        owner = 0 if self.cfg["single_uid"] else self.cfg["uid"]
-        for target in (self.cfg["workdir"], self.cfg["tmpdir"], self.cfg["datadir"]):
-            kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in self.cfg["keep"].get(target, ())]
-            mode = "1777" if target == self.cfg["tmpdir"] else "0755"
-            options = f"size={self.cfg['sizes'][target]},mode={mode},uid={owner},gid={owner}".encode()
-            _check(_libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {target}")
+        for encoded, options, target, keep in self.mounts:
+            kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in keep]
+            _check(_libc.mount(b"tmpfs", encoded, b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {target}")
             # A runtime that lives under /tmp (a CI checkout, say) is bound back on top.
-            for entry, fd in zip(self.cfg["keep"].get(target, ()), kept):
+            for entry, fd in zip(keep, kept):
                 os.mkdir(f"{target}/{entry}", 0o711)
                 _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None,
                                    MS_BIND | MS_REC, None), f"bind {entry}")
@@ -1083,16 +1102,15 @@ class Child:
         """The uid change clears the effective and permitted capabilities (an unmapped single
         uid keeps uid 0 of the namespace, so they are cleared by hand); then no_new_privs and the
         seccomp filter, which an exec keeps."""
-        if not self.cfg["single_uid"]:  # a single-uid namespace has setgroups denied (and no groups to drop)
+        if self.cfg["single_uid"]:  # its namespace denies setgroups (and it has no groups to drop)
+            _set_capabilities(keep_effective=False)
+        else:
             os.setgroups([])
             os.setresgid(self.cfg["gid"], self.cfg["gid"], self.cfg["gid"])
             os.setresuid(self.cfg["uid"], self.cfg["uid"], self.cfg["uid"])
-        _set_capabilities(keep_effective=False)
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         if self.seccomp:
-            program = ctypes.create_string_buffer(self.seccomp, len(self.seccomp))
-            fprog = _SockFprog(len(self.seccomp) // 8, ctypes.cast(program, ctypes.c_char_p))
-            _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+            _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self.seccomp, 0, 0), "seccomp")
 
     def _limit(self, job):
         limits = {
@@ -1466,7 +1484,7 @@ def _exit_code(exc):
 
 def _run_python(code, namespace, finish=True):
     filename = namespace["__file__"]  # absolute, as `python main.py` shows it in tracebacks
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    _cache_source(filename, code)
     done = _finish if finish else (lambda result: result)
     try:
         exec(compile(code, filename, "exec"), namespace)
@@ -1478,11 +1496,45 @@ def _run_python(code, namespace, finish=True):
     return done(0)
 
 
+def _cache_source(name, source):
+    """The code's lines as linecache reads a file's: each ends with a newline, which the traceback's
+    carets are placed by."""
+    lines = source.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[name] = (len(source), None, lines, name)
+
+
 def _user_traceback(exc):
-    """The traceback as `python main.py` would print it: without this file's frames (named "<string>")."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename != "<string>"]
-    head = ["Traceback (most recent call last):\n"] + traceback.StackSummary.from_list(frames).format() if frames else []
-    return head + traceback.format_exception_only(type(exc), exc)
+    """The traceback as `python main.py` prints it, chained exceptions and CPython's "Did you mean"
+    hints included (they need the frames), without the outer frames of this file (named "<string>")
+    that ran the code."""
+    report = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    while report.stack and report.stack[0].filename == "<string>":
+        del report.stack[0]
+    lines = list(report.format())
+    if isinstance(exc, (NameError, AttributeError)):
+        own = next(report.format_exception_only())
+        hinted = _hinted_line(exc, own)
+        if hinted is not None and own in lines:
+            lines[len(lines) - 1 - lines[::-1].index(own)] = hinted
+    return lines
+
+
+def _hinted_line(exc, own):
+    """The exception's line with CPython's "Did you mean" hint, taken from CPython's own display:
+    before 3.12 only that display computes it (the rest of its output is dropped: it reads source
+    lines from disk, where a fast-path run has no main.py)."""
+    shown, saved = io.StringIO(), sys.stderr
+    sys.stderr = shown
+    try:
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+    except Exception:
+        return None
+    finally:
+        sys.stderr = saved
+    prefix = own.rstrip("\n") + ". Did you mean"
+    return next((line for line in reversed(shown.getvalue().splitlines(True)) if line.startswith(prefix)), None)
 
 
 def _display_data(value):
@@ -1538,7 +1590,7 @@ def _run_cells(cells, cell_timeout, output_limit, namespace, finish=True):
     signal.signal(signal.SIGALRM, _alarm)
     for index, source in enumerate(cells):
         name = f"<cell-{index}>"
-        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        _cache_source(name, source)
         display, error = [], []
         if cell_timeout:
             signal.setitimer(signal.ITIMER_REAL, cell_timeout)

@@ -35,5 +35,5 @@ class VerlToolConfig:
         # Checked here, at start-up, rather than failing every turn's run request later.
         if not 0 < self.run_timeout <= MAX_TIMEOUT_S:
             raise ValueError(f"verl-tool run_timeout must be > 0 and <= {MAX_TIMEOUT_S:g} s, got {self.run_timeout!r}")
-        if not self.idle_ttl_s > 0:
-            raise ValueError(f"verl-tool idle_ttl_s must be > 0 s, got {self.idle_ttl_s!r}")
+        if not 0 < self.idle_ttl_s <= MAX_TIMEOUT_S:  # it is each trajectory's session's idle TTL too
+            raise ValueError(f"verl-tool idle_ttl_s must be > 0 and <= {MAX_TIMEOUT_S:g} s, got {self.idle_ttl_s!r}")

@@ -25,6 +25,8 @@ STDIN_BLOCK = re.compile(r"```input\n(.*?)\n```", re.DOTALL)
 # The run's own file as the code knows it (verl-tool strips its temp dir the same way).
 MAIN_FILE_PATH = re.compile(r'File "/[^"\n]*/main\.py"')
 OUTPUT_TAG = "result"
+# What a session's interrupted call prints last: the server's doing at the time-out, not the code's error.
+INTERRUPT_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(?:  .*\n)*KeyboardInterrupt\n?\Z")
 
 
 def extract_code(action: str) -> Optional[str]:
@@ -46,7 +48,7 @@ def render_output(stdout: str, stderr: str, timed_out: bool, timeout: float, lim
     """stdout then stderr, a time-out said in verl-tool's words, trimmed and cut to `limit` characters."""
     stdout, stderr = MAIN_FILE_PATH.sub('File "main.py"', stdout), MAIN_FILE_PATH.sub('File "main.py"', stderr)
     if timed_out:
-        stderr += f"Execution timed out after {timeout:g} seconds.\n"
+        stderr = INTERRUPT_TRACEBACK.sub("", stderr) + f"Execution timed out after {timeout:g} seconds.\n"
     return f"{stdout}\n{stderr}".strip(" \n")[:limit]
 
 

@@ -13,7 +13,7 @@ import time
 from aiohttp import web
 
 from verl_sf.executor import Executor, Overloaded
-from verl_sf.models import RunCodeResponse, RunStatus
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.server.app import EXECUTOR_KEY, METRICS_KEY, _parse
 from verl_sf.server.metrics import ServerMetrics
 from verl_sf.verl_tool.config import VerlToolConfig, VerlToolState
@@ -25,6 +25,7 @@ from verl_sf.verl_tool.parsing import (
     run_output,
     wrap_observation,
 )
+from verl_sf.verl_tool.programs import PRE_IMPORT
 from verl_sf.verl_tool.protocol import GetObservationRequest, GetObservationResponse, Step, StepOutcome
 from verl_sf.verl_tool.sessions import ExecutorSessions
 from verl_sf.verl_tool.state import ReplayTrajectories, SessionTrajectories, Trajectories
@@ -66,14 +67,17 @@ class PythonCodeTool:
         turn = await self.trajectories.run_turn(step.trajectory_id, code, stdin)
         self._record(turn.response, started)
         run = turn.response.run_result
-        # A time-out spent waiting for a CPU (field added by the executor) is the sandbox's failure too.
-        if turn.response.status == RunStatus.SandboxError or getattr(run, "cpu_starved", False):
+        # A time-out spent waiting for a CPU is the sandbox's failure too (and `dones` ends the trajectory).
+        if turn.response.status == RunStatus.SandboxError or (run is not None and run.cpu_starved):
             reason = f"sandbox error: {turn.response.message or 'the run could not execute'}"
             return StepOutcome(failure_observation(reason), done=True, valid=False, ran=True)
         output = run_output(turn.response, self.config.run_timeout, self.config.max_observation_chars)
         if turn.lost_state:
             notice = f"[verl-sf: earlier turns' state is gone ({turn.lost_state}); this code ran from a clean start]"
             output = f"{notice}\n{output}"
+        if turn.state_ended:
+            notice = f"[verl-sf: the interpreter ended ({turn.state_ended}); the next turn starts from a clean state]"
+            output = f"{output}\n{notice}" if output else notice
         return StepOutcome(wrap_observation(step.action, output), done=False, valid=True, ran=True)
 
     def _record(self, response: RunCodeResponse, started: float) -> None:
@@ -114,4 +118,6 @@ def add_verl_tool_routes(app: web.Application, config: VerlToolConfig) -> None:
 def _trajectories(config: VerlToolConfig, executor: Executor) -> Trajectories:
     if config.state is VerlToolState.replay:
         return ReplayTrajectories(executor, config)
-    return SessionTrajectories(executor, config, ExecutorSessions(executor, config.idle_ttl_s))
+    setup = RunCodeRequest(code=PRE_IMPORT, language="python", run_timeout=config.run_timeout) \
+        if config.pre_import else None
+    return SessionTrajectories(executor, config, ExecutorSessions(executor, config.idle_ttl_s, setup))

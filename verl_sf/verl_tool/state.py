@@ -23,7 +23,7 @@ from verl_sf.verl_tool.config import VerlToolConfig
 from verl_sf.verl_tool.programs import build_program
 
 if TYPE_CHECKING:
-    from verl_sf.verl_tool.sessions import ExecutorSessions
+    from verl_sf.verl_tool.sessions import ExecutorSessions, SessionCall
 
 
 class SessionGone(VerlSfError):
@@ -51,6 +51,8 @@ class Turn:
     response: RunCodeResponse
     lost_state: Optional[str] = None
     """Why the trajectory's earlier state was gone when this turn ran (it ran from a clean start)."""
+    state_ended: Optional[str] = None
+    """Why this turn ended the trajectory's state (its interpreter died): the next turn starts clean."""
 
 
 class Trajectories(abc.ABC):
@@ -82,7 +84,7 @@ class Trajectories(abc.ABC):
         async with trajectory.lock:
             if self._live.get(trajectory_id) is trajectory:
                 del self._live[trajectory_id]
-                await self._release(trajectory)
+                self._release(trajectory)
 
     def _get(self, trajectory_id: str) -> tuple[Trajectory, Optional[str]]:
         self._expire(time.monotonic())
@@ -104,7 +106,7 @@ class Trajectories(abc.ABC):
             if not trajectory.lock.locked():  # a turn running now keeps its trajectory
                 idle.append(trajectory_id)
         for trajectory_id in idle:
-            del self._live[trajectory_id]
+            self._release(self._live.pop(trajectory_id))
             self._expired[trajectory_id] = now
         while self._expired and now - next(iter(self._expired.values())) > ttl:
             self._expired.popitem(last=False)  # remembered for one more TTL, to explain a late turn
@@ -117,8 +119,8 @@ class Trajectories(abc.ABC):
         """Run one turn of `trajectory` (its lock held)."""
 
     @abc.abstractmethod
-    async def _release(self, trajectory: Trajectory) -> None:
-        """Free what the trajectory holds beyond this process's memory (its lock held)."""
+    def _release(self, trajectory: Trajectory) -> None:
+        """Free what the trajectory holds beyond this process's memory (no turn of it running)."""
 
 
 class ReplayTrajectories(Trajectories):
@@ -129,7 +131,7 @@ class ReplayTrajectories(Trajectories):
             trajectory.earlier_code.append(code)
         return Turn(response, lost_state)
 
-    async def _release(self, trajectory: Trajectory) -> None:
+    def _release(self, trajectory: Trajectory) -> None:
         """Its earlier code lives in this process only."""
 
 
@@ -139,22 +141,21 @@ class SessionTrajectories(Trajectories):
         self.sessions = sessions
 
     async def _run(self, trajectory: Trajectory, code: str, stdin: Optional[str], lost_state: Optional[str]) -> Turn:
+        request = self._request(code, stdin)
         if trajectory.session_id is not None:
             try:
-                return Turn(await self.sessions.run(trajectory.session_id, self._request(code, stdin)))
-            except SessionGone as exc:
+                return self._ran(trajectory, await self.sessions.run(trajectory.session_id, request), lost_state)
+            except SessionGone as exc:  # it ended between turns (expired, evicted, the server restarted)
                 lost_state = exc.reason
-        trajectory.session_id = None
-        session_id = await self.sessions.open()
-        program = build_program(code, pre_import=self.config.pre_import)  # a new interpreter: pre-imports first
-        try:
-            response = await self.sessions.run(session_id, self._request(program, stdin))
-        except Exception:
-            await self.sessions.close(session_id)  # its pre-imports never ran: the next turn opens another
-            raise
-        trajectory.session_id = session_id
-        return Turn(response, lost_state)
+        trajectory.session_id = await self.sessions.open()
+        return self._ran(trajectory, await self.sessions.run(trajectory.session_id, request), lost_state)
 
-    async def _release(self, trajectory: Trajectory) -> None:
+    @staticmethod
+    def _ran(trajectory: Trajectory, call: SessionCall, lost_state: Optional[str]) -> Turn:
+        if call.ended is not None:
+            trajectory.session_id = None  # the next turn opens a new session
+        return Turn(call.response, lost_state, call.ended)
+
+    def _release(self, trajectory: Trajectory) -> None:
         if trajectory.session_id is not None:
-            await self.sessions.close(trajectory.session_id)
+            self.sessions.close(trajectory.session_id)
