@@ -30,21 +30,65 @@ pick_python() {
   echo "verl-sf: needs Python 3.10 or newer (with its venv module) on PATH" >&2; exit 1
 }
 
+has_libseccomp() {
+  PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'
+}
+
 install_system_packages() {
-  # bubblewrap builds every sandbox and libseccomp compiles every run's filter: we are the ones to
-  # install them when we can.
-  local missing=()
-  command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
-  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
-  [ ${#missing[@]} -eq 0 ] && return 0
+  # bubblewrap builds every sandbox and libseccomp compiles its filter; we install them when we can.
+  local wanted=()
+  command -v bwrap >/dev/null 2>&1 || wanted+=(bubblewrap)
+  has_libseccomp || wanted+=(libseccomp2)
+  [ ${#wanted[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "verl-sf: installing ${missing[*]} (apt-get)" >&2
+    echo "verl-sf: installing ${wanted[*]} (apt-get)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${wanted[@]}" >/dev/null
   else
-    echo "verl-sf: WARNING: ${missing[*]} not installed and this user cannot install it." >&2
-    echo "verl-sf:          ask an administrator for it (e.g. 'sudo apt-get install ${missing[*]}') for isolated runs;" >&2
+    echo "verl-sf: WARNING: ${wanted[*]} missing and this user cannot install it;" >&2
     echo "verl-sf:          without it the server refuses to start unless given --isolation none." >&2
+  fi
+}
+
+check_sandbox_support() {
+  # An ordinary user isolates runs with unprivileged user namespaces and bwrap; say exactly what
+  # to ask an administrator for when either is missing (root needs neither request).
+  [ "$(id -u)" = 0 ] && return 0
+  case " $* " in *" --isolation none "*|*" --isolation=none "*) return 0 ;; esac
+  local missing=()
+  if ! command -v bwrap >/dev/null 2>&1; then
+    missing+=("the bubblewrap package (apt-get install bubblewrap / dnf install bubblewrap)")
+  elif ! bwrap --unshare-user --ro-bind / / true 2>/dev/null; then
+    local userns="unprivileged user namespaces ('bwrap --unshare-user --ro-bind / / true' fails): sysctl"
+    userns+=" kernel.unprivileged_userns_clone=1 (Debian/Ubuntu kernels), user.max_user_namespaces > 0, and on"
+    userns+=" Ubuntu 23.10+ kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile allowing userns for bwrap)"
+    missing+=("$userns")
+  fi
+  if ! has_libseccomp; then
+    missing+=("the libseccomp2 package (the seccomp filter every run gets)")
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "verl-sf: this user cannot build the sandbox. Ask an administrator for:" >&2
+    printf 'verl-sf:   - %s\n' "${missing[@]}" >&2
+    echo "verl-sf: optional, for memory and process caps per run instead of rlimits and a watchdog: a delegated" >&2
+    echo "verl-sf:   cgroup (e.g. run under 'systemd-run --user --scope -p Delegate=yes')." >&2
+    echo "verl-sf: or start with '--isolation none' on a throwaway machine (code then runs unisolated)." >&2
+    exit 1
+  fi
+}
+
+ensure_ci_account() {
+  # The isolation and hostile tests also start the server as this ordinary account (no login, no home).
+  [ "$(id -u)" = 0 ] || return 0
+  if ! id -u verlsf-ci >/dev/null 2>&1; then
+    echo "verl-sf: creating the system account verlsf-ci for the non-root server tests" >&2
+    useradd --system --no-create-home --shell /usr/sbin/nologin verlsf-ci
+  fi
+  # That account runs the server from this checkout and venv: under a private (0700) directory it
+  # cannot, and those tests fail saying so. Say it up front too.
+  if ! runuser -u verlsf-ci -- test -r "$ROOT/verl_sf/__init__.py" -a -x "$VENV/bin/python" 2>/dev/null; then
+    echo "verl-sf: WARNING: verlsf-ci cannot read $ROOT or $VENV (a parent directory is private):" >&2
+    echo "verl-sf:          the non-root isolation tests will fail; clone under a world-traversable path (e.g. /opt, /tmp)." >&2
   fi
 }
 
@@ -84,6 +128,7 @@ install_languages() {
 case "$mode" in
   serve)
     install_system_packages
+    check_sandbox_support "$@"
     setup_venv serve
     install_languages default
     exec "$VENV/bin/verl-sf" serve "$@"
@@ -92,6 +137,7 @@ case "$mode" in
     install_system_packages
     setup_venv all
     install_languages all
+    ensure_ci_account
     # Lint and types first (config in pyproject.toml); `ruff format` is not enforced: the tree is not formatted.
     "$VENV/bin/ruff" check --no-cache .
     "$VENV/bin/mypy"

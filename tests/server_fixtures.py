@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import pwd
+import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import requests
 
+import verl_sf
 from verl_sf.server.process import start_server_process, stop_server_process
 
 
@@ -19,20 +25,67 @@ from verl_sf.server.process import start_server_process, stop_server_process
 class ServerHandle:
     url: str  # base URL, e.g. http://127.0.0.1:41234
     process: subprocess.Popen
+    as_root: bool = True  # started as root (two-uid map, cgroups) or as an ordinary account
 
     @property
     def run_code_url(self) -> str:
         return self.url + "/run_code"
 
 
-def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> ServerHandle:
+def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
+                 stderr: IO[str] | None = None) -> ServerHandle:
     """Start `verl-sf serve --port 0` and wait for its 'listening on' line."""
-    proc, url = start_server_process(*extra_args, env=env, timeout=timeout)
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, stderr=stderr)
     return ServerHandle(url, proc)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
     stop_server_process(proc)
+
+
+CI_ACCOUNT = "verlsf-ci"
+"""The ordinary account the non-root server runs as (scripts/dev.sh creates it; so does this fixture)."""
+
+
+def ci_account() -> pwd.struct_passwd:
+    """The non-root account, created (system account, no login, no home) when missing."""
+    try:
+        return pwd.getpwnam(CI_ACCOUNT)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", CI_ACCOUNT],
+                       check=True, capture_output=True)
+        return pwd.getpwnam(CI_ACCOUNT)
+
+
+def start_server_as_user(*extra_args: str, extra_env: dict[str, str] | None = None, timeout: float = 120.0,
+                         stderr: IO[str] | None = None) -> tuple[ServerHandle, str]:
+    """`verl-sf serve` as an ordinary account: as root, the CI account; otherwise ourselves.
+    Returns the handle and the server's private HOME/TMPDIR (the caller removes it).
+
+    The account must be able to read the interpreter, the venv and this checkout; a checkout
+    under a private (0700) directory cannot be, and is reported as such rather than worked around."""
+    if os.geteuid() != 0:
+        home = tempfile.mkdtemp(prefix="verl-sf-user-")
+        env = {**os.environ, **(extra_env or {}), "HOME": home, "TMPDIR": home}
+        return dataclasses.replace(start_server(*extra_args, env=env, timeout=timeout, stderr=stderr), as_root=False), home
+    account = ci_account()
+    home = tempfile.mkdtemp(prefix="verl-sf-ci-", dir="/tmp")
+    os.chown(home, account.pw_uid, account.pw_gid)
+    env = {**os.environ, **(extra_env or {}), "HOME": home, "TMPDIR": home, "USER": CI_ACCOUNT, "LOGNAME": CI_ACCOUNT}
+    # The account must import this very checkout: an unreadable PYTHONPATH entry is skipped
+    # silently, and another installed copy of verl_sf would be tested in its place.
+    probe = subprocess.run([sys.executable, "-c", "import verl_sf.cli; print(verl_sf.__file__)"], env=env,
+                           capture_output=True, text=True, user=CI_ACCOUNT, group=account.pw_gid, extra_groups=[],
+                           cwd=home)
+    if probe.returncode != 0 or probe.stdout.strip() != verl_sf.__file__:
+        shutil.rmtree(home, ignore_errors=True)
+        raise RuntimeError(
+            f"the account {CI_ACCOUNT!r} cannot run {sys.executable} with this checkout ({verl_sf.__file__}; it "
+            f"imported {probe.stdout.strip() or 'nothing'}): {probe.stderr.strip()[-400:]}\n"
+            "The non-root tests need the venv and the checkout readable by every user: clone into a "
+            "directory whose parents are world-traversable (e.g. /opt or /tmp, not under a 0700 home).")
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT, stderr=stderr)
+    return ServerHandle(url, proc, as_root=False), home
 
 
 # The shared server holds this in its environment, as a real one would hold an API key.
@@ -67,3 +120,22 @@ def run_code_batch(server: ServerHandle, cases: dict[str, tuple[str, str, dict[s
         futures = {key: pool.submit(run_code, server, code, language=language, **fields)
                    for key, (code, language, fields) in cases.items()}
         return {key: future.result() for key, future in futures.items()}
+
+
+SERVER_MODES = ["root", "non-root"] if os.geteuid() == 0 else ["non-root"]
+"""How the isolation suites start their servers: as root (when we are) and as an ordinary account."""
+
+
+@contextlib.contextmanager
+def server_in_mode(mode: str, *extra_args: str, extra_env: dict[str, str] | None = None) -> Iterator[ServerHandle]:
+    home = None
+    if mode == "root":
+        handle = start_server(*extra_args, env={**os.environ, **(extra_env or {})})
+    else:
+        handle, home = start_server_as_user(*extra_args, extra_env=extra_env)
+    try:
+        yield handle
+    finally:
+        stop_server(handle.process)
+        if home:
+            shutil.rmtree(home, ignore_errors=True)

@@ -74,10 +74,17 @@ class _Request(BaseModel):
 
     @field_validator("fetch_files")
     @classmethod
-    def _relative_fetch(cls, paths: list[str]) -> list[str]:
+    def _fetchable(cls, paths: list[str]) -> list[str]:
+        """A path that would leave the run's directories ('..', a symlink, elsewhere) is left out
+        of the answer by the sandbox, as a missing file is; only malformed ones are refused here."""
         for path in paths:
-            _check_relative_path(path)
+            if not path or "\x00" in path:
+                raise ValueError(f"file path {path!r} must be non-empty and without NUL characters")
         return paths
+
+
+RUN_DIRECTORIES = ("/workdir", "/tmp", "/mnt/data")
+"""Where a run's files may be written: relative paths go to /workdir, absolute ones under one of these."""
 
 
 def _check_relative_path(path: str) -> None:
@@ -86,6 +93,8 @@ def _check_relative_path(path: str) -> None:
     parts = path.split("/")
     if not path or ".." in parts or "\x00" in path:
         raise ValueError(f"file path {path!r} must be non-empty and must not contain '..'")
+    if path.startswith("/") and not any(path.startswith(d + "/") for d in RUN_DIRECTORIES):
+        raise ValueError(f"file path {path!r} must be relative or under {', '.join(RUN_DIRECTORIES)}")
 
 
 def _check_paths(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:

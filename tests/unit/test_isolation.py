@@ -8,32 +8,44 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.server_fixtures import SERVER_SECRET, ServerHandle, run_code, start_server, stop_server
+from tests.host_view import run_processes
+from tests.server_fixtures import (
+    SERVER_MODES,
+    SERVER_SECRET,
+    ServerHandle,
+    run_code,
+    server_in_mode,
+    start_server,
+    start_server_as_user,
+    stop_server,
+)
 
-SANDBOX_HOST_UID = 65534  # the host uid that sandboxed code runs as
+
+@pytest.fixture(scope="module", params=SERVER_MODES)
+def server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """The default configuration, started as root and as an ordinary account; its environment holds
+    a secret, as a real server's would hold an API key."""
+    with server_in_mode(request.param, extra_env={"VERL_SF_TEST_SECRET": SERVER_SECRET}) as handle:
+        yield handle
 
 
 def sandbox_processes(server: ServerHandle) -> list[str]:
-    """Processes of `server`'s runs still alive on the host: members of its slot cgroups that run
-    as the sandbox uid (its bwrap and zygote processes are root), but for each zygote's child
-    waiting for the next job (named verl-sf-ready until it has one)."""
+    """Processes of `server`'s runs still alive on the host (read from the host's /proc)."""
     found = []
-    for procs in Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{server.process.pid}-*/slot*/cgroup.procs"):
-        for pid in procs.read_text().split():
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                continue
-            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-            if int(fields["Uid"].split()[0]) == SANDBOX_HOST_UID and fields["Name"].strip() != "verl-sf-ready":
-                found.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:80]!r}")
+    for pid in run_processes(server.process.pid):
+        try:
+            found.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:80]!r}")
+        except OSError:
+            continue
     return found
 
 
@@ -50,42 +62,54 @@ def assert_alive(server: ServerHandle) -> None:
     assert run_code(server, "print('alive')")["run_result"]["stdout"] == "alive\n"
 
 
-@pytest.fixture(scope="module")
-def one_slot_server() -> Iterator[ServerHandle]:
-    """A single sandbox slot, so consecutive runs are guaranteed to share it."""
-    server = start_server("--slots", "1", "--preload", "")
-    yield server
-    stop_server(server.process)
+@pytest.fixture(scope="module", params=SERVER_MODES)
+def one_slot_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """A single sandbox, so consecutive runs are guaranteed to share it."""
+    with server_in_mode(request.param, "--slots", "1", "--sandboxes", "1", "--preload", "") as handle:
+        yield handle
 
 
-def test_code_runs_as_unprivileged_uid_without_capabilities(sf_server: ServerHandle) -> None:
-    body = run_code(sf_server, "import os\nprint(os.getuid(), os.geteuid(), os.getgid())\n"
-                               "print(open('/proc/self/status').read())")
+def test_runs_leave_no_process_behind_and_the_check_sees_live_ones(server: ServerHandle) -> None:
+    """The host-side process check used below finds a run's processes while it runs."""
+    thread = threading.Thread(target=run_code, args=(server, "import time; time.sleep(3)"), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not sandbox_processes(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes(server), "a running run was not seen from the host"
+    thread.join(timeout=30)
+    assert_no_sandbox_processes_remain(server)
+
+
+def test_code_runs_as_unprivileged_uid_without_capabilities(server: ServerHandle) -> None:
+    body = run_code(server, "import os\nprint(os.getuid(), os.geteuid(), os.getgid())\n"
+                            "print(open('/proc/self/status').read())")
     lines = body["run_result"]["stdout"].splitlines()
-    assert lines[0] == "1000 1000 1000"
+    # As root a second uid is mapped for runs; an ordinary user's only uid is 0 inside, with no capability.
+    assert lines[0] == ("1000 1000 1000" if server.as_root else "0 0 0")
     status = dict(line.split(":\t", 1) for line in lines[1:] if ":\t" in line)
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
     assert status["NoNewPrivs"].strip() == "1"
 
 
-def test_no_network_not_even_the_servers_own_port(sf_server: ServerHandle) -> None:
-    port = int(sf_server.url.rsplit(":", 1)[1])
+def test_no_network_not_even_the_servers_own_port(server: ServerHandle) -> None:
+    port = int(server.url.rsplit(":", 1)[1])
     code = (f"import socket\nprint(sorted(n for _, n in socket.if_nameindex()))\n"
             f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('CONNECTED')\n"
             f"except OSError as e:\n    print('refused', type(e).__name__)\n")
-    out = run_code(sf_server, code)["run_result"]["stdout"]
+    out = run_code(server, code)["run_result"]["stdout"]
     assert out.splitlines()[0] == "['lo']"
     assert "CONNECTED" not in out and "refused" in out
-    assert_alive(sf_server)
+    assert_alive(server)
 
 
-def test_server_environment_is_not_visible(sf_server: ServerHandle) -> None:
-    pid = sf_server.process.pid
+def test_server_environment_is_not_visible(server: ServerHandle) -> None:
+    pid = server.process.pid
     code = (f"import os\nprint(dict(os.environ))\n"
             f"for path in ['/proc/{pid}/environ', '/proc/1/environ', '/proc/self/environ']:\n"
             f"    try:\n        print(path, open(path, 'rb').read())\n    except OSError as e:\n        print(path, e)\n")
-    out = run_code(sf_server, code)["run_result"]["stdout"]
+    out = run_code(server, code)["run_result"]["stdout"]
     assert SERVER_SECRET not in out
     assert "VERL_SF_TEST_SECRET" not in out
     assert f"/proc/{pid}/environ [Errno 2]" in out  # the server is not even in the sandbox's process table
@@ -100,7 +124,7 @@ def secret_file() -> Iterator[Path]:
     path.unlink()
 
 
-def test_host_files_and_home_are_not_readable(sf_server: ServerHandle, secret_file: Path, tmp_path: Path) -> None:
+def test_host_files_and_home_are_not_readable(server: ServerHandle, secret_file: Path, tmp_path: Path) -> None:
     host_tmp_file = Path("/tmp") / f"verl_sf_host_tmp_{secrets.token_hex(4)}"
     host_tmp_file.write_text("host tmp")
     try:
@@ -109,7 +133,7 @@ def test_host_files_and_home_are_not_readable(sf_server: ServerHandle, secret_fi
                 f"               lambda: os.listdir('/home'), lambda: os.listdir('/tmp'),\n"
                 f"               lambda: open('/etc/shadow').read(), lambda: open('{host_tmp_file}').read()]:\n"
                 f"    try:\n        print('GOT', action())\n    except OSError as e:\n        print('denied', e.errno)\n")
-        out = run_code(sf_server, code)["run_result"]["stdout"]
+        out = run_code(server, code)["run_result"]["stdout"]
     finally:
         host_tmp_file.unlink()
     assert "TOP-SECRET-CONTENT" not in out and secret_file.name not in out
@@ -120,20 +144,20 @@ def test_host_files_and_home_are_not_readable(sf_server: ServerHandle, secret_fi
     assert lines[5] == "denied 2"  # the host's /tmp file does not exist inside
 
 
-def test_server_files_are_not_visible(sf_server: ServerHandle) -> None:
+def test_server_files_are_not_visible(server: ServerHandle) -> None:
     import verl_sf
 
     package_dir = os.path.dirname(verl_sf.__file__)
-    out = run_code(sf_server, f"import os\nprint(os.path.exists({package_dir!r}), os.path.exists('/work/main/tests'))")
+    out = run_code(server, f"import os\nprint(os.path.exists({package_dir!r}), os.path.exists('/work/main/tests'))")
     assert out["run_result"]["stdout"] == "False False\n"
 
 
-def test_writes_outside_the_workdir_never_reach_the_host(sf_server: ServerHandle) -> None:
+def test_writes_outside_the_workdir_never_reach_the_host(server: ServerHandle) -> None:
     token = secrets.token_hex(6)
     targets = [f"/tmp/verl_sf_{token}", f"/root/verl_sf_{token}", f"/usr/verl_sf_{token}", f"/etc/verl_sf_{token}"]
     code = (f"for path in {targets!r}:\n    try:\n        open(path, 'w').write('x')\n        print('wrote', path)\n"
             f"    except OSError as e:\n        print('denied', path, e.errno)\n")
-    run_code(sf_server, code)
+    run_code(server, code)
     for path in targets:
         assert not os.path.exists(path), path
 
@@ -159,92 +183,92 @@ def test_nothing_of_one_run_is_visible_to_the_next(one_slot_server: ServerHandle
     assert_no_sandbox_processes_remain(one_slot_server)
 
 
-def test_signals_cannot_reach_the_server_or_the_sandbox_supervisor(sf_server: ServerHandle) -> None:
-    pid = sf_server.process.pid
+def test_signals_cannot_reach_the_server_or_the_sandbox_supervisor(server: ServerHandle) -> None:
+    pid = server.process.pid
     code = (f"import os, signal\n"
             f"for target in [{pid}, os.getppid(), 2, -1]:\n"
             f"    try:\n        os.kill(target, signal.SIGKILL)\n        print('sent', target)\n"
             f"    except OSError as e:\n        print('failed', target, e.errno)\n"
             f"print('ppid', os.getppid())\n")
-    body = run_code(sf_server, code)
+    body = run_code(server, code)
     assert f"sent {pid}" not in body["run_result"]["stdout"]
-    assert_alive(sf_server)
-    assert_alive(sf_server)  # every slot still works: run a couple more
-    assert sf_server.process.poll() is None
+    assert_alive(server)
+    assert_alive(server)  # every slot still works: run a couple more
+    assert server.process.poll() is None
 
 
-def test_ptrace_of_anything_outside_is_impossible(sf_server: ServerHandle) -> None:
+def test_ptrace_of_anything_outside_is_impossible(server: ServerHandle) -> None:
     code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "r = libc.ptrace(16, 2, 0, 0)\nprint(r, ctypes.get_errno())\n")  # PTRACE_ATTACH pid 2
-    out = run_code(sf_server, code)["run_result"]["stdout"].split()
+    out = run_code(server, code)["run_result"]["stdout"].split()
     assert out[0] == "-1"
-    assert_alive(sf_server)
+    assert_alive(server)
 
 
-def test_fork_bomb_is_contained(sf_server: ServerHandle) -> None:
+def test_fork_bomb_is_contained(server: ServerHandle) -> None:
     code = ("import os\ncount = 0\nfor _ in range(100000):\n    try:\n        if os.fork() == 0:\n"
             "            import time; time.sleep(60); os._exit(0)\n        count += 1\n"
             "    except OSError:\n        break\nprint('forked', count)\n")
-    body = run_code(sf_server, code, run_timeout=10)
+    body = run_code(server, code, run_timeout=10)
     forked = int(body["run_result"]["stdout"].split()[1])
     assert forked < 300  # the per-run process cap (256) stopped it
-    assert_no_sandbox_processes_remain(sf_server)
-    assert_alive(sf_server)
+    assert_no_sandbox_processes_remain(server)
+    assert_alive(server)
 
 
-def test_setsid_double_fork_daemon_does_not_survive(sf_server: ServerHandle) -> None:
+def test_setsid_double_fork_daemon_does_not_survive(server: ServerHandle) -> None:
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
             "        time.sleep(300)\n    os._exit(0)\ntime.sleep(0.2)\nprint('parent done')\n")
-    body = run_code(sf_server, code, run_timeout=20)
+    body = run_code(server, code, run_timeout=20)
     # The run ends with its main process (the daemon holding its stdout dies with it), not at the time-out.
     assert body["status"] == "Success" and body["run_result"]["status"] == "Finished", body
     assert body["run_result"]["stdout"] == "parent done\n"
-    assert_no_sandbox_processes_remain(sf_server)
+    assert_no_sandbox_processes_remain(server)
 
 
-def test_memory_bomb_without_limit_hits_the_default_cap(sf_server: ServerHandle) -> None:
-    body = run_code(sf_server, "x = bytearray(16 << 30)\nprint('allocated')", run_timeout=30)
+def test_memory_bomb_without_limit_hits_the_default_cap(server: ServerHandle) -> None:
+    body = run_code(server, "x = bytearray(16 << 30)\nprint('allocated')", run_timeout=30)
     assert body["status"] == "Failed"
     assert "allocated" not in body["run_result"]["stdout"]
-    assert_alive(sf_server)
+    assert_alive(server)
 
 
-def test_filling_the_workdir_is_capped(sf_server: ServerHandle) -> None:
+def test_filling_the_workdir_is_capped(server: ServerHandle) -> None:
     code = ("chunk = b'z' * (1 << 20)\nwritten = 0\ntry:\n    with open('big.bin', 'wb') as f:\n"
             "        for _ in range(4096):\n            f.write(chunk); written += 1\nexcept OSError as e:\n"
             "    print('stopped', e.errno)\nprint('MB', written)\n")
-    body = run_code(sf_server, code, run_timeout=30)
+    body = run_code(server, code, run_timeout=30)
     out = body["run_result"]["stdout"]
     assert "MB 4096" not in out
     assert body["run_result"]["return_code"] != 0 or "stopped" in out
-    assert_alive(sf_server)
+    assert_alive(server)
 
 
-def test_thousands_of_threads_are_refused(sf_server: ServerHandle) -> None:
+def test_thousands_of_threads_are_refused(server: ServerHandle) -> None:
     code = ("import threading, time\nstarted = 0\ntry:\n    for _ in range(5000):\n"
             "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); started += 1\n"
             "except RuntimeError as e:\n    print('refused', e)\nprint('started', started)\n")
-    body = run_code(sf_server, code, run_timeout=20)
+    body = run_code(server, code, run_timeout=20)
     out = body["run_result"]["stdout"]
     assert "refused" in out and int(out.split("started")[-1]) < 300
-    assert_alive(sf_server)
+    assert_alive(server)
 
 
-def test_segfault_is_reported(sf_server: ServerHandle) -> None:
-    body = run_code(sf_server, "import ctypes\nctypes.string_at(0)")
+def test_segfault_is_reported(server: ServerHandle) -> None:
+    body = run_code(server, "import ctypes\nctypes.string_at(0)")
     assert body["status"] == "Failed"
     assert body["run_result"]["return_code"] == -11
-    assert_alive(sf_server)
+    assert_alive(server)
 
 
-def test_cpu_spin_is_stopped_at_the_timeout(sf_server: ServerHandle) -> None:
-    body = run_code(sf_server, "while True:\n    pass", run_timeout=1)
+def test_cpu_spin_is_stopped_at_the_timeout(server: ServerHandle) -> None:
+    body = run_code(server, "while True:\n    pass", run_timeout=1)
     assert body["run_result"]["status"] == "TimeLimitExceeded"
-    assert_alive(sf_server)
+    assert_alive(server)
 
 
-def test_closing_its_own_stdio_does_not_escape_the_timeout(sf_server: ServerHandle) -> None:
-    body = run_code(sf_server, "import os, time\nos.close(1); os.close(2)\ntime.sleep(30)", run_timeout=1)
+def test_closing_its_own_stdio_does_not_escape_the_timeout(server: ServerHandle) -> None:
+    body = run_code(server, "import os, time\nos.close(1); os.close(2)\ntime.sleep(30)", run_timeout=1)
     assert body["run_result"]["status"] == "TimeLimitExceeded"
     assert body["run_result"]["execution_time"] < 5
 
@@ -297,3 +321,30 @@ def test_isolation_none_works_and_says_so() -> None:
         assert body["run_result"]["status"] == "TimeLimitExceeded"
     finally:
         stop_server(server.process)
+
+
+def test_an_ordinary_user_gets_an_isolated_server_by_default(tmp_path: Path) -> None:
+    """No flag: isolated, and what it cannot have without root is said in the log and in /health."""
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        server, home = start_server_as_user("--slots", "1", "--sandboxes", "1", "--preload", "", stderr=log)
+    try:
+        import requests
+
+        health = requests.get(server.url + "/health", timeout=10).json()
+        assert health["isolation"] == "sandbox" and health["limits"]["seccomp"] == "on"
+        assert "watchdog" in health["limits"]["memory"] and "single-uid" in health["limits"]["uid"]
+        out = run_code(server, "import socket\nprint(sorted(n for _, n in socket.if_nameindex()))")
+        assert out["run_result"]["stdout"] == "['lo']\n"
+        assert host_uid_of(server) != 0
+    finally:
+        stop_server(server.process)
+        shutil.rmtree(home, ignore_errors=True)
+    log_text = log_path.read_text()
+    assert "rlimits" in log_text and "watchdog" in log_text, log_text
+    assert server.process.returncode == 0
+    assert run_processes(server.process.pid) == []
+
+
+def host_uid_of(server: ServerHandle) -> int:
+    return os.stat(f"/proc/{server.process.pid}").st_uid

@@ -203,3 +203,12 @@ def test_pytest_mode_counts_each_test(sf_server: ServerHandle) -> None:
     body = run_code(sf_server, code, language="pytest", run_timeout=30)
     assert body["status"] == "Failed"
     assert "1 failed, 1 passed" in body["run_result"]["stdout"]
+
+
+def test_a_compiled_programs_output_is_never_lost(sf_server: ServerHandle) -> None:
+    """The program's first output can reach the zygote together with the end of the compile stage;
+    it belongs to the run, whatever order the two are read in."""
+    source = ('#include <cstdio>\n#include <unistd.h>\nint main(){ std::printf("before\\n"); std::fflush(stdout);'
+              ' usleep(100000); return 0; }\n')
+    outs = [run_code(sf_server, source, language="cpp", compile_timeout=60)["run_result"]["stdout"] for _ in range(8)]
+    assert outs == ["before\n"] * 8

@@ -128,8 +128,8 @@ class Executor:
             check_isolation_support()
             self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}", self.config.runs_memory_mb << 20)
             if not self.cgroups.available:
-                log.warning("verl-sf: runs are capped by rlimits only (RLIMIT_DATA, RLIMIT_NPROC): %s",
-                            self.cgroups.reason)
+                log.warning("verl-sf: without cgroups, runs are capped by rlimits (RLIMIT_DATA, RLIMIT_NPROC) and a "
+                            "memory watchdog that kills a run past its cap: %s", self.cgroups.reason)
         self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload,
                                                   self.config.runtime_dir)
         extra_etc = tuple(etc_paths(self.toolchains.available_languages())) + self._extra_etc
@@ -210,7 +210,8 @@ class Executor:
         cgroups = self.cgroups is not None and self.cgroups.available
         single = self._launcher is not None and self._launcher.single_uid
         return {
-            "memory": "cgroup per run" if cgroups else "RLIMIT_DATA per process (no writable cgroup)",
+            "memory": "cgroup per run" if cgroups else
+                      "RLIMIT_DATA per process and a watchdog that kills a run past its cap (no writable cgroup)",
             "processes": "pids cgroup per run" if cgroups else "RLIMIT_NPROC, shared by runs of one uid",
             "uid": "the server's own uid, no capabilities (single-uid user namespace)" if single else
                    f"host uid {self.config.host_uid_base + self.config.sandbox_uid}, not root",

@@ -35,7 +35,7 @@ from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
 from verl_sf.executor.config import LEAN_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import Toolchains
-from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED
+from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED, SECCOMP_DENIED_SOCKET_FAMILIES
 
 CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
@@ -209,6 +209,7 @@ class SandboxLauncher:
             "cgroups": cgroup_fds,
             "cgroup_v2": cgroup_v2,
             "seccomp": list(SECCOMP_DENIED) if self.isolated else [],
+            "seccomp_socket_families": list(SECCOMP_DENIED_SOCKET_FAMILIES) if self.isolated else [],
             "libseccomp": libseccomp_path() or "" if self.isolated else "",
             "demote_after": cfg.cpu_slice_s,
         }

@@ -36,3 +36,7 @@ SECCOMP_DENIED: tuple[str, ...] = (
     "setdomainname", "nfsservctl", "uselib", "_sysctl", "sysfs", "ustat", "create_module",
     "get_kernel_syms", "query_module", "vm86", "vm86old", "fanotify_init", "lsm_set_self_attr",
 )
+
+# Socket address families a run may not open (socket() refused with EPERM), as Docker's default
+# profile does: AF_VSOCK (40) is not confined by network namespaces and reaches the hypervisor or host.
+SECCOMP_DENIED_SOCKET_FAMILIES: tuple[int, ...] = (40,)

@@ -64,6 +64,7 @@ class ZygoteConfig(TypedDict):
     cgroups: dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
     cgroup_v2: bool
     seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
+    seccomp_socket_families: list[int]  # socket() refused with EPERM for these address families
     libseccomp: str
     demote_after: float  # seconds of wall time after which a run drops to the lowest CPU priority
 
@@ -168,7 +169,8 @@ MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 READ_CHUNK = 1 << 16
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
 DRAIN_AFTER_EXIT = 1.0  # seconds to collect output still in flight once a run's PID 1 is gone
-TICK = 0.2  # seconds between CPU-wait samples of long runs
+TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
+IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
 BASH_SESSION = (
     "trap 'printf \"\\nKeyboardInterrupt\\n\" >&2' INT\n"
     "while IFS= read -r -d '' __verl_sf_code <&9; do\n"
@@ -285,7 +287,9 @@ def _seccomp_program(config):
         for name in config["seccomp"]:
             rule(eperm, name)
         rule(enosys, "clone3")  # its flags live in memory a filter cannot read; libc falls back to clone
-        masked_eq = 7  # SCMP_CMP_MASKED_EQ
+        equal, masked_eq = 4, 7  # SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ
+        for family in config["seccomp_socket_families"]:
+            rule(eperm, "socket", _ArgCmp(0, equal, family, 0))
         for flag in NAMESPACE_FLAGS:
             rule(eperm, "clone", _ArgCmp(0, masked_eq, flag, flag))
         exported = os.memfd_create("seccomp")
@@ -577,6 +581,11 @@ class Run:
         self.compile_result = None
         self.interrupted_at = None
         self.end_reason = ""
+        # Without a memory cgroup, RLIMIT_DATA caps each process alone (not shared mappings, not
+        # a run's many processes): the zygote then sums the run's memory every tick and kills past the cap.
+        self.watch_memory = bool(self.limits["memory"]) and not zygote.cfg["cgroups"]
+        self.memory_killed = False
+        self.memory_checked = 0.0
 
     # -- start and stages ------------------------------------------------------------------------
     def start(self, zygote):
@@ -618,7 +627,8 @@ class Run:
 
     def next_timer(self):
         if self.session is not None and self.current_call is None:
-            return None  # an idle session holds no timer
+            # an idle session holds no timer, but for the memory watchdog
+            return time.monotonic() + IDLE_SESSION_TICK if self.watch_memory and self.alive else None
         if self.exited:
             return self.exit_time + DRAIN_AFTER_EXIT
         if self.interrupted_at is not None:
@@ -687,6 +697,10 @@ class Run:
                     self._maybe_finish(zygote)
 
     def on_time(self, zygote, now):
+        if self.watch_memory and self.alive and not self.exited and self._over_memory(now):
+            self.memory_killed = True
+            self.kill(zygote, "killed for exceeding its memory limit")
+            return
         if self.session is not None and self.current_call is None:
             return
         if self.exited:
@@ -721,6 +735,13 @@ class Run:
             self.wait_base = (cpu, wait) if self.session is not None else (0.0, 0.0)
         self.cpu_seen = cpu - self.wait_base[0]
         self.wait_seen = max(self.wait_seen, wait - self.wait_base[1])
+
+    def _over_memory(self, now):
+        """Sampled at most once a tick (on_time runs after every event of the zygote)."""
+        if now - self.memory_checked < TICK / 2:
+            return False
+        self.memory_checked = now
+        return _tree_memory(self.pid) > self.limits["memory"]
 
     # -- endings ---------------------------------------------------------------------------------
     def kill(self, zygote, reason):
@@ -774,7 +795,7 @@ class Run:
             reply["cells"] = cells
         if self.end_reason == "cancelled":
             reply["error"] = "cancelled"
-        self.memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        self.memory_exceeded = self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
         if self.memory_exceeded:
             reply["memory_exceeded"] = True
         zygote._reply(reply)
@@ -856,7 +877,8 @@ class Run:
             return
         self.alive = False
         self._drain()
-        memory_exceeded = self.memory_exceeded = _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        self.memory_exceeded = self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
+        memory_exceeded = self.memory_exceeded
         reason = ("killed for exceeding its memory limit" if memory_exceeded
                   else self.end_reason or "its interpreter exited")
         if self.current_call is not None:
@@ -949,24 +971,49 @@ def _write_text(path, text, base=None):
         os.close(fd)
 
 
+def _tree(pid, limit=1024):
+    """`pid` and its descendants (children of every thread), as the zygote's /proc shows them."""
+    stack = [pid]
+    seen = 0
+    while stack and seen < limit:
+        current = stack.pop()
+        seen += 1
+        yield current
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", "rb") as fh:
+                    stack.extend(int(child) for child in fh.read().split())
+        except (OSError, ValueError):
+            continue
+
+
 def _tree_schedstat(pid):
     """(seconds on a CPU, seconds waiting for one) summed over `pid` and its descendants."""
     cpu = wait = 0.0
-    stack = [pid]
-    seen = 0
-    while stack and seen < 256:
-        current = stack.pop()
-        seen += 1
+    for current in _tree(pid, 256):
         try:
             with open(f"/proc/{current}/schedstat", "rb") as fh:
                 fields = fh.read().split()
             cpu += int(fields[0]) / 1e9
             wait += int(fields[1]) / 1e9
-            with open(f"/proc/{current}/task/{current}/children", "rb") as fh:
-                stack.extend(int(child) for child in fh.read().split())
         except (OSError, ValueError, IndexError):
             continue
     return cpu, wait
+
+
+def _tree_memory(pid):
+    """Bytes of anonymous and shared memory the run's processes hold, each page split between the
+    processes that map it (PSS), so pages still shared with the warm interpreter barely count."""
+    total = 0
+    for current in _tree(pid):
+        try:
+            with open(f"/proc/{current}/smaps_rollup", "rb") as fh:
+                for line in fh.read().splitlines():
+                    if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
+                        total += int(line.split()[1]) << 10
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 # ---- inside the child (user code starts here) -------------------------------------------------
@@ -1050,15 +1097,18 @@ class Child:
                 _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None,
                                    MS_BIND | MS_REC, None), f"bind {entry}")
                 os.close(fd)
+        # POSIX shared memory and semaphores (multiprocessing's locks) live here: private to the run too.
+        shm_options = f"size={self.cfg['sizes'][self.cfg['tmpdir']]},mode=1777".encode()
+        _check(_libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_options), "mount /dev/shm")
 
     def _drop_privileges(self):
         """The uid change clears the effective and permitted capabilities (an unmapped single
         uid keeps uid 0 of the namespace, so they are cleared by hand); then no_new_privs and the
         seccomp filter, which an exec keeps."""
-        os.setgroups([])
-        if self.cfg["single_uid"]:
+        if self.cfg["single_uid"]:  # its namespace denies setgroups (and it has no groups to drop)
             _set_capabilities(keep_effective=False)
         else:
+            os.setgroups([])
             os.setresgid(self.cfg["gid"], self.cfg["gid"], self.cfg["gid"])
             os.setresuid(self.cfg["uid"], self.cfg["uid"], self.cfg["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")

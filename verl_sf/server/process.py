@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
 import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Optional
+from typing import IO, Any, Optional
 
 LISTEN_RE = re.compile(r"listening on (http://[\w.\-\[\]:]+)")
 PR_SET_PDEATHSIG = 1
@@ -31,11 +32,16 @@ def die_with_parent(parent_pid: Optional[int] = None) -> None:
 
 def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120.0,
                          preexec_fn: Optional[Callable[[], None]] = None, host: str = "127.0.0.1",
-                         port: int = 0) -> tuple[subprocess.Popen, str]:
-    """Run `verl-sf serve --host HOST --port PORT *args`; return the process and its base URL."""
+                         port: int = 0, user: Optional[str] = None,
+                         stderr: Optional[IO[str]] = None) -> tuple[subprocess.Popen, str]:
+    """Run `verl-sf serve --host HOST --port PORT *args`; return the process and its base URL.
+
+    `user` (an account name; needs root) starts the server as that account, with its primary
+    group only, as an ordinary user would."""
     cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", host, "--port", str(port), *args]
+    identity: dict[str, Any] = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env or os.environ.copy(),
-                            start_new_session=True, preexec_fn=preexec_fn)
+                            start_new_session=True, preexec_fn=preexec_fn, stderr=stderr, **identity)
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

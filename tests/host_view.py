@@ -1,0 +1,54 @@
+"""The host's own view of a server's processes (its /proc), for tests that must not trust the sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def host_uid(pid: int) -> int:
+    status = _read(f"/proc/{pid}/status")
+    return int(status.split("\nUid:\t", 1)[1].split()[0]) if "\nUid:\t" in status else -1
+
+
+def comm(pid: int) -> str:
+    return _read(f"/proc/{pid}/comm").strip()
+
+
+def descendants(root: int) -> dict[int, int]:
+    """{pid: parent pid} of every process below `root`."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        stat = _read(f"/proc/{entry.name}/stat") if entry.name.isdigit() else ""
+        if stat:
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    below: dict[int, int] = {}
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in below:
+                below[pid] = ppid
+                frontier.append(pid)
+    return below
+
+
+def run_processes(server_pid: int) -> list[int]:
+    """Processes of a server's runs: below a zygote (the first non-bwrap process under bwrap),
+    but for the child each zygote forks ahead of the next run (named verl-sf-ready until it has one)."""
+    tree = descendants(server_pid)
+    zygotes = {pid for pid, ppid in tree.items() if comm(pid) != "bwrap" and comm(ppid) == "bwrap"}
+    runs = []
+    for pid in tree:
+        ancestor = tree.get(pid)
+        while ancestor is not None and ancestor not in zygotes:
+            ancestor = tree.get(ancestor)
+        if ancestor is not None and comm(pid) != "verl-sf-ready":
+            runs.append(pid)
+    return runs
