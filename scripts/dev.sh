@@ -84,11 +84,21 @@ ensure_ci_account() {
     echo "verl-sf: creating the system account verlsf-ci for the non-root server tests" >&2
     useradd --system --no-create-home --shell /usr/sbin/nologin verlsf-ci
   fi
-  # That account runs the server from this checkout and venv: under a private (0700) directory it
-  # cannot, and those tests fail saying so. Say it up front too.
+  # That account runs the server from this checkout and venv. A checkout under a private (0700)
+  # directory such as /root is out of its reach: give the directories above it the search bit only
+  # (nothing in them becomes listable or readable), and say so.
   if ! runuser -u verlsf-ci -- test -r "$ROOT/verl_sf/__init__.py" -a -x "$VENV/bin/python" 2>/dev/null; then
-    echo "verl-sf: WARNING: verlsf-ci cannot read $ROOT or $VENV (a parent directory is private):" >&2
-    echo "verl-sf:          the non-root isolation tests will fail; clone under a world-traversable path (e.g. /opt, /tmp)." >&2
+    local dir="$ROOT"
+    while [ "$dir" != / ]; do
+      dir=$(dirname "$dir")
+      if [ -n "$(find "$dir" -maxdepth 0 ! -perm -o+x)" ]; then
+        echo "verl-sf: letting other users traverse $dir (chmod o+x) so verlsf-ci reaches the checkout" >&2
+        chmod o+x "$dir"
+      fi
+    done
+  fi
+  if ! runuser -u verlsf-ci -- test -r "$ROOT/verl_sf/__init__.py" -a -x "$VENV/bin/python" 2>/dev/null; then
+    echo "verl-sf: WARNING: verlsf-ci cannot read $ROOT or $VENV: the non-root isolation tests will fail" >&2
   fi
 }
 
