@@ -23,7 +23,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.unit.test_languages import DOUBLE
+from tests.language_cases import DOUBLE
 from verl_sf.server.process import start_server_process, stop_server_process
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.rollout_helpers import CalculatorTool
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
-from tests.unit.test_rollout_tools import CalculatorTool
 from verl_sf.rewards import compute_score
 from verl_sf.rollout import (
     ChatClient,

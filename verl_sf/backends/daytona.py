@@ -12,7 +12,7 @@ subshell, and stdout/stderr come back separately from the session API.
 
 NOT TESTED AGAINST THE LIVE SERVICE: this machine cannot reach Daytona.  The logic is
 tested against an object that has the SDK's exact method signatures and runs the
-commands in a local shell (tests/unit/test_backend_daytona.py).
+commands in a local shell (tests/integration/test_backend_daytona.py).
 """
 
 from __future__ import annotations

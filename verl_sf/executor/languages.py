@@ -59,7 +59,7 @@ class LanguageSpec:
     bin; absolute paths are files (headers, jars, devices) that must exist."""
     etc: tuple[str, ...] = ()
     """/etc entries the toolchain reads besides COMMON_ETC (the sandbox binds only these): found by
-    running it under bubblewrap with one entry left out at a time (tests/unit/test_language_etc.py
+    running it under bubblewrap with one entry left out at a time (tests/integration/test_language_etc.py
     keeps the lists sufficient).  /etc/alternatives is where Debian's `java`, `php`, `lua`, `cc` lead;
     /etc/php loads PHP's extensions and /etc/racket Racket's collection paths."""
     env: tuple[tuple[str, str], ...] = ()

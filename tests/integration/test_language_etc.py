@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.unit.test_languages import DOUBLE, TEST_RUNNERS
+from tests.language_cases import DOUBLE, TEST_RUNNERS
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.languages import SPECS, Toolchains, detect_toolchains, etc_paths
 from verl_sf.executor.sandbox import sandbox_env

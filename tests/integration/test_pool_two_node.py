@@ -5,7 +5,7 @@ node ids and resources).  It runs in a subprocess driver so it never shares a pr
 the session's `ray_local` cluster.  One pool is pinned to each node; their sandbox runs
 print start/end timestamps, which must never overlap deeper than `rate_limit`.
 
-Run directly: python -m tests.unit.test_pool_two_node <sandbox run_code URL>
+Run directly: python -m tests.integration.test_pool_two_node <sandbox run_code URL>
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def drive(sandbox_url: str) -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
-    from tests.unit.test_pool import max_overlap, timed_request
+    from tests.intervals import max_overlap
+    from tests.pool_helpers import timed_request
     from verl_sf.backends.http import HttpSandboxBackend
     from verl_sf.models import RunCodeResponse
     from verl_sf.pool import init_execution_pool, shutdown_global_limiter
@@ -82,7 +83,7 @@ def drive(sandbox_url: str) -> dict:
 def test_cap_holds_across_two_nodes(sf_server: ServerHandle) -> None:
     env = {**os.environ}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "tests.unit.test_pool_two_node", sf_server.run_code_url],
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.test_pool_two_node", sf_server.run_code_url],
                           capture_output=True, text=True, timeout=400, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert proc.returncode == 0, proc.stderr[-3000:]

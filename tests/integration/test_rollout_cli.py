@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from tests.rollout_helpers import CALCULATOR_TOOL_YAML
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
 from tests.subprocesses import communicate_or_kill
-from tests.unit.test_rollout_tools import CALCULATOR_TOOL_YAML
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -21,6 +21,7 @@ import pytest
 import ray
 
 from tests.intervals import max_overlap
+from tests.pool_helpers import timed_request
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle
 from verl_sf.backends.http import HttpSandboxBackend
@@ -34,9 +35,6 @@ from verl_sf.pool import (
 )
 
 pytestmark = pytest.mark.ray
-
-TIMED_CODE = "import time\nprint(time.time(), flush=True)\ntime.sleep({sleep})\nprint(time.time())"
-
 
 # ---- functions executed by the pool (module level: Ray pickles them by reference) -----------
 
@@ -133,10 +131,6 @@ async def eventually(condition: Callable[[], Any], what: str, timeout: float = 6
             return value
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def timed_request(sleep: float) -> RunCodeRequest:
-    return RunCodeRequest(code=TIMED_CODE.format(sleep=sleep), language="python", run_timeout=30)
 
 
 # ---- the cap ---------------------------------------------------------------------------------
