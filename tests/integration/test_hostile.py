@@ -27,7 +27,7 @@ import requests
 
 from tests.host_view import descendants, host_uid
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
-from tests.unit.test_languages import DOUBLE
+from tests.language_cases import DOUBLE
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.languages import COMMON_ETC, SPECS
 from verl_sf.executor.system_view import ETC_ENTRIES
@@ -402,7 +402,7 @@ def test_a_file_added_to_host_etc_after_start_is_not_visible(server: ServerHandl
 # ---- every language still works in this view ---------------------------------------------------
 @pytest.mark.parametrize("language", sorted(DOUBLE))
 def test_language_runs_or_names_its_missing_toolchain(server: ServerHandle, language: str) -> None:
-    """The languages suite (tests/unit/test_languages.py) runs them all as root; here each also runs
+    """The languages suite (tests/integration/test_languages.py) runs them all as root; here each also runs
     as an ordinary account, where a toolchain it cannot read is named as missing, never half-working."""
     available = set(requests.get(server.url + "/health", timeout=10).json()["languages"])
     body = run_code(server, DOUBLE[language], language=language, stdin="21\n", compile_timeout=120, run_timeout=60)
