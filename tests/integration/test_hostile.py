@@ -26,8 +26,8 @@ import pytest
 import requests
 
 from tests.host_view import descendants, host_uid
-from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
 from tests.language_cases import DOUBLE
+from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.languages import COMMON_ETC, SPECS
 from verl_sf.executor.system_view import ETC_ENTRIES
