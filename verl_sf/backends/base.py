@@ -22,6 +22,23 @@ class SandboxUnavailable(VerlSfError, RuntimeError):
     """
 
 
+class SessionEnded(VerlSfError, LookupError):
+    """The server no longer has the session a call named (ended, expired, evicted, killed, restarted).
+
+    Its state is gone; `reason` is the server's word on why.  The next call with the same
+    session key starts a fresh session: never silently, since this error reached the caller first.
+    """
+
+    def __init__(self, session: str, reason: str):
+        super().__init__(f"session {session!r} has ended: {reason}")
+        self.session = session
+        self.reason = reason
+
+
+class SessionsUnsupported(VerlSfError, RuntimeError):
+    """Sessions were asked for, but the sandbox server keeps none (e.g. a plain Sandbox Fusion server)."""
+
+
 class SandboxBackend(abc.ABC):
     """Runs one request and returns the Sandbox Fusion response.
 
@@ -33,6 +50,11 @@ class SandboxBackend(abc.ABC):
     supports_sessions: ClassVar[bool] = False
     """True when calls that name one `session` share state (files, installed packages,
     variables) until `end_session`; False: every call starts fresh and `session` is ignored."""
+
+    async def check_sessions(self) -> None:
+        """Raise `SessionsUnsupported` when this backend's sandbox cannot keep sessions after all."""
+        if not self.supports_sessions:
+            raise SessionsUnsupported(f"backend {self.name!r} does not keep sessions")
 
     @abc.abstractmethod
     async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:

@@ -12,9 +12,13 @@ is async (aiohttp, pooled keep-alive connections) and retries what is worth retr
 * never a request the server rejected (other 4xx: `SandboxRequestRejected`, naming the
   status and the server's message), nor a read time-out (the code may still be running).
 
-When no usable answer comes, `SandboxUnavailable` says why.  The object holds only its
-configuration — the aiohttp session lives in a per-process, per-event-loop registry — so
-it pickles cheaply into Ray pool actors and every copy in a process shares connections.
+When no usable answer comes, `SandboxUnavailable` says why.  The object holds its
+configuration and the ids of the server sessions it created — the aiohttp session lives in a
+per-process, per-event-loop registry — so every copy in a process shares connections.
+
+Sessions (`run_code(request, session=key)`) are verl-sf's `POST /sessions`; a server without
+that route (a plain Sandbox Fusion one) raises `SessionsUnsupported`, from `check_sessions()` or
+`probe_sessions(url)` before any call, and otherwise on the first call in a session.
 """
 
 from __future__ import annotations
@@ -25,18 +29,31 @@ import email.utils
 import json
 import random
 import time
+import urllib.error
+import urllib.request
 import weakref
 from typing import Any, Optional, TypeVar
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.base import SandboxUnavailable, SessionEnded, SessionsUnsupported
 from verl_sf.backends.config import HttpBackendConfig
+from verl_sf.backends.sessions import ServerSessionBackend
 from verl_sf.errors import VerlSfError
-from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+from verl_sf.models import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    SessionCreateRequest,
+    SessionInfo,
+)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+NO_ROUTE_STATUSES = frozenset({404, 405})  # what a server without POST /sessions answers it
+# Asks whether POST /sessions exists without creating one: a server with the route rejects the body (422).
+SESSIONS_PROBE_BODY = {"language": None}
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
 
@@ -78,8 +95,35 @@ def _close_sessions_at_exit() -> None:
 atexit.register(_close_sessions_at_exit)
 
 
-class HttpSandboxBackend(SandboxBackend):
-    """Sandbox Fusion HTTP API client with pooled connections and bounded retries."""
+def _no_sessions_message(url: str, status: int) -> str:
+    return (f"{url} answered POST /sessions with HTTP {status}: this server keeps no sessions (a plain Sandbox "
+            f"Fusion server?); serve with `verl-sf serve`, or use the tool without `session: trajectory`")
+
+
+def probe_sessions(base_url: str, timeout_s: float = 10.0) -> bool:
+    """Blocking check, for construction time: True when the server keeps sessions, False when it
+    cannot be reached (ask again later); raises `SessionsUnsupported` when it answers without them."""
+    url = normalize_sessions_url(base_url)
+    probe = urllib.request.Request(url, data=json.dumps(SESSIONS_PROBE_BODY).encode(), method="POST",
+                                   headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(probe, timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError):
+        return False
+    if status in NO_ROUTE_STATUSES:
+        raise SessionsUnsupported(_no_sessions_message(url, status))
+    return True
+
+
+def normalize_sessions_url(base_url: str) -> str:
+    return base_url.rstrip("/") + "/sessions"
+
+
+class HttpSandboxBackend(ServerSessionBackend):
+    """Sandbox Fusion HTTP API client with pooled connections, bounded retries and verl-sf sessions."""
 
     name = "http"
 
@@ -92,6 +136,7 @@ class HttpSandboxBackend(SandboxBackend):
         else:
             self.config = HttpBackendConfig(url=config, **options)
         self.base_url = self.config.url
+        super().__init__()
 
     def __repr__(self) -> str:
         return f"HttpSandboxBackend({self.base_url!r})"
@@ -104,17 +149,58 @@ class HttpSandboxBackend(SandboxBackend):
     def run_jupyter_url(self) -> str:
         return self.base_url + "/run_jupyter"
 
-    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+    @property
+    def sessions_url(self) -> str:
+        return normalize_sessions_url(self.base_url)
+
+    async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         budget = request.compile_timeout + request.run_timeout + self.config.server_margin_s
-        return await self._post(self.run_code_url, request, RunCodeResponse, budget)
+        try:
+            return await self._post(self.run_code_url, request, RunCodeResponse, budget,
+                                    repeatable=request.session_id is None)
+        except SandboxRequestRejected as exc:
+            if request.session_id is not None and exc.status == 404:
+                raise SessionEnded(request.session_id, _detail(exc.body)) from None
+            raise
+
+    async def check_sessions(self) -> None:
+        """Raise `SessionsUnsupported` unless the server has POST /sessions (creates nothing)."""
+        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + self.config.server_margin_s)
+        try:
+            async with self._session().post(self.sessions_url, json=SESSIONS_PROBE_BODY, timeout=timeout) as response:
+                status = response.status
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise SandboxUnavailable(f"{self.sessions_url}: {type(exc).__name__}: {exc}") from exc
+        if status in NO_ROUTE_STATUSES:
+            raise SessionsUnsupported(_no_sessions_message(self.sessions_url, status))
+
+    async def _create_session(self, request: SessionCreateRequest) -> str:
+        try:
+            info = await self._post(self.sessions_url, request, SessionInfo, self.config.server_margin_s,
+                                    ok_statuses=(200, 201))
+        except SandboxRequestRejected as exc:
+            if exc.status in NO_ROUTE_STATUSES:
+                raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
+            raise
+        return info.session_id
+
+    async def _delete_session(self, session_id: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + self.config.server_margin_s)
+        try:
+            async with self._session().delete(f"{self.sessions_url}/{session_id}", timeout=timeout) as response:
+                await response.read()  # 404: already gone, which is what was asked
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise SandboxUnavailable(f"{self.sessions_url}/{session_id}: {type(exc).__name__}: {exc}") from exc
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         return await self._post(self.run_jupyter_url, request, RunJupyterResponse,
                                 request.total_timeout + self.config.server_margin_s)
 
     async def close(self) -> None:
-        """Close this configuration's session on the running loop (shared by every copy of
-        this backend in the process; the next call opens a new one).  Idempotent."""
+        """End the server sessions this object created, then close this configuration's connections
+        on the running loop (shared by every copy of this backend in the process; the next call
+        opens new ones).  Idempotent."""
+        await self._end_all_sessions()
         per_loop = _SESSIONS.get(asyncio.get_running_loop(), {})
         session = per_loop.pop(self._session_key(), None)
         if session is not None:
@@ -134,7 +220,10 @@ class HttpSandboxBackend(SandboxBackend):
             per_loop[self._session_key()] = session
         return session
 
-    async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float) -> ResponseT:
+    async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float,
+                    ok_statuses: tuple[int, ...] = (200,), repeatable: bool = True) -> ResponseT:
+        """`repeatable=False` (a call into a session, whose state a second run would change): a connection
+        lost after the request was sent is not retried."""
         payload = request.model_dump(mode="json")
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s, sock_read=budget_s)
         attempts = self.config.max_retries + 1
@@ -143,7 +232,7 @@ class HttpSandboxBackend(SandboxBackend):
             retry_after = 0.0
             try:
                 async with self._session().post(url, json=payload, timeout=timeout) as response:
-                    if response.status == 200:
+                    if response.status in ok_statuses:
                         return _parse(url, await response.read(), response_type)
                     body = (await response.text(errors="replace"))[:500]
                     if response.status not in RETRY_STATUSES:
@@ -160,6 +249,9 @@ class HttpSandboxBackend(SandboxBackend):
                                          f"the run may still be executing") from exc
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
+                if not repeatable and not isinstance(exc, aiohttp.ClientConnectorError):
+                    raise SandboxUnavailable(f"{url}: {reason}; not retried because the call may have run "
+                                             f"in its session") from exc
             if attempt + 1 < attempts:
                 await asyncio.sleep(max(retry_after, self._backoff_s(attempt)))
         raise SandboxUnavailable(f"{url}: no usable answer after {attempts} attempt(s); last: {reason}")
@@ -175,6 +267,15 @@ def _parse(url: str, body: bytes, response_type: type[ResponseT]) -> ResponseT:
     except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
         raise SandboxUnavailable(f"{url} answered 200 with a body that is not a "
                                  f"{response_type.__name__}: {str(exc)[:300]}") from exc
+
+
+def _detail(body: str) -> str:
+    """The `detail` of a FastAPI-shaped error body, else the body itself."""
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        return body
+    return detail if isinstance(detail, str) else body
 
 
 def _retry_after_s(value: Optional[str]) -> float:

@@ -542,6 +542,7 @@ class Executor:
 
 def _note_session_end(response: Any, reply: Reply) -> Any:
     """A call that ended its session says so (killed at its time-out, for memory, by exit)."""
+    response.session_alive = bool(reply.get("session_alive"))
     if not reply.get("session_alive"):
         note = f"the session ended: {reply.get('session_end', 'its interpreter exited')}"
         response.message = f"{response.message}; {note}" if response.message else note
