@@ -686,7 +686,8 @@ class Run:
             return
         if self.interrupted_at is not None:
             if now >= self.interrupted_at + self.current_call["grace"]:
-                self.kill(zygote, "the call ignored the interrupt at its time-out")
+                self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for "
+                                  f"{self.current_call['grace']:g} s")
             return
         if not self.demoted and now >= self.stage_started + _demote_after:
             self.demoted = True
