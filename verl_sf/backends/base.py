@@ -8,10 +8,23 @@ and the rest of the stack does not notice.  Each backend is built from its confi
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Optional
+from collections.abc import Awaitable
+from typing import ClassVar, Optional, TypeVar
 
 from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+T = TypeVar("T")
+
+
+async def created_or_none(creation: Optional[Awaitable[T]]) -> Optional[T]:
+    """What a session's creation made, or None when there was none or it failed (nothing to release)."""
+    if creation is None:
+        return None
+    try:
+        return await creation
+    except Exception:
+        return None
 
 
 class SandboxUnavailable(VerlSfError, RuntimeError):

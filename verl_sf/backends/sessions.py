@@ -15,7 +15,7 @@ import abc
 import asyncio
 from typing import Optional
 
-from verl_sf.backends.base import SandboxBackend, SessionEnded
+from verl_sf.backends.base import SandboxBackend, SessionEnded, created_or_none
 from verl_sf.models import RunCodeRequest, RunCodeResponse, SessionCreateRequest
 
 SESSION_LANGUAGES = ("python", "bash")
@@ -63,14 +63,9 @@ class ServerSessionBackend(SandboxBackend):
     async def end_session(self, session: str) -> None:
         """End the server sessions `session` holds (python, bash).  Idempotent."""
         for language in SESSION_LANGUAGES:
-            future = self._session_ids.pop((session, language), None)
-            if future is None:
-                continue
-            try:
-                session_id = await future
-            except Exception:
-                continue  # never created: nothing to end
-            await self._delete_session(session_id)
+            session_id = await created_or_none(self._session_ids.pop((session, language), None))
+            if session_id is not None:
+                await self._delete_session(session_id)
 
     def sessions(self) -> list[str]:
         """The caller keys that hold a live (or starting) session."""
