@@ -7,6 +7,7 @@ Every test talks to a real `verl-sf serve` on 127.0.0.1 (POST/GET/DELETE /sessio
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import secrets
 import subprocess
@@ -167,6 +168,33 @@ def test_the_session_cap_evicts_the_longest_idle() -> None:
         assert stdout(call(capped, oldest, "print(x)")) == "1\n"
         assert stdout(call(capped, newest, "print('new')")) == "new\n"
         assert health(capped)["sessions"] == 2
+    finally:
+        stop_server(capped.process)
+
+
+def test_the_cap_never_evicts_a_session_in_the_middle_of_a_call() -> None:
+    capped = start_server("--slots", "1", "--preload", "", "--max-sessions", "2")
+    try:
+        running, idle = create(capped), create(capped)  # `running` is the older: idle the longest before its call
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            long_call = pool.submit(call, capped, running, "import time\ntime.sleep(3)\nprint('finished')")
+            deadline = time.monotonic() + 60
+            while requests.get(f"{capped.url}/health", timeout=60).json()["in_flight"] == 0:
+                assert time.monotonic() < deadline, "the long call never started"
+                time.sleep(0.05)
+            create(capped)
+            assert stdout(long_call.result()) == "finished\n"
+        assert "evicted" in gone(capped, idle)
+        only_busy = create(capped)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(call, capped, sid, "import time\ntime.sleep(3)") for sid in (running, only_busy)]
+            deadline = time.monotonic() + 60
+            while requests.get(f"{capped.url}/health", timeout=60).json()["in_flight"] < 2:
+                assert time.monotonic() < deadline, "the calls never started"
+                time.sleep(0.05)
+            refused = requests.post(capped.url + "/sessions", json={"language": "python"}, timeout=60)
+            assert refused.status_code == 503 and "running calls" in refused.json()["detail"]
+            assert all(c.result()["status"] == "Success" for c in calls)
     finally:
         stop_server(capped.process)
 

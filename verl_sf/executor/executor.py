@@ -378,7 +378,11 @@ class Executor:
         if request.language == "bash" and "bash" in self.toolchains.missing:
             raise InvalidRequest("language", self.toolchains.missing_message("bash"))
         if len(self.sessions) >= self.config.max_sessions:
-            oldest = min(self.sessions.values(), key=lambda s: s.idle_since)
+            idle = [s for s in self.sessions.values() if not s.busy.locked()]  # a session in a call is not idle
+            if not idle:
+                self.stats.rejected += 1
+                raise Overloaded(f"all {len(self.sessions)} live sessions (max_sessions) are running calls")
+            oldest = min(idle, key=lambda s: s.idle_since)
             self._end(oldest, f"evicted: the server's cap of {self.config.max_sessions} live sessions was reached "
                               f"and it was the longest idle")
         memory_mb = self._memory_mb(request.memory_limit_MB)
