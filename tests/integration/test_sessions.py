@@ -111,6 +111,24 @@ def test_session_files_are_written_at_creation_and_fetched_per_call(server: Serv
     assert body["status"] == "Success" and base64.b64decode(body["files"]["out.txt"]) == b"seed!"
 
 
+def test_bash_sessions_fetch_files_from_their_own_directories(server: ServerHandle) -> None:
+    import base64
+
+    sid = create(server, "bash")
+    body = call(server, sid, "printf 'one\\n' > out.txt; mkdir -p sub; echo two > sub/b.txt; echo t > /tmp/t.txt\n"
+                             "ln -s /etc/passwd link.txt; cd /", language="bash",
+                fetch_files=["out.txt", "sub/b.txt", "/tmp/t.txt", "missing.txt", "link.txt",
+                             "/etc/passwd"])
+    assert body["status"] == "Success", body
+    files = {path: base64.b64decode(data) for path, data in body["files"].items()}
+    assert files == {"out.txt": b"one\n", "sub/b.txt": b"two\n", "/tmp/t.txt": b"t\n"}
+    again = call(server, sid, "pwd", language="bash", fetch_files=["out.txt"])  # the shell is in / now
+    assert again["run_result"]["stdout"] == "/\n" and base64.b64decode(again["files"]["out.txt"]) == b"one\n"
+    refused = requests.post(server.url + "/run_code", timeout=60, json={
+        "code": "cat", "language": "bash", "session_id": sid, "stdin": "x"})
+    assert refused.status_code == 400 and refused.json()["detail"][0]["loc"] == ["body", "stdin"]
+
+
 # ---- isolation ------------------------------------------------------------------------------------
 def test_two_sessions_see_neither_globals_nor_files_nor_processes(server: ServerHandle) -> None:
     first, second = create(server), create(server)

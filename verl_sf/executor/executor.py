@@ -520,10 +520,10 @@ class Executor:
         if session.language == "bash":
             if "\x00" in request.code:
                 raise InvalidRequest("code", "bash code cannot contain NUL characters")
-            if request.fetch_files or request.stdin:
-                raise InvalidRequest("fetch_files" if request.fetch_files else "stdin",
-                                     "a bash session takes neither stdin nor fetch_files; use a python session")
-            body = encode_body(request.code)  # type: ignore[arg-type]
+            if request.stdin:
+                raise InvalidRequest("stdin", "a bash session takes no stdin (its commands read from /dev/null); "
+                                              "use a python session, or write the input to a file")
+            body = encode_body({"code": request.code, "fetch_files": request.fetch_files})
         else:
             body = encode_body({"code": request.code, "stdin": request.stdin, "output_limit": self.config.output_limit_bytes,
                                 "fetch_files": request.fetch_files or None})

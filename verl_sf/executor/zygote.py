@@ -171,13 +171,38 @@ TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not show
 DRAIN_AFTER_EXIT = 1.0  # seconds to collect output still in flight once a run's PID 1 is gone
 TICK = 0.2  # seconds between CPU-wait samples of long runs
 STARVED_SHARE = 0.5  # a time-out is the CPU's fault when the run waited at least this share of its time
-BASH_SESSION = (
-    "trap 'printf \"\\nKeyboardInterrupt\\n\" >&2' INT\n"
-    "while IFS= read -r -d '' __verl_sf_code <&9; do\n"
-    "  eval \"$__verl_sf_code\" 3>&- 9<&- </dev/null\n"
-    "  printf '{\"call_done\": true, \"return_code\": %d}\\n' \"$?\" >&3\n"
-    "done\n"
-)
+# A call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as the
+# run's user in the session's own mounts, and reports them in order ("fetched": base64 or null per path).
+BASH_SESSION = r"""trap 'builtin printf "\nKeyboardInterrupt\n" >&2' INT
+__verl_sf_home=$PWD
+while IFS= read -r -d '' __verl_sf_code <&9; do
+  IFS= read -r -d '' __verl_sf_limit <&9
+  __verl_sf_paths=()
+  while IFS= read -r -d '' __verl_sf_path <&9 && [ -n "$__verl_sf_path" ]; do __verl_sf_paths+=("$__verl_sf_path"); done
+  eval "$__verl_sf_code" 3>&- 9<&- </dev/null
+  __verl_sf_status=$?
+  {
+    builtin printf '{"call_done": true, "return_code": %d, "fetched": [' "$__verl_sf_status"
+    __verl_sf_sep=
+    for __verl_sf_path in "${__verl_sf_paths[@]}"; do
+      case $__verl_sf_path in
+        */../*|*/..|../*) __verl_sf_path= ;;
+        "$__verl_sf_home"/*|/tmp/*|/mnt/data/*) ;;
+        /*) __verl_sf_path= ;;
+        *) __verl_sf_path=$__verl_sf_home/$__verl_sf_path ;;
+      esac
+      if [ -n "$__verl_sf_path" ] && [ -f "$__verl_sf_path" ] && [ ! -L "$__verl_sf_path" ] \
+          && [ "$(command stat -c %s -- "$__verl_sf_path")" -le "$__verl_sf_limit" ]; then
+        builtin printf '%s"' "$__verl_sf_sep"; command base64 -w0 -- "$__verl_sf_path"; builtin printf '"'
+      else
+        builtin printf '%snull' "$__verl_sf_sep"
+      fi
+      __verl_sf_sep=,
+    done
+    builtin printf ']}\n'
+  } >&3
+done
+"""
 
 # First calls into these libraries import submodules and fill caches; doing them once here
 # spares every forked run.
@@ -564,6 +589,7 @@ class Run:
         self.records = []
         self.meta = bytearray()
         self.current_call = None  # the head of the session call in progress
+        self.fetch_paths = []  # a bash session call's fetch_files, in order
         self.compile_result = None
         self.interrupted_at = None
         self.end_reason = ""
@@ -817,10 +843,16 @@ class Run:
             os.setpriority(os.PRIO_PGRP, self.pid, 0)
         _set_cgroup_limits(self.groups, zygote.cfg["cgroup_v2"], self.limits, memory=False)
         try:
-            # bash reads NUL-terminated code; the python session reads the JSON line itself.
-            _write_all(self.job_w, _loads(body.decode()).encode() + b"\0" if self.session == "bash" else body + b"\n")
+            # bash reads NUL-terminated fields (see BASH_SESSION); the python session reads the JSON line itself.
+            _write_all(self.job_w, self._bash_call(_loads(body.decode()), zygote.cfg["fetch_limit"])
+                       if self.session == "bash" else body + b"\n")
         except OSError:
             self.kill(zygote, "the session's interpreter is gone")
+
+    def _bash_call(self, call, fetch_limit):
+        self.fetch_paths = [p for p in call.get("fetch_files") or () if p and "\0" not in p]
+        fields = [call["code"], str(fetch_limit), *self.fetch_paths, ""]
+        return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
 
     def _finish_call(self, zygote, record):
         self._drain()
@@ -831,6 +863,8 @@ class Run:
         reply["session_alive"] = True
         if "files" in record:
             reply["files"] = record["files"]
+        elif "fetched" in record:  # a bash session's files, in the order they were asked for
+            reply["files"] = {path: data for path, data in zip(self.fetch_paths, record["fetched"]) if data is not None}
         if self.records:
             reply["cells"] = [r for r in self.records if "display" in r]
         self.current_call = None
