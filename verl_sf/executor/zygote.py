@@ -864,7 +864,7 @@ class Run:
         if "files" in record:
             reply["files"] = record["files"]
         elif "fetched" in record:  # a bash session's files, in the order they were asked for
-            reply["files"] = {path: data for path, data in zip(self.fetch_paths, record["fetched"]) if data is not None}
+            reply["files"] = {path: data for path, data in zip(self.fetch_paths, record["fetched"], strict=False) if data is not None}
         if self.records:
             reply["cells"] = [r for r in self.records if "display" in r]
         self.current_call = None
