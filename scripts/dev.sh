@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Linux machine (Python 3.10+):
-#   scripts/dev.sh serve [verl-sf serve args...]   set up, then start the server on 127.0.0.1:8080
-#   scripts/dev.sh test  [pytest args...]          set up everything (verl, Ray, sandbox-fusion), lint and
+#   scripts/dev.sh serve [verl-sf serve args...]   set up (the common languages), then start the server on 127.0.0.1:8080
+#   scripts/dev.sh test  [pytest args...]          set up everything (verl, Ray, TRL, every language), lint and
 #                                                  type-check (ruff, mypy), then run all tests
 # Setup is idempotent: a stamp keyed on setup.cfg skips pip when nothing changed.
 set -euo pipefail
@@ -68,15 +68,26 @@ setup_venv() {
   fi
 }
 
+install_languages() {
+  # Toolchains for Sandbox Fusion's languages (`verl-sf languages list` shows what is there).  As an
+  # ordinary user this prints what to ask an administrator for; the server still starts and
+  # answers absent languages with a SandboxError naming the fix.
+  if ! "$VENV/bin/verl-sf" languages install "$@"; then
+    echo "verl-sf: WARNING: some languages are not installed (see above); \`verl-sf languages list\` says which" >&2
+  fi
+}
+
 case "$mode" in
   serve)
     install_system_packages
     setup_venv serve
+    install_languages default
     exec "$VENV/bin/verl-sf" serve "$@"
     ;;
   test)
     install_system_packages
     setup_venv all
+    install_languages all
     # Lint and types first (config in pyproject.toml); `ruff format` is not enforced: the tree is not formatted.
     "$VENV/bin/ruff" check --no-cache .
     "$VENV/bin/mypy"

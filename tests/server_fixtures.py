@@ -6,6 +6,8 @@ import dataclasses
 import os
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import requests
@@ -50,3 +52,18 @@ def run_code(server: ServerHandle, code: str, language: str = "python", **fields
     response = requests.post(server.run_code_url, json={"code": code, "language": language, **fields}, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def runs_finished(server: ServerHandle) -> float:
+    """Requests the server has finished, from its Prometheus counter (`verl_sf_runs_total`)."""
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("verl_sf_runs_total{"))
+
+
+def run_code_batch(server: ServerHandle, cases: dict[str, tuple[str, str, dict[str, Any]]]) -> dict[str, dict]:
+    """POST every case (key -> (code, language, fields)) at once; the server queues them, so
+    slow start-ups (JVMs) and sleeps overlap instead of adding up."""
+    with ThreadPoolExecutor(8) as pool:
+        futures = {key: pool.submit(run_code, server, code, language=language, **fields)
+                   for key, (code, language, fields) in cases.items()}
+        return {key: future.result() for key, future in futures.items()}

@@ -97,12 +97,19 @@ def _add_rollout(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_languages(sub: argparse._SubParsersAction) -> None:
+    from verl_sf.languages_cli import add_arguments
+
+    add_arguments(sub.add_parser("languages", help="list the Sandbox Fusion languages here, or install them"))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="verl-sf", description=__doc__)
     parser.add_argument("--version", action="version", version=f"verl-sf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_rollout(sub)
+    _add_languages(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

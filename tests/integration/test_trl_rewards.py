@@ -8,10 +8,9 @@ import time
 from typing import Optional
 
 import pytest
-from conftest import runs_finished
 from prometheus_client import REGISTRY
 
-from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.server_fixtures import runs_finished, ServerHandle, start_server, stop_server
 from verl_sf.rewards import CodeTestReward, Outcome
 from verl_sf.rewards.example_tasks import EXAMPLE_TASKS, MAX_SUBARRAY_PROMPT, SORTING_PROMPT
 

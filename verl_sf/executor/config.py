@@ -7,6 +7,8 @@ import enum
 import os
 import sys
 
+from verl_sf.executor.languages import default_runtime_dir
+
 # Every warm interpreter imports these (cheap, stdlib); heavier ones also import one of `preload`.
 # Not `random` (nor `statistics`, which imports it) or `threading`: they register fork hooks that
 # every forked run would pay for, used or not; a run that needs them imports them itself.
@@ -84,3 +86,5 @@ class ExecutorConfig:
     session_interrupt_grace_s: float = 2.0
     """A timed-out session call is interrupted (KeyboardInterrupt); one still running this long after is killed."""
     pod_name: str = dataclasses.field(default_factory=lambda: os.uname().nodename)
+    runtime_dir: str = dataclasses.field(default_factory=default_runtime_dir)
+    """verl-sf's own runtime directory (npm packages for nodejs, jest, typescript), bound read-only."""

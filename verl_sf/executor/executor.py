@@ -24,7 +24,13 @@ from typing import Any, Optional
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import CgroupManager, SandboxCgroup
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
-from verl_sf.executor.languages import SPECS, Toolchains, detect_toolchains
+from verl_sf.executor.languages import (
+    SPECS,
+    SourceRejected,
+    Toolchains,
+    detect_toolchains,
+    etc_paths,
+)
 from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.zygote import Limits, Reply, StageResult
@@ -124,8 +130,9 @@ class Executor:
             if not self.cgroups.available:
                 log.warning("verl-sf: runs are capped by rlimits only (RLIMIT_DATA, RLIMIT_NPROC): %s",
                             self.cgroups.reason)
-        self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload)
-        extra_etc = tuple(entry for spec in SPECS.values() for entry in spec.etc) + self._extra_etc
+        self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload,
+                                                  self.config.runtime_dir)
+        extra_etc = tuple(etc_paths(self.toolchains.available_languages())) + self._extra_etc
         self._launcher = SandboxLauncher(self.config, self.toolchains, extra_etc)
         heavy = self.preloaded()
         if self.config.fast_path and heavy:
@@ -270,20 +277,27 @@ class Executor:
         if request.language in self.toolchains.missing:
             return RunCodeResponse(status=RunStatus.SandboxError, message=self.toolchains.missing_message(request.language),
                                    executor_pod_name=self.config.pod_name)
+        try:
+            source = spec.prepare_source(request.code)
+        except SourceRejected as exc:
+            rejected = CommandRunResult(status=CommandRunStatus.Finished, return_code=1, stdout="", stderr=str(exc))
+            return RunCodeResponse(status=RunStatus.Failed, message="compilation failed", compile_result=rejected,
+                                   executor_pod_name=self.config.pod_name)
         memory_mb = self._memory_mb(request.memory_limit_MB)
+        written = {source.filename: source.code, **source.extra_files}
         files = {**{k: v or "" for k, v in request.files.items()},
-                 spec.source: base64.b64encode(request.code.encode()).decode()}
+                 **{name: base64.b64encode(text.encode()).decode() for name, text in written.items()}}
         body: dict[str, Any] = {**self._body_limits(memory_mb), "stdin": request.stdin,
                                 "fetch_files": request.fetch_files, "files": files}
         flavor = LEAN
         if request.language == "python" and self.config.fast_path:
             body.update(mode="python", code=request.code)
-            del files[spec.source]
+            del files[source.filename]
             flavor = self._flavor_for(request.code)
         else:
-            body.update(mode="exec", argv=self.toolchains.argv(spec.run))
+            body.update(mode="exec", argv=self.toolchains.argv(spec.run, source.params))
             if spec.compile:
-                body["compile_argv"] = self.toolchains.argv(spec.compile)
+                body["compile_argv"] = self.toolchains.argv(spec.compile, source.params)
         budget = request.run_timeout + request.compile_timeout + CLIENT_SLACK_S
         head = {"op": "run", "id": next_id(), "compile_timeout": request.compile_timeout if spec.compile else 0,
                 "limits": self._limits(request.run_timeout, budget, arrived, memory_mb)}

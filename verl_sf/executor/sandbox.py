@@ -22,6 +22,7 @@ import ctypes.util
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from typing import Callable, Optional
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor import zygote
-from verl_sf.executor.cgroups import SandboxCgroup, join_cgroups
+from verl_sf.executor.cgroups import join_cgroups
 from verl_sf.executor.config import LEAN_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import Toolchains
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED
@@ -42,7 +43,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_TMP = "/tmp"
 SANDBOX_DATA = "/mnt/data"
-CGROUP_MOUNT = "/run/verl-sf/cgroup"  # where a sandbox sees the cgroups delegated to it
 ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
 ZYGOTE_SOURCE = Path(zygote.__file__).read_text()
 
@@ -89,6 +89,7 @@ def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
         "MPLBACKEND": "Agg",
+        **toolchains.env(),
     }
     for key, value in os.environ.items():
         if key.startswith(ENV_PASSTHROUGH_PREFIXES) and key not in env:
@@ -121,16 +122,14 @@ class SandboxLauncher:
         self.extra_etc = extra_etc
         self._state_dir = tempfile.mkdtemp(prefix="verl-sf-")
         os.chmod(self._state_dir, 0o755)
-        # As root, what bwrap reads is staged in a private tmpfs (see _stage) that the sandbox's
-        # unprivileged root can traverse, wherever the runtime and $TMPDIR live; otherwise it is read in place.
-        self.stage_dir = STAGE_DIR if self.isolated and not self.single_uid else self._state_dir
-        self._staged = {d: (f"{STAGE_DIR}/bind{i}" if self.stage_dir == STAGE_DIR else d)
-                        for i, d in enumerate(self.bound_dirs())} if self.isolated else {}
-        self.identity_files = self._identity_files()
-        if self.stage_dir != STAGE_DIR:
-            for name, text in self.identity_files.items():
-                Path(self._state_dir, name).write_text(text)
-                os.chmod(os.path.join(self._state_dir, name), 0o644)
+        self._etc_dir = os.path.join(self._state_dir, "etc")
+        if self.isolated:
+            self._build_etc()
+        # As root, every directory bwrap binds is staged in a private tmpfs (see _stage) that the
+        # sandbox's unprivileged root can traverse, wherever the runtime and $TMPDIR live.
+        staging = self.isolated and not self.single_uid
+        self._staged = {d: (f"{STAGE_DIR}/bind{i}" if staging else d)
+                        for i, d in enumerate([self._etc_dir, *self.bound_dirs()])} if self.isolated else {}
 
     @property
     def run_uid(self) -> int:
@@ -144,10 +143,20 @@ class SandboxLauncher:
         base = self.config.host_uid_base
         return base, base + self.config.sandbox_uid
 
-    def _identity_files(self) -> dict[str, str]:
-        # getpwuid() must work inside (Python's getpass, javac), without showing host accounts.
+    def _build_etc(self) -> None:
+        """The sandbox's /etc, built once per server as a copy (one bind mount instead of one per
+        entry, which every run's mount namespace would copy and tear down): the world-readable
+        entries runtimes read, and synthetic identity files.  Nothing added to the host's /etc
+        later shows inside."""
+        os.mkdir(self._etc_dir, 0o755)
+        entries = [os.path.relpath(os.path.normpath(os.path.join("/etc", e)), "/etc") for e in ETC_ENTRIES + self.extra_etc]
+        for entry in dict.fromkeys(e for e in entries if not e.startswith("..")):
+            target = os.path.join(self._etc_dir, entry)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            _copy_readable(os.path.join("/etc", entry), target)
         uid = self.config.sandbox_uid
-        return {
+        identity = {
+            # getpwuid() must work inside (Python's getpass, javac), without showing host accounts.
             "passwd": f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}:sandbox:{SANDBOX_WORKDIR}:"
                       "/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
             "group": f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n",
@@ -157,6 +166,10 @@ class SandboxLauncher:
             "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n"
                              "protocols: files\nservices: files\n",
         }
+        for name, text in identity.items():
+            path = os.path.join(self._etc_dir, name)
+            Path(path).write_text(text)
+            os.chmod(path, 0o644)
 
     def heavy_preload(self, flavor: str) -> list[str]:
         """A flavor is `lean` (stdlib only), one preloaded library by name, or `full` (all of them)."""
@@ -168,7 +181,8 @@ class SandboxLauncher:
             raise ValueError(f"unknown interpreter flavor {flavor!r}")
         return [flavor]
 
-    def zygote_config(self, name: str, flavor: str, cgroup: Optional[SandboxCgroup]) -> zygote.ZygoteConfig:
+    def zygote_config(self, name: str, flavor: str, cgroup_fds: dict[str, int],
+                      cgroup_v2: bool) -> zygote.ZygoteConfig:
         cfg = self.config
         if self.isolated:
             workdir, tmpdir, datadir = SANDBOX_WORKDIR, SANDBOX_TMP, SANDBOX_DATA
@@ -188,9 +202,8 @@ class SandboxLauncher:
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": workdir},
             "preload": list(LEAN_PRELOAD) + self.heavy_preload(flavor),
             "fetch_limit": cfg.fetch_file_limit_bytes,
-            "cgroups": {c: f"{CGROUP_MOUNT}/{c}" for c in cgroup.controllers} if (cgroup and self.isolated) else
-                       (dict(cgroup.dirs) if cgroup else {}),
-            "cgroup_v2": bool(cgroup and cgroup.v2),
+            "cgroups": cgroup_fds,
+            "cgroup_v2": cgroup_v2,
             "seccomp": list(SECCOMP_DENIED) if self.isolated else [],
             "libseccomp": libseccomp_path() or "" if self.isolated else "",
             "demote_after": cfg.cpu_slice_s,
@@ -204,14 +217,17 @@ class SandboxLauncher:
         prefix = directory.rstrip("/") + "/"
         return sorted({d[len(prefix):].split("/")[0] for d in self.bound_dirs() if d.startswith(prefix)})
 
-    def command(self, name: str, flavor: str, cgroup: Optional[SandboxCgroup]) -> list[str]:
-        argv = [self.config.python, "-I", "-c", ZYGOTE_SOURCE, json.dumps(self.zygote_config(name, flavor, cgroup))]
+    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool) -> list[str]:
+        """The sandbox's argv; `cgroup_fds` are descriptors of its delegated cgroups (controller ->
+        fd), which the caller passes to the process: the zygote makes run groups through them."""
+        config = self.zygote_config(name, flavor, cgroup_fds, cgroup_v2)
+        argv = [self.config.python, "-I", "-c", ZYGOTE_SOURCE, json.dumps(config)]
         if not self.isolated:
             os.makedirs(os.path.join(self._state_dir, name), exist_ok=True)
             return argv
-        return self._bwrap_args(cgroup) + ["--"] + argv
+        return self._bwrap_args() + ["--"] + argv
 
-    def _bwrap_args(self, cgroup: Optional[SandboxCgroup]) -> list[str]:
+    def _bwrap_args(self) -> list[str]:
         cfg = self.config
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-add", "ALL"]
@@ -220,8 +236,7 @@ class SandboxLauncher:
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 args += ["--ro-bind", top, top]
-        args += ["--ro-bind", "/usr", "/usr"]
-        args += self._etc_args()
+        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", self._staged[self._etc_dir], "/etc"]
         # The tmpfs mounts come first: a runtime that lives under /tmp (a CI checkout, say) is then
         # bound on top of them; each run mounts its own tmpfs there and binds the runtime again.
         args += ["--proc", "/proc", "--dev", "/dev",
@@ -229,28 +244,14 @@ class SandboxLauncher:
                  "--size", str(cfg.workdir_size_mb << 20), "--perms", "0755", "--tmpfs", SANDBOX_WORKDIR,
                  "--dir", SANDBOX_DATA]
         for extra, staged in self._staged.items():
+            if extra == self._etc_dir:
+                continue
             # Parents such as /root are made traverse-only: the runtime is reachable, nothing else is listed.
             for parent in _ancestors(extra):
                 if parent not in (SANDBOX_TMP, SANDBOX_WORKDIR):
                     args += ["--perms", "0711", "--dir", parent]
             args += ["--ro-bind", staged, extra]
-        if cgroup is not None:
-            for controller, directory in cgroup.dirs.items():
-                args += ["--bind", directory, f"{CGROUP_MOUNT}/{controller}"]
         args += ["--chdir", SANDBOX_WORKDIR]
-        return args
-
-    def _etc_args(self) -> list[str]:
-        """A minimal /etc: what runtimes and toolchains read, and synthetic identity files."""
-        args = ["--perms", "0755", "--dir", "/etc"]
-        for entry in dict.fromkeys(ETC_ENTRIES + self.extra_etc):
-            path = os.path.join("/etc", entry)
-            if os.path.islink(path) and "/" not in entry:
-                args += ["--symlink", os.readlink(path), path]
-            elif os.path.exists(path):
-                args += ["--ro-bind", path, path]
-        for name in ("passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf"):
-            args += ["--ro-bind", os.path.join(self.stage_dir, name), os.path.join("/etc", name)]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:
@@ -260,7 +261,6 @@ class SandboxLauncher:
         root_uid, run_uid = self.host_uids()
         inner_uid = self.config.sandbox_uid
         staged = {d: s for d, s in self._staged.items() if d != s}
-        identity = self.identity_files
 
         def _preexec() -> None:
             if procs_files:
@@ -270,7 +270,7 @@ class SandboxLauncher:
             elif single:
                 _enter_own_user_namespace()
             else:
-                _stage(staged, identity)
+                _stage(staged)
                 _enter_mapped_user_namespace(root_uid, inner_uid, run_uid)
 
         return _preexec
@@ -284,20 +284,16 @@ def _unshare(flag: int, what: str) -> None:
         raise OSError(ctypes.get_errno(), f"unshare({what}) failed")
 
 
-def _stage(staged: dict[str, str], identity: dict[str, str]) -> None:
+def _stage(staged: dict[str, str]) -> None:
     """In a mount namespace of the sandbox's own, still as host root: a fresh tmpfs on /tmp (the
-    sandbox never sees the host's /tmp) holding the identity files and, bound from descriptors
-    opened before it hid anything, every directory bwrap binds.  The sandbox's root is an
-    unprivileged host uid that could not traverse e.g. /root or a private $TMPDIR to reach them."""
+    sandbox never sees the host's /tmp) holding, bound from descriptors opened before it hid
+    anything, every directory bwrap binds.  The sandbox's root is an unprivileged host uid that
+    could not traverse e.g. /root or a private $TMPDIR to reach them."""
     _unshare(CLONE_NEWNS, "CLONE_NEWNS")
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     sources = {target: os.open(directory, os.O_PATH | os.O_DIRECTORY) for directory, target in staged.items()}
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
     os.mkdir(STAGE_DIR, 0o755)
-    for name, text in identity.items():
-        with open(os.path.join(STAGE_DIR, name), "w") as fh:
-            fh.write(text)
-        os.chmod(os.path.join(STAGE_DIR, name), 0o644)
     for target, fd in sources.items():
         os.mkdir(target, 0o755)
         _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
@@ -353,6 +349,28 @@ def _enter_mapped_user_namespace(root_host_uid: int, run_uid: int, run_host_uid:
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
     os.setgroups([])
+
+
+def _copy_readable(source: str, target: str) -> None:
+    """Copy what anyone may read of `source` (a file, a symlink as a symlink, or a directory tree)."""
+    if os.path.lexists(target):
+        return
+    if os.path.islink(source):
+        os.symlink(os.readlink(source), target)
+        return
+    try:
+        mode = os.stat(source).st_mode
+    except OSError:
+        return
+    if not mode & 0o004:
+        return  # e.g. /etc/ssl/private: never into a sandbox
+    if stat.S_ISDIR(mode):
+        os.mkdir(target, 0o755)
+        for entry in sorted(os.listdir(source)):
+            _copy_readable(os.path.join(source, entry), os.path.join(target, entry))
+    elif stat.S_ISREG(mode):
+        shutil.copyfile(source, target)
+        os.chmod(target, 0o644)
 
 
 def describe(config: ExecutorConfig) -> Optional[str]:

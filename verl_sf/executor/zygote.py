@@ -61,7 +61,7 @@ class ZygoteConfig(TypedDict):
     env: Dict[str, str]
     preload: List[str]
     fetch_limit: int
-    cgroups: Dict[str, str]  # controller (memory, pids) -> the delegated directory run groups are made in
+    cgroups: Dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
     cgroup_v2: bool
     seccomp: List[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
     libseccomp: str
@@ -159,7 +159,6 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME = 0x10000000, 0x2000000
 NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
                    CLONE_NEWNET, CLONE_NEWTIME)
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 2, 4, 8, 4096, 16384
-MNT_DETACH = 2
 PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 15, 24, 38, 22
 SECCOMP_MODE_FILTER = 2
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
@@ -229,7 +228,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.syscall.restype = ctypes.c_long
 # Looked up (dlsym) once here rather than in every run, whose lookups would copy pages.
-for _name in ("capget", "capset", "mount", "umount2", "prctl", "setns", "unshare", "syscall"):
+for _name in ("capget", "capset", "mount", "prctl", "setns", "unshare", "syscall"):
     getattr(_libc, _name)
 
 
@@ -296,6 +295,7 @@ def _seccomp_program(config):
     ctx = lib.seccomp_init(allow)  # the native ABI only: 32-bit and x32 calls hit the bad-arch kill
     if not ctx:
         raise OSError("seccomp_init failed")
+    lib.seccomp_attr_set(ctypes.c_void_p(ctx), 8, 2)  # SCMP_FLTATR_CTL_OPTIMIZE: a binary tree, not a list
     try:
         def rule(action, name, *compares):
             number = lib.seccomp_syscall_resolve_name(name.encode())
@@ -508,18 +508,17 @@ class Zygote:
         return ready
 
     def _make_cgroups(self, sequence):
-        """{controller: directory} of a cgroup per controller for the next child."""
+        """{controller: (directory fd, group name)} of a cgroup per controller for the next child."""
         if not self.cfg["cgroups"]:
             return {}
         if self.free_groups:
             return self.free_groups.pop()
         groups = {}
         for controller, base in self.cfg["cgroups"].items():
-            path = f"{base}/run-{sequence}"
-            if path not in groups.values():
+            if (base, f"run-{sequence}") not in groups.values():
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(path)
-            groups[controller] = path
+                    os.mkdir(f"run-{sequence}", 0o755, dir_fd=base)
+            groups[controller] = (base, f"run-{sequence}")
         return groups
 
     def watch(self, run, fds):
@@ -564,9 +563,9 @@ class Zygote:
         if run.groups and not _memory_exceeded(run.groups, self.cfg["cgroup_v2"]):
             self.free_groups.append(run.groups)
         else:
-            for path in set(run.groups.values()):
+            for base, name in set(run.groups.values()):
                 with contextlib.suppress(OSError):
-                    os.rmdir(path)
+                    os.rmdir(name, dir_fd=base)
         if not self.isolated:
             shutil.rmtree(f"{self.cfg['workdir']}/run-{run.pid}", ignore_errors=True)
 
@@ -614,13 +613,14 @@ class Run:
             self.job_w = -1
         self._begin_stage(self.head.get("compile_timeout") or self.limits["timeout"])
 
-    def _begin_stage(self, timeout):
+    def _begin_stage(self, timeout, fresh_output=True):
         now = time.monotonic()
         self.stage_started = now
         self.stage_timeout = timeout
         self.hard_deadline = now + max(self.limits["hard_timeout"], timeout)
-        self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
-        self.dropped = 0
+        if fresh_output:
+            self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
+            self.dropped = 0
         self.wait_seen = 0.0  # CPU-wait of this stage, sampled for runs past their first slice
         self.wait_base = None
         self.cpu_seen = 0.0
@@ -692,11 +692,11 @@ class Run:
                 self.compile_result = self._stage_result("Finished", record)
                 self.compile_result["stdout"] = record.get("stdout", "")
                 self.compile_result["stderr"] = record.get("stderr", "")
-                self._begin_stage(self.limits["timeout"])
+                self._begin_stage(self.limits["timeout"], fresh_output=False)  # the program may have written already
             elif record.get("call_done") is True and self.current_call is not None:
                 self._finish_call(zygote, record)
             elif record.get("session_ready") is True and self.session is not None and self.current_call is None:
-                group = os.path.basename(self.groups["memory"]) if "memory" in self.groups else None
+                group = self.groups["memory"][1] if "memory" in self.groups else None
                 zygote._reply({"id": self.id, "status": "Finished", "session_alive": True, "group": group})
             else:
                 self.records.append(record)
@@ -918,17 +918,18 @@ def _kill(pid, isolated):
 
 def _set_cgroup_limits(groups, v2, limits, memory=True):
     if memory and limits["memory"] and "memory" in groups:
-        _write_text(f"{groups['memory']}/{'memory.max' if v2 else 'memory.limit_in_bytes'}", str(limits["memory"]))
+        _write_group(groups["memory"], "memory.max" if v2 else "memory.limit_in_bytes", str(limits["memory"]))
     if "pids" in groups:
-        _write_text(f"{groups['pids']}/pids.max", str(limits["nproc"] + 8))
+        _write_group(groups["pids"], "pids.max", str(limits["nproc"] + 8))
 
 
 def _memory_exceeded(groups, v2):
     """Has the kernel killed a process of this group for memory (pooled groups start at 0)?"""
     if "memory" not in groups:
         return False
+    base, name = groups["memory"]
     try:
-        with open(f"{groups['memory']}/{'memory.events' if v2 else 'memory.oom_control'}", "rb") as fh:
+        with open(f"{name}/{'memory.events' if v2 else 'memory.oom_control'}", "rb", opener=_opener(base)) as fh:
             for line in fh.read().splitlines():
                 key, _, value = line.partition(b" ")
                 if key == b"oom_kill":
@@ -938,8 +939,18 @@ def _memory_exceeded(groups, v2):
     return False
 
 
-def _write_text(path, text):
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+def _opener(base):
+    return lambda path, flags: os.open(path, flags | os.O_CLOEXEC, dir_fd=base)
+
+
+def _write_group(group, name, text):
+    """Write a file of a run's cgroup, through the delegated directory's descriptor."""
+    base, directory = group
+    _write_text(f"{directory}/{name}", text, base)
+
+
+def _write_text(path, text, base=None):
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, dir_fd=base)
     try:
         os.write(fd, text.encode())
     except OSError:
@@ -990,11 +1001,8 @@ class Child:
             os.makedirs(self.workdir + "/.tmp", exist_ok=True)
             os.environ["TMPDIR"] = self.workdir + "/.tmp"
             os.environ["HOME"] = self.workdir
-        for path in set(self.groups.values()):
-            _write_text(f"{path}/cgroup.procs", "0")
-        if self.isolated:
-            for path in set(self.cfg["cgroups"].values()):  # the run never sees the cgroup tree
-                _check(_libc.umount2(path.encode(), MNT_DETACH), f"umount {path}")
+        for group in set(self.groups.values()):
+            _write_group(group, "cgroup.procs", "0")
         os.setsid()
         # Everything that does not depend on the job is done while waiting for it, off the
         # request's path: the job pipe sits on fd 9 until the job is read.

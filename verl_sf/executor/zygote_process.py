@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import signal
 from typing import Any, Callable, Optional
 
@@ -59,11 +60,18 @@ class ZygoteProcess:
 
     async def _start(self) -> None:
         procs = self.cgroup.procs_files if self.cgroup else []
-        self.process = await asyncio.create_subprocess_exec(
-            *self.launcher.command(self.name, self.flavor, self.cgroup),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
-            env=self.launcher.env, preexec_fn=self.launcher.preexec(procs), limit=MAX_REPLY_BYTES,
-        )
+        # The zygote reaches its delegated cgroups through these descriptors, never through a path.
+        fds = {c: os.open(d, os.O_RDONLY | os.O_DIRECTORY) for c, d in self.cgroup.dirs.items()} if self.cgroup else {}
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.launcher.command(self.name, self.flavor, fds, bool(self.cgroup and self.cgroup.v2)),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
+                env=self.launcher.env, preexec_fn=self.launcher.preexec(procs), limit=MAX_REPLY_BYTES,
+                pass_fds=tuple(fds.values()),
+            )
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         assert self.process.stdout is not None
         line = await self.process.stdout.readline()
         hello = json.loads(line) if line else {}

@@ -1,0 +1,126 @@
+"""The executor <-> zygote protocol, spoken directly to a zygote (no server, no sandbox: the
+zygote's non-isolated mode, which needs neither root nor bubblewrap)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from verl_sf.executor import zygote
+from verl_sf.executor.sandbox import ZYGOTE_SOURCE
+
+LIMITS: zygote.Limits = {"timeout": 5.0, "hard_timeout": 10.0, "output_limit": 1 << 16, "memory": 0, "nproc": 64}
+BODY_LIMITS = {"fsize": 1 << 20, "nofile": 256, "nproc": 64, "memory": 0, "output_limit": 1 << 16}
+
+
+class Zygote:
+    def __init__(self, workdir: str):
+        config: zygote.ZygoteConfig = {
+            "isolated": False, "single_uid": True, "workdir": workdir, "tmpdir": workdir, "datadir": workdir,
+            "sizes": {}, "keep": {}, "uid": os.getuid(), "gid": os.getgid(),
+            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "preload": [], "fetch_limit": 1 << 20,
+            "cgroups": {}, "cgroup_v2": False, "seccomp": [], "libseccomp": "", "demote_after": 0.1,
+        }
+        self.process = subprocess.Popen([sys.executable, "-I", "-c", ZYGOTE_SOURCE, json.dumps(config)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self.early: dict[int, dict[str, Any]] = {}
+        assert self.read()["ready"] is True
+
+    def send(self, head: dict[str, Any], body: dict[str, Any] | str | None = None) -> None:
+        assert self.process.stdin is not None
+        text = json.dumps(head) + "\t" + (json.dumps(body) if body is not None else "") + "\n"
+        self.process.stdin.write(text.encode())
+        self.process.stdin.flush()
+
+    def read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line, "the zygote exited"
+        return json.loads(line)
+
+    def reply_to(self, job_id: int) -> dict[str, Any]:
+        """Replies arrive in completion order: keep the others for later."""
+        while job_id not in self.early:
+            reply = self.read()
+            self.early[reply["id"]] = reply
+        return self.early.pop(job_id)
+
+    def run(self, job_id: int, code: str, **body: Any) -> None:
+        head = {"op": "run", "id": job_id, "limits": {**LIMITS, **body.pop("limits", {})}, "compile_timeout": 0}
+        self.send(head, {**BODY_LIMITS, "mode": "python", "code": code, "files": {}, "stdin": None, **body})
+
+
+@pytest.fixture
+def zyg() -> Iterator[Zygote]:
+    with tempfile.TemporaryDirectory() as workdir:
+        z = Zygote(workdir)
+        yield z
+        z.process.kill()
+        z.process.wait()
+
+
+def test_replies_carry_their_ids_in_completion_order(zyg: Zygote) -> None:
+    zyg.run(1, "import time; time.sleep(1.0); print('slow')")
+    zyg.run(2, "print('fast')")
+    first = zyg.read()
+    assert (first["id"], first["stdout"]) == (2, "fast\n")  # the fast one did not wait for the slow one
+    assert zyg.reply_to(1)["stdout"] == "slow\n"
+
+
+def test_a_run_reports_status_code_cpu_and_files(zyg: Zygote) -> None:
+    files = {"in.txt": base64.b64encode(b"data").decode()}
+    zyg.run(3, "import sys\nprint(open('in.txt').read()); open('out.txt', 'w').write('x'); sys.exit(3)",
+            files=files, fetch_files=["out.txt", "missing.txt"])
+    reply = zyg.reply_to(3)
+    assert (reply["status"], reply["return_code"], reply["stdout"]) == ("Finished", 3, "data\n")
+    assert reply["files"] == {"out.txt": base64.b64encode(b"x").decode()}
+    assert reply["cpu_time"] is not None and reply["execution_time"] > 0
+
+
+def test_timeout_and_cancel(zyg: Zygote) -> None:
+    zyg.run(4, "while True: pass", limits={"timeout": 0.5})
+    timed_out = zyg.reply_to(4)
+    assert timed_out["status"] == "TimeLimitExceeded"
+    zyg.run(5, "import time; time.sleep(30)")
+    time.sleep(0.3)
+    zyg.send({"op": "cancel", "id": 5})
+    assert zyg.reply_to(5)["error"] == "cancelled"
+
+
+def test_a_session_keeps_state_and_survives_an_interrupted_call(zyg: Zygote) -> None:
+    zyg.send({"op": "open", "id": 10, "language": "python", "limits": LIMITS},
+             {**BODY_LIMITS, "mode": "session_python", "files": {}})
+    assert zyg.reply_to(10)["session_alive"] is True
+    call = {"op": "call", "session": 10, "grace": 2.0, "limits": LIMITS}
+    zyg.send({**call, "id": 11}, {"code": "x = 41", "output_limit": 1 << 16})
+    assert zyg.reply_to(11)["status"] == "Finished"
+    zyg.send({**call, "id": 12, "limits": {**LIMITS, "timeout": 0.5}}, {"code": "import time; time.sleep(30)",
+                                                                         "output_limit": 1 << 16})
+    interrupted = zyg.reply_to(12)
+    assert interrupted["status"] == "TimeLimitExceeded" and interrupted["session_alive"] is True
+    assert "KeyboardInterrupt" in interrupted["stderr"]
+    zyg.send({**call, "id": 13}, {"code": "print(x + 1)", "output_limit": 1 << 16})
+    assert zyg.reply_to(13)["stdout"] == "42\n"
+    zyg.send({"op": "close", "id": 14, "session": 10})
+    ended = zyg.reply_to(10)  # the session's unprompted last word
+    assert ended["session_alive"] is False and ended["session_end"] == "closed"
+    zyg.send({**call, "id": 15}, {"code": "print(x)", "output_limit": 1 << 16})
+    assert zyg.reply_to(15)["session_alive"] is False
+
+
+def test_paths_are_split_beneath_their_roots() -> None:
+    roots = ["/workdir", "/tmp", "/mnt/data"]
+    assert zygote._split_path("a/b.txt", roots) == ("/workdir", ["a", "b.txt"])
+    assert zygote._split_path("/mnt/data/p.png", roots) == ("/mnt/data", ["p.png"])
+    for bad in ("/etc/passwd", "a/../../etc", "", "/tmp", "x\x00y"):
+        with pytest.raises(ValueError):
+            zygote._split_path(bad, roots)
