@@ -15,6 +15,8 @@ Examples:
   python scripts/benchmark_tool_backends.py --backend sandbox_fusion --url http://127.0.0.1:8080
   # verl-sf with the fast path off (any `verl-sf serve` flag passes through)
   python scripts/benchmark_tool_backends.py --backend verl-sf --server-arg=--no-fast-path
+  # bursts of slow code (loops beside short runs, sleeps, the medium case) against the naive baseline
+  python scripts/benchmark_tool_backends.py --backend subprocess verl-sf --scenarios --bursts loops sleeps medium
   # one chart over earlier runs
   python scripts/benchmark_tool_backends.py --compare outputs/subprocess/2025... outputs/verl-sf/2025...
 
@@ -23,8 +25,8 @@ Examples:
 
 Scenarios a backend cannot run (sessions, /v1/ping) are skipped for it and listed in summary.json.
 Outputs: <output-root>/<backend>/<UTC time>/{summary.json,results.csv,throughput.png}
-(+ server.log for a server the script started); with several backends, or --compare,
-also <output-root>/compare/<UTC time>/{comparison.csv,throughput.png}.
+(+ bursts.csv with --bursts, server.log for a server the script started); with several backends,
+or --compare, also <output-root>/compare/<UTC time>/{comparison.csv,throughput.png} (+ comparison_bursts.csv).
 """
 
 from __future__ import annotations
@@ -41,9 +43,19 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
+from bench import bursts
 from bench.backends import ALIASES, BACKENDS, BackendSkipped, BenchBackend, make_backend
 from bench.memory import tree_memory_mb
-from bench.report import CSV_COLUMNS, BadOutputDir, compare, load_run, plot_throughput, write_csv, write_json
+from bench.report import (
+    BURST_COLUMNS,
+    CSV_COLUMNS,
+    BadOutputDir,
+    compare,
+    load_run,
+    plot_throughput,
+    write_csv,
+    write_json,
+)
 from bench.runner import Settings, measure_level
 from bench.scenarios import SCENARIOS, Kind
 from bench.session_memory import idle_session_memory
@@ -71,8 +83,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int,
                         help=f"measured batches of C simultaneous calls per level = calls per virtual client "
                              f"(default: {DEFAULT_ITERATIONS})")
-    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS),
-                        help="default: all")
+    parser.add_argument("--scenarios", nargs="*", choices=list(SCENARIOS), default=list(SCENARIOS),
+                        help="default: all; `--scenarios` alone: none (e.g. bursts only)")
+    parser.add_argument("--bursts", nargs="*", choices=list(bursts.BURSTS), default=[],
+                        help="bursts of slow code, each sent once with verl's client deadline (see bench/bursts.py); "
+                             "default: none")
+    parser.add_argument("--burst-scale", type=float, default=1.0,
+                        help="multiplies every burst's size (1: 100 loops, 64 sleeps, 256 medium programs)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: concurrency {' '.join(map(str, QUICK_CONCURRENCY))}, warmup {QUICK_WARMUP}, "
                              f"iterations {QUICK_ITERATIONS} (explicit flags still win)")
@@ -107,6 +124,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         args.iterations = QUICK_ITERATIONS if args.quick else DEFAULT_ITERATIONS
     if any(c < 1 for c in args.concurrency):
         parser.error(f"--concurrency: every level must be >= 1, got {args.concurrency}")
+    if not args.scenarios and not args.bursts:
+        parser.error("nothing to run: give --scenarios, --bursts, or both")
+    if args.burst_scale <= 0:
+        parser.error(f"--burst-scale must be > 0, got {args.burst_scale}")
     if args.iterations < 1 or args.warmup < 0:
         parser.error(f"--iterations must be >= 1 and --warmup >= 0, got {args.iterations} and {args.warmup}")
     if args.run_timeout <= 0:
@@ -207,8 +228,9 @@ def sessions_table(sessions: dict) -> str:
 async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Optional[Path]:
     """Benchmark one backend; returns its output directory, or None when it was skipped."""
     out_dir = new_output_dir(args.output_root, name, stamp)
+    connections = max(max(args.concurrency), bursts.connections_needed(args.bursts, args.burst_scale))
     backend: BenchBackend = make_backend(name, url=backend_url(args, name), server_args=args.server_arg,
-                                         log_dir=out_dir, max_concurrency=max(args.concurrency),
+                                         log_dir=out_dir, max_concurrency=connections,
                                          client_timeout=args.client_timeout, docker_image=args.docker_image,
                                          docker_memory=args.docker_memory)
     settings = Settings(args.warmup, args.iterations, args.run_timeout, args.client_timeout,
@@ -220,15 +242,17 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         "load_average_at_start": os.getloadavg(),
         "load_model": "iterations = measured batches of `concurrency` simultaneous calls per level",
         "config": {"concurrency": args.concurrency, "warmup": args.warmup, "iterations": args.iterations,
-                   "scenarios": args.scenarios, "run_timeout": args.run_timeout,
+                   "scenarios": args.scenarios, "bursts": args.bursts, "burst_scale": args.burst_scale,
+                   "run_timeout": args.run_timeout,
                    "client_timeout": args.client_timeout, "memory_limit_MB": args.memory_limit_mb,
                    "url": backend_url(args, name), "server_args": args.server_arg},
         "memory": {"measure": "Pss summed over the process tree, MiB"},
         "results": [],
+        "bursts": [],
     }
     try:
         try:
-            await backend.start(max(args.concurrency))
+            await backend.start(connections)
         except BackendSkipped as exc:
             print(f"SKIPPED {exc}", file=sys.stderr)
             return None
@@ -242,7 +266,7 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         if summary["skipped_scenarios"]:
             print(f"{label}: skipping {', '.join(summary['skipped_scenarios'])} (not supported here)", file=sys.stderr)
         total = sum((args.warmup + args.iterations) * c for c in args.concurrency) * len(runnable)
-        with tqdm(total=total, desc=label, unit="call", dynamic_ncols=True) as bar:
+        with tqdm(total=total, desc=label, unit="call", dynamic_ncols=True, disable=not total) as bar:
             for scenario_name in runnable:
                 for concurrency in args.concurrency:
                     bar.set_postfix_str(f"{scenario_name} c={concurrency}")
@@ -255,6 +279,14 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
                     # Written after every level, so an interrupted run keeps what it measured.
                     write_json(out_dir / "summary.json", summary)
                     write_csv(out_dir / "results.csv", summary["results"], CSV_COLUMNS)
+            for burst_name in args.bursts:
+                bar.set_postfix_str(f"burst {burst_name}")
+                row = await bursts.BURSTS[burst_name](backend, args.burst_scale)
+                summary["bursts"].append(row)
+                bar.write(f"{label} burst {burst_name}: {row['answered_in_time']}/{row['calls']} answered in time, "
+                          f"{row['expected_verdicts']} as expected, slowest {row['slowest_reply_s']:.1f}s")
+                write_json(out_dir / "summary.json", summary)
+                write_csv(out_dir / "bursts.csv", summary["bursts"], BURST_COLUMNS)
         summary["memory"]["idle_after_run_mb"] = tree_memory_mb(root) if root else None
         if args.session_memory and any(SCENARIOS[name].kind == Kind.session for name in runnable):
             summary["sessions"] = {"idle_memory": await idle_session_memory(backend, args.session_memory),
@@ -262,13 +294,17 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
             write_json(out_dir / "summary.json", summary)
     finally:
         # Files first (no awaits): a second interrupt during close() must not cost the plot.
-        if summary["results"]:
+        if summary["results"] or summary["bursts"]:
             write_json(out_dir / "summary.json", summary)
+        if summary["results"]:
             plot_throughput([(label, summary["results"])], out_dir / "throughput.png", f"{label} throughput")
         await backend.close()
-        if not summary["results"]:
+        if not summary["results"] and not summary["bursts"]:
             remove_if_empty(out_dir)
-    print(terminal_table(label, summary["results"]))
+    if summary["results"]:
+        print(terminal_table(label, summary["results"]))
+    if summary["bursts"]:
+        print(bursts.terminal_table(label, summary["bursts"]))
     if "sessions" in summary:
         print(sessions_table(summary["sessions"]))
     print(f"saved {out_dir}")

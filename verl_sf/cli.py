@@ -9,6 +9,8 @@ import sys
 from typing import Optional
 
 from verl_sf import __version__
+from verl_sf.cluster import cli as cluster_cli
+from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.verl_tool import VerlToolConfig, VerlToolState
 
@@ -44,6 +46,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="memory cap when a request says memory_limit_MB=-1")
     p.add_argument("--output-limit-kb", type=int, default=defaults.output_limit_bytes >> 10,
                    help="stdout and stderr kept per run (each); the rest is cut with a marker")
+    p.add_argument("--runs-memory-mb", type=int, default=defaults.runs_memory_mb,
+                   help="cap on all runs' memory together (this machine's memory less a reserve)")
     p.add_argument("--workdir-size-mb", type=int, default=defaults.workdir_size_mb)
     p.add_argument("--max-processes", type=int, default=defaults.max_processes,
                    help="processes+threads per run")
@@ -55,6 +59,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="/get_observation: seconds one turn's code may run")
     p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
                    help="/get_observation: seconds a trajectory keeps its state without a turn")
+    p.add_argument("--fronts", type=int, default=1,
+                   help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -69,7 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
         session_max_lifetime_s=args.session_max_lifetime, host_uid_base=args.host_uid_base,
         isolation=IsolationMode(args.isolation),
         fast_path=args.fast_path, preload=tuple(m for m in args.preload.split(",") if m),
-        default_memory_mb=args.default_memory_mb, output_limit_bytes=args.output_limit_kb << 10,
+        default_memory_mb=args.default_memory_mb, runs_memory_mb=args.runs_memory_mb,
+        output_limit_bytes=args.output_limit_kb << 10,
         workdir_size_mb=args.workdir_size_mb, max_processes=args.max_processes, python=args.python,
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
@@ -82,9 +89,16 @@ def _serve(args: argparse.Namespace) -> int:
               flush=True)
 
     try:
+        if args.fronts != 1:
+            from verl_sf.server.fronts import run_fronts
+
+            return run_fronts(config, args.fronts, ready, args.log_level)
         asyncio.run(serve(config, ready))
     except IsolationUnavailable as exc:
         print(f"verl-sf: cannot isolate runs: {exc}", file=sys.stderr)
+        return 2
+    except VerlSfError as exc:  # FrontsError: a bad --fronts, or a front that could not start
+        print(f"verl-sf serve: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -110,6 +124,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     _add_serve(sub)
     _add_rollout(sub)
     _add_languages(sub)
+    cluster_cli.add_arguments(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -18,6 +18,9 @@ GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s",
 EXTRA_COLUMNS = ["measured_call_count", "timeout_count", "client_timeout_count", "error_count",
                  "p50_queue_wait_s", "p95_queue_wait_s", "peak_memory_mb", "client_cpu_ms_per_call"]
 CSV_COLUMNS = GUIDE_COLUMNS + EXTRA_COLUMNS
+BURST_COLUMNS = ["burst", "calls", "answered_in_time", "expected_verdicts", "client_timeouts", "errors",
+                 "cpu_starved", "slowest_reply_s", "short_calls", "short_ok", "short_p50_s", "short_p99_s", "wall_s"]
+"""bursts.csv (see bench/bursts.py); comparison_bursts.csv puts `label` first."""
 COMPARE_COLUMNS = ["label", "backend", "scenario", "concurrency", "throughput_calls_per_s", "p50_s", "p95_s",
                    "success_count", "failure_count", "throughput_ratio_vs_baseline"]
 
@@ -111,8 +114,12 @@ def compare(summaries: list[dict], out_dir: Path, baseline: str) -> list[dict]:
                          "throughput_ratio_vs_baseline":
                              result["throughput_calls_per_s"] / reference if reference else None})
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(out_dir / "comparison.csv", rows, COMPARE_COLUMNS)
-    title = f"throughput by backend (ratios vs {baseline} in comparison.csv)" if base else "throughput by backend"
-    plot_throughput([(s.get("label", s["backend"]), s["results"]) for s in summaries], out_dir / "throughput.png",
-                    title)
+    bursts = [{**row, "label": s.get("label", s["backend"])} for s in summaries for row in s.get("bursts", [])]
+    if bursts:
+        write_csv(out_dir / "comparison_bursts.csv", bursts, ["label", *BURST_COLUMNS])
+    if rows:
+        write_csv(out_dir / "comparison.csv", rows, COMPARE_COLUMNS)
+        title = f"throughput by backend (ratios vs {baseline} in comparison.csv)" if base else "throughput by backend"
+        plot_throughput([(s.get("label", s["backend"]), s["results"]) for s in summaries],
+                        out_dir / "throughput.png", title)
     return rows

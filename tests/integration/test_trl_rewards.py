@@ -114,8 +114,8 @@ def test_server_stopped_mid_batch_gives_none_never_a_score() -> None:
 
 
 def test_overloaded_server_is_retried_after_retry_after_then_none() -> None:
-    """--max-queue 0: a request finding the one slot busy gets 503 + Retry-After."""
-    server = start_server("--workers", "1", "--max-queue", "0")
+    """--max-in-flight 1: a request finding one run in flight gets 503 + Retry-After."""
+    server = start_server("--slots", "1", "--max-in-flight", "1")
     slow_correct = "    import time\n    time.sleep(0.5)\n" + KADANE
     try:
         with CodeTestReward(EXAMPLE_TASKS, sandbox_url=server.url, timeout_s=5, max_retries=0,

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "benchmark_tool_backends.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
-from bench.report import CSV_COLUMNS  # noqa: E402
+from bench.report import BURST_COLUMNS, CSV_COLUMNS  # noqa: E402
 from bench.runner import percentile  # noqa: E402
 from bench.scenarios import SCENARIOS, Outcome, classify  # noqa: E402
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus  # noqa: E402
@@ -188,12 +188,33 @@ def test_compare_rejects_a_directory_it_did_not_write(tmp_path: Path) -> None:
     (["--backend", "sandbox_fusion"], "sandbox_fusion needs the server's address"),
     (["--backend", "subprocess", "--server-arg=--no-fast-path"], "--server-arg only applies to --backend verl-sf"),
     (["--scenarios", "nosuch"], "invalid choice: 'nosuch'"),
+    (["--scenarios"], "nothing to run: give --scenarios, --bursts, or both"),
+    (["--bursts", "sleeps", "--burst-scale", "0"], "--burst-scale must be > 0"),
 ])
 def test_bad_arguments_are_named(args: list[str], message: str, tmp_path: Path) -> None:
     result = run_script(*args, "--output-root", str(tmp_path))
     assert result.returncode == 2
     assert message in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_bursts_alone_against_the_baseline_write_their_table_and_comparison(tmp_path: Path) -> None:
+    """A tiny sleep burst (4 x sleep 60, run_timeout 5) and medium burst on both backends: every call
+    answered in time with the expected verdict, in bursts.csv and the comparison."""
+    result = run_script("--backend", "subprocess", "verl-sf", "--scenarios", "--bursts", "sleeps", "medium",
+                        "--burst-scale", "0.0625", SMALL_SERVER, "--output-root", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for backend in ("subprocess", "verl-sf"):
+        run_dir = only_subdir(tmp_path / backend)
+        columns, rows = read_csv(run_dir / "bursts.csv")
+        assert columns == BURST_COLUMNS
+        assert [(r["burst"], r["calls"], r["answered_in_time"], r["expected_verdicts"]) for r in rows] == [
+            ("sleeps", "4", "4", "4"), ("medium", "16", "16", "16")]
+        assert not (run_dir / "results.csv").exists()
+        assert json.loads((run_dir / "summary.json").read_text())["results"] == []
+    columns, rows = read_csv(only_subdir(tmp_path / "compare") / "comparison_bursts.csv")
+    assert columns == ["label", *BURST_COLUMNS] and len(rows) == 4
+    assert result.stdout.count(" bursts\n") == 2  # one terminal table per backend
 
 
 def test_unavailable_backends_are_skipped_with_a_reason(tmp_path: Path) -> None:

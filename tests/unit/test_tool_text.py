@@ -67,6 +67,12 @@ def test_render_each_outcome() -> None:
     timeout = RunCodeResponse(status=RunStatus.Failed, run_result=CommandRunResult(
         status=CommandRunStatus.TimeLimitExceeded, stdout="", stderr=""))
     assert reply_text(timeout, 2.5, 1000) == ("Execution timed out after 2.5 s", False)
+    starved = RunCodeResponse(status=RunStatus.Failed, message="run_timeout exceeded while the run mostly waited "
+                              "for a CPU (server overloaded)", run_result=CommandRunResult(
+                                  status=CommandRunStatus.TimeLimitExceeded, cpu_wait_time=2.0, cpu_starved=True))
+    assert reply_text(starved, 2.5, 1000) == (
+        "Sandbox error: run_timeout exceeded while the run mostly waited for a CPU (server overloaded)", False)
+    assert metrics(starved, "http", truncated=False)["status"] == "sandbox_error"
     compile_error = RunCodeResponse(status=RunStatus.Failed, compile_result=CommandRunResult(
         status=CommandRunStatus.Finished, return_code=1, stderr="main.cpp:1: error: expected ';'"))
     assert reply_text(compile_error, 10, 1000) == ("Compilation failed:\nmain.cpp:1: error: expected ';'", False)

@@ -2,7 +2,7 @@
 
 A config is plain, hashable data: the tool hands it to whichever process runs the call (its
 own, or a Ray pool actor), and that process keeps one backend per config (`build()` once).
-The `type` field is the tag (`http`, `local`, `daytona`), as in a tool yaml's `backend:` key.
+The `type` field is the tag (`http`, `local`, `daytona`, `cluster`), as in a tool yaml's `backend:` key.
 
 Adding a backend is its module (a `SandboxBackend` subclass whose `__init__` takes the config)
 plus one config class in this module (so its name is known before the backend is imported)::
@@ -182,6 +182,43 @@ class DaytonaBackendConfig(BackendConfig):
         from verl_sf.backends.daytona import DaytonaSandboxBackend
 
         return DaytonaSandboxBackend
+
+
+class ClusterBackendConfig(BackendConfig):
+    """`backend: cluster`: the fleet of `verl-sf cluster up`, found through Ray; the yaml's `cluster:` block."""
+
+    type: Literal["cluster"] = "cluster"
+    address: Optional[str] = None
+    """Ray cluster to join when this process is not connected yet (default: RAY_ADDRESS, else auto)."""
+    namespace: str = "verl-sf-cluster"
+    """Ray namespace of the fleet (`verl-sf cluster up --namespace`)."""
+    refresh_s: float = Field(10.0, ge=0)
+    """How often the server list is re-read from Ray (sooner after a server fails)."""
+    spill_at: Optional[int] = Field(None, ge=1)
+    """This process's calls in flight on its node's server at which further calls go elsewhere
+    (default: that server's slot count)."""
+    busy_s: float = Field(0.5, ge=0)
+    """How long a server that answered 503/429 is passed over."""
+    max_rounds: int = Field(5, ge=1)
+    """Passes over the servers before a call gives up (jittered backoff in between)."""
+    backoff_base_s: float = Field(0.5, ge=0)
+    backoff_max_s: float = Field(10.0, ge=0)
+    http: dict[str, Any] = Field(default_factory=dict)
+    """HttpBackendConfig options for the calls (connect_timeout_s, server_margin_s, connection_limit)."""
+
+    @field_validator("http")
+    @classmethod
+    def _http_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "max_retries" in value or "url" in value:
+            raise ValueError("url and max_retries do not apply: the fleet's servers are found through Ray, and a "
+                             "call a server declines or cannot take goes to another one (max_rounds bounds that)")
+        HttpBackendConfig(url="http://127.0.0.1", **value)  # names a bad option now, not at the first call
+        return value
+
+    def backend_class(self) -> BackendClass:
+        from verl_sf.backends.cluster import ClusterSandboxBackend
+
+        return ClusterSandboxBackend
 
 
 def _registered_config(value: Any) -> Any:

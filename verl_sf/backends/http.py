@@ -12,13 +12,18 @@ is async (aiohttp, pooled keep-alive connections) and retries what is worth retr
 * never a request the server rejected (other 4xx: `SandboxRequestRejected`, naming the
   status and the server's message), nor a read time-out (the code may still be running).
 
-When no usable answer comes, `SandboxUnavailable` says why.  The object holds its
+When no usable answer comes, `SandboxUnavailable` says why, as one of three subclasses that
+tell a router (the `cluster` backend) what it may do next: `SandboxUnreachable` (no connection:
+the call never reached the server, so another server may run it), `SandboxOverloaded` (429/503:
+the server declined it) and `SandboxConnectionLost` (the connection broke after the request was
+sent: the run may have started, so it is not re-sent elsewhere).  The object holds its
 configuration and the ids of the server sessions it created — the aiohttp session lives in a
 per-process, per-event-loop registry — so every copy in a process shares connections.
 
 Sessions (`run_code(request, session=key)`) are verl-sf's `POST /sessions`; a server without
 that route (a plain Sandbox Fusion one) raises `SessionsUnsupported`, from `check_sessions()` or
-`probe_sessions(url)` before any call, and otherwise on the first call in a session.
+`probe_sessions(url)` before any call, and otherwise on the first call in a session.  A call in a
+session is never re-sent after its connection broke (a second run would change the state).
 """
 
 from __future__ import annotations
@@ -32,12 +37,13 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Callable
 from typing import Any, Optional, TypeVar
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from verl_sf.backends.base import SandboxUnavailable, SessionEnded, SessionsUnsupported
+from verl_sf.backends.base import SandboxUnavailable, SessionsUnsupported
 from verl_sf.backends.config import HttpBackendConfig
 from verl_sf.backends.sessions import ServerSessionBackend
 from verl_sf.errors import VerlSfError
@@ -56,6 +62,7 @@ NO_ROUTE_STATUSES = frozenset({404, 405})  # what a server without POST /session
 SESSIONS_PROBE_BODY = {"language": None}
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
+T = TypeVar("T")
 
 
 class SandboxRequestRejected(VerlSfError, ValueError):
@@ -66,6 +73,21 @@ class SandboxRequestRejected(VerlSfError, ValueError):
         self.url = url
         self.status = status
         self.body = body
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # crosses Ray and process pools intact
+        return type(self), (self.url, self.status, self.body)
+
+
+class SandboxUnreachable(SandboxUnavailable):
+    """No connection could be made (refused, connect time-out): the call never reached the server."""
+
+
+class SandboxOverloaded(SandboxUnavailable):
+    """The server declined the call (HTTP 429/502/503/504) each time it was tried."""
+
+
+class SandboxConnectionLost(SandboxUnavailable):
+    """The connection broke after the request was sent: the run may have started (or finished)."""
 
 
 # loop -> {session key -> session}.  Weak on the loop: a session is bound to the loop it
@@ -100,10 +122,14 @@ def _no_sessions_message(url: str, status: int) -> str:
             f"Fusion server?); serve with `verl-sf serve`, or use the tool without `session: trajectory`")
 
 
+def sessions_url(base_url: str) -> str:
+    return base_url.rstrip("/") + "/sessions"
+
+
 def probe_sessions(base_url: str, timeout_s: float = 10.0) -> bool:
     """Blocking check, for construction time: True when the server keeps sessions, False when it
     cannot be reached (ask again later); raises `SessionsUnsupported` when it answers without them."""
-    url = normalize_sessions_url(base_url)
+    url = sessions_url(base_url)
     probe = urllib.request.Request(url, data=json.dumps(SESSIONS_PROBE_BODY).encode(), method="POST",
                                    headers={"Content-Type": "application/json"})
     try:
@@ -116,10 +142,6 @@ def probe_sessions(base_url: str, timeout_s: float = 10.0) -> bool:
     if status in NO_ROUTE_STATUSES:
         raise SessionsUnsupported(_no_sessions_message(url, status))
     return True
-
-
-def normalize_sessions_url(base_url: str) -> str:
-    return base_url.rstrip("/") + "/sessions"
 
 
 class HttpSandboxBackend(ServerSessionBackend):
@@ -151,33 +173,29 @@ class HttpSandboxBackend(ServerSessionBackend):
 
     @property
     def sessions_url(self) -> str:
-        return normalize_sessions_url(self.base_url)
+        return sessions_url(self.base_url)
 
     async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         budget = request.compile_timeout + request.run_timeout + self.config.server_margin_s
-        try:
-            return await self._post(self.run_code_url, request, RunCodeResponse, budget,
-                                    repeatable=request.session_id is None)
-        except SandboxRequestRejected as exc:
-            if request.session_id is not None and exc.status == 404:
-                raise SessionEnded(request.session_id, _detail(exc.body)) from None
-            raise
+        return await self._post(self.run_code_url, request, RunCodeResponse, budget,
+                                repeatable=request.session_id is None)
+
+    def _session_gone(self, error: Exception) -> Optional[str]:
+        if isinstance(error, SandboxRequestRejected) and error.status == 404:
+            return _detail(error.body)
+        return None
 
     async def check_sessions(self) -> None:
         """Raise `SessionsUnsupported` unless the server has POST /sessions (creates nothing)."""
-        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + self.config.server_margin_s)
         try:
-            async with self._session().post(self.sessions_url, json=SESSIONS_PROBE_BODY, timeout=timeout) as response:
-                status = response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise SandboxUnavailable(f"{self.sessions_url}: {type(exc).__name__}: {exc}") from exc
-        if status in NO_ROUTE_STATUSES:
-            raise SessionsUnsupported(_no_sessions_message(self.sessions_url, status))
+            await self.request_json("POST", "/sessions", SESSIONS_PROBE_BODY)
+        except SandboxRequestRejected as exc:
+            if exc.status in NO_ROUTE_STATUSES:
+                raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
 
     async def _create_session(self, request: SessionCreateRequest) -> str:
         try:
-            info = await self._post(self.sessions_url, request, SessionInfo, self.config.server_margin_s,
-                                    ok_statuses=(200, 201))
+            info = await self._post(self.sessions_url, request, SessionInfo, self.config.server_margin_s)
         except SandboxRequestRejected as exc:
             if exc.status in NO_ROUTE_STATUSES:
                 raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
@@ -185,12 +203,11 @@ class HttpSandboxBackend(ServerSessionBackend):
         return info.session_id
 
     async def _delete_session(self, session_id: str) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + self.config.server_margin_s)
         try:
-            async with self._session().delete(f"{self.sessions_url}/{session_id}", timeout=timeout) as response:
-                await response.read()  # 404: already gone, which is what was asked
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise SandboxUnavailable(f"{self.sessions_url}/{session_id}: {type(exc).__name__}: {exc}") from exc
+            await self.request_json("DELETE", f"/sessions/{session_id}")
+        except SandboxRequestRejected as exc:
+            if exc.status != 404:  # 404: already gone, which is what was asked
+                raise
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         return await self._post(self.run_jupyter_url, request, RunJupyterResponse,
@@ -220,41 +237,57 @@ class HttpSandboxBackend(ServerSessionBackend):
             per_loop[self._session_key()] = session
         return session
 
+    async def request_json(self, method: str, path: str, payload: Optional[dict[str, Any]] = None,
+                           budget_s: Optional[float] = None) -> Any:
+        """`method base_url+path` with a JSON body; the decoded JSON answer (same retries as a run)."""
+        url = self.base_url + path
+        return await self._send(method, url, payload, lambda body: _json(url, body),
+                                self.config.server_margin_s if budget_s is None else budget_s)
+
     async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float,
-                    ok_statuses: tuple[int, ...] = (200,), repeatable: bool = True) -> ResponseT:
+                    repeatable: bool = True) -> ResponseT:
+        return await self._send("POST", url, request.model_dump(mode="json"),
+                                lambda body: _parse(url, body, response_type), budget_s, repeatable)
+
+    async def _send(self, method: str, url: str, payload: Optional[dict[str, Any]], parse: Callable[[bytes], T],
+                    budget_s: float, repeatable: bool = True) -> T:
         """`repeatable=False` (a call into a session, whose state a second run would change): a connection
         lost after the request was sent is not retried."""
-        payload = request.model_dump(mode="json")
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s, sock_read=budget_s)
         attempts = self.config.max_retries + 1
         reason = "no attempt made"
+        failure: type[SandboxUnavailable] = SandboxUnavailable
         for attempt in range(attempts):
             retry_after = 0.0
             try:
-                async with self._session().post(url, json=payload, timeout=timeout) as response:
-                    if response.status in ok_statuses:
-                        return _parse(url, await response.read(), response_type)
+                async with self._session().request(method, url, json=payload, timeout=timeout) as response:
+                    if 200 <= response.status < 300:  # 201 Created, 204 No Content (the session API)
+                        return parse(await response.read())
                     body = (await response.text(errors="replace"))[:500]
                     if response.status not in RETRY_STATUSES:
                         if 400 <= response.status < 500:
                             raise SandboxRequestRejected(url, response.status, body)
                         raise SandboxUnavailable(f"{url} answered HTTP {response.status}: {body}")
-                    reason = f"HTTP {response.status}"
+                    reason, failure = f"HTTP {response.status}", SandboxOverloaded
                     retry_after = _retry_after_s(response.headers.get("Retry-After"))
                     if retry_after > self.config.max_retry_after_s:
-                        raise SandboxUnavailable(f"{url} answered {reason} with Retry-After {retry_after:g} s, "
-                                                 f"more than max_retry_after_s={self.config.max_retry_after_s:g}")
+                        raise SandboxOverloaded(f"{url} answered {reason} with Retry-After {retry_after:g} s, "
+                                                f"more than max_retry_after_s={self.config.max_retry_after_s:g}")
             except aiohttp.SocketTimeoutError as exc:
                 raise SandboxUnavailable(f"{url} sent no answer within {budget_s:g} s; not retried because "
                                          f"the run may still be executing") from exc
+            except aiohttp.ClientConnectorError as exc:
+                reason, failure = f"{type(exc).__name__}: {exc}", SandboxUnreachable
+            except aiohttp.ConnectionTimeoutError as exc:
+                reason, failure = f"connect time-out: {exc}", SandboxUnreachable
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                if not repeatable and not isinstance(exc, aiohttp.ClientConnectorError):
-                    raise SandboxUnavailable(f"{url}: {reason}; not retried because the call may have run "
-                                             f"in its session") from exc
+                reason, failure = f"{type(exc).__name__}: {exc}", SandboxConnectionLost
+                if not repeatable:
+                    raise SandboxConnectionLost(f"{url}: {reason}; not retried because the call may have run "
+                                                f"in its session") from exc
             if attempt + 1 < attempts:
                 await asyncio.sleep(max(retry_after, self._backoff_s(attempt)))
-        raise SandboxUnavailable(f"{url}: no usable answer after {attempts} attempt(s); last: {reason}")
+        raise failure(f"{url}: no usable answer after {attempts} attempt(s); last: {reason}")
 
     def _backoff_s(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, base * 2**attempt)] spreads retrying clients out."""
@@ -267,6 +300,15 @@ def _parse(url: str, body: bytes, response_type: type[ResponseT]) -> ResponseT:
     except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
         raise SandboxUnavailable(f"{url} answered 200 with a body that is not a "
                                  f"{response_type.__name__}: {str(exc)[:300]}") from exc
+
+
+def _json(url: str, body: bytes) -> Any:
+    if not body.strip():
+        return None
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise SandboxUnavailable(f"{url} answered with a body that is not JSON: {str(exc)[:300]}") from exc
 
 
 def _detail(body: str) -> str:

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Optional, TypeVar
 
-from verl_sf.backends.base import SandboxUnavailable, SessionEnded
+from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.backends.config import LocalBackendConfig
 from verl_sf.backends.sessions import ServerSessionBackend
 from verl_sf.executor import Executor, IsolationUnavailable, Overloaded, SessionNotFound
@@ -55,10 +55,10 @@ class LocalSandboxBackend(ServerSessionBackend):
 
     async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         executor = await self._ready()
-        try:
-            return await _unless_overloaded(executor.run_code(request))
-        except SessionNotFound as exc:
-            raise SessionEnded(exc.session_id, exc.reason) from None
+        return await _unless_overloaded(executor.run_code(request))
+
+    def _session_gone(self, error: Exception) -> Optional[str]:
+        return error.reason if isinstance(error, SessionNotFound) else None
 
     async def _create_session(self, request: SessionCreateRequest) -> str:
         executor = await self._ready()

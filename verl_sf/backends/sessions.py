@@ -5,7 +5,8 @@ with a key creates the server session (one per key and language: a python and a 
 are separate sandboxes); later calls run in it with `session_id`.  Languages without sessions
 (anything but python and bash) run stateless.  When the server says the session is gone (404:
 ended, expired, evicted, restarted) the caller gets `SessionEnded` and the key is forgotten,
-so its next call starts a fresh session; a call whose reply says it ended the session (killed
+so its next call starts a fresh session (a caller that names a server `session_id` itself gets the
+server's own answer); a call whose reply says it ended the session (killed
 at its time-out or for memory) already told the caller, so the key is forgotten silently.
 """
 
@@ -33,7 +34,11 @@ class ServerSessionBackend(SandboxBackend):
     # ---- what a subclass provides ---------------------------------------------------------
     @abc.abstractmethod
     async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        """Run one request (with or without `session_id`); a gone session raises SessionEnded."""
+        """Run one request (with or without `session_id`) as the server answers it."""
+
+    @abc.abstractmethod
+    def _session_gone(self, error: Exception) -> Optional[str]:
+        """Why the server no longer has the session a call named, if `error` says that; else None."""
 
     @abc.abstractmethod
     async def _create_session(self, request: SessionCreateRequest) -> str:
@@ -53,9 +58,12 @@ class ServerSessionBackend(SandboxBackend):
         call = request.model_copy(update={"session_id": session_id, "files": {} if created else request.files})
         try:
             response = await self._run_code(call)
-        except SessionEnded:
+        except Exception as exc:
+            reason = self._session_gone(exc)
+            if reason is None:
+                raise
             self._forget(key, session_id)
-            raise
+            raise SessionEnded(session_id, reason) from exc
         if response.session_alive is False:
             self._forget(key, session_id)
         return response

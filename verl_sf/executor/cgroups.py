@@ -77,8 +77,9 @@ def _remove_tree(directory: Path, attempts: int = 50) -> None:
 class CgroupManager:
     """Creates one parent group per server and one delegated group per sandbox."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, memory_cap_bytes: int = 0):
         self.name = name
+        self.memory_cap_bytes = memory_cap_bytes
         self.v2 = (CGROUP_ROOT / "cgroup.controllers").exists()
         self.available = False
         self.reason = ""
@@ -100,6 +101,9 @@ class CgroupManager:
             self._parents[controller] = parent
         if self.v2:
             _write(self._parents["memory"] / "cgroup.subtree_control", "+memory +pids")
+        if self.memory_cap_bytes:  # an out-of-memory kill then stays among the runs
+            _write(self._parents["memory"] / ("memory.max" if self.v2 else "memory.limit_in_bytes"),
+                   str(self.memory_cap_bytes))
 
     def sandbox(self, name: str) -> Optional[SandboxCgroup]:
         if not self.available:

@@ -26,6 +26,13 @@ def _memory_mb() -> int:
         return 8192
 
 
+def default_runs_memory_mb() -> int:
+    """All runs together: the machine's memory less a reserve (an eighth, at least 1 GB) that the
+    server and the rest of the machine keep whatever the runs do."""
+    total = _memory_mb()
+    return max(512, total - max(1024, total // 8))
+
+
 def default_max_in_flight() -> int:
     """Runs admitted at once: enough for verl's 32-thread reward client beside a rollout batch
     of 256, and more on machines whose memory holds more."""
@@ -62,6 +69,9 @@ class ExecutorConfig:
     cost a fraction (fork time grows with the parent's memory)."""
     default_memory_mb: int = 2048
     """Cap applied when a request says memory_limit_MB=-1."""
+    runs_memory_mb: int = dataclasses.field(default_factory=default_runs_memory_mb)
+    """Cap on the memory of all runs and sessions together (the cgroup above every sandbox's).  The runs'
+    own caps may add up past it; a burst that reaches it has runs killed for memory, never the server."""
     output_limit_bytes: int = 1 << 20
     """Per stream (stdout, stderr) kept and returned; the rest is counted and marked as cut."""
     workdir_size_mb: int = 256

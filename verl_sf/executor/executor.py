@@ -126,7 +126,7 @@ class Executor:
             log.warning(warning)
         if self.config.isolation == IsolationMode.sandbox:
             check_isolation_support()
-            self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}")
+            self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}", self.config.runs_memory_mb << 20)
             if not self.cgroups.available:
                 log.warning("verl-sf: runs are capped by rlimits only (RLIMIT_DATA, RLIMIT_NPROC): %s",
                             self.cgroups.reason)
@@ -242,11 +242,20 @@ class Executor:
     def _memory_mb(self, requested: int) -> int:
         return self.config.default_memory_mb if requested == -1 else requested
 
-    def _limits(self, timeout: float, budget: float, arrived: float, memory_mb: int) -> Limits:
-        """`budget`: what the client waits in all; the reply must leave `reply_margin_s` before it."""
-        hard = budget - self.config.reply_margin_s - (time.monotonic() - arrived)
-        return {"timeout": timeout, "hard_timeout": max(hard, timeout), "output_limit": self.config.output_limit_bytes,
-                "memory": memory_mb << 20, "nproc": self.config.max_processes}
+    def _limits(self, timeout: float, budget: float, memory_mb: int) -> Limits:
+        """`budget`: what the client waits in all; the reply must leave `reply_margin_s` before it.
+        `hard_timeout` counts from the request's arrival until `_hand_over` makes it count from then."""
+        return {"timeout": timeout, "hard_timeout": budget - self.config.reply_margin_s,
+                "output_limit": self.config.output_limit_bytes, "memory": memory_mb << 20,
+                "nproc": self.config.max_processes}
+
+    @staticmethod
+    def _hand_over(limits: Limits, arrived: float) -> float:
+        """Just before the zygote gets the job: the time it waited (for a slot, a busy session) comes
+        off its hard limit, so the reply still leaves before the client's deadline.  Returns that wait."""
+        waited = time.monotonic() - arrived
+        limits["hard_timeout"] = max(limits["hard_timeout"] - waited, limits["timeout"])
+        return waited
 
     def _body_limits(self, memory_mb: int) -> dict[str, Any]:
         cfg = self.config
@@ -255,16 +264,17 @@ class Executor:
 
     async def _job(self, flavor: str, head: dict[str, Any], body: dict[str, Any], arrived: float) -> tuple[Reply, float]:
         """Admitted already: wait for a CPU slot, run, and give the slot back."""
-        lease = await self.slots.acquire()
-        queue_wait = time.monotonic() - arrived
         try:
-            zygote = await self._pick(flavor)
-            reply = await zygote.request(head, encode_body(body))  # type: ignore[arg-type]
-        except asyncio.CancelledError:
+            lease = await self.slots.acquire()
+            try:
+                zygote = await self._pick(flavor)
+                queue_wait = self._hand_over(head["limits"], arrived)
+                reply = await zygote.request(head, encode_body(body))  # type: ignore[arg-type]
+            finally:
+                lease.release()
+        except asyncio.CancelledError:  # its client went away, whether it was queued or running
             self.stats.cancelled += 1
             raise
-        finally:
-            lease.release()
         return reply, queue_wait
 
     # ---- requests --------------------------------------------------------------------------
@@ -300,7 +310,7 @@ class Executor:
                 body["compile_argv"] = self.toolchains.argv(spec.compile, source.params)
         budget = request.run_timeout + request.compile_timeout + CLIENT_SLACK_S
         head = {"op": "run", "id": next_id(), "compile_timeout": request.compile_timeout if spec.compile else 0,
-                "limits": self._limits(request.run_timeout, budget, arrived, memory_mb)}
+                "limits": self._limits(request.run_timeout, budget, memory_mb)}
         self._admit()
         try:
             reply, queue_wait = await self._job(flavor, head, body, arrived)
@@ -339,7 +349,8 @@ class Executor:
     def _command_result(self, stage: StageResult, memory_mb: int) -> CommandRunResult:
         stderr = stage.get("stderr", "")
         if stage.get("memory_exceeded"):
-            stderr += f"\n[verl-sf: killed: memory limit of {memory_mb} MB exceeded]\n"
+            stderr += (f"\n[verl-sf: killed: memory limit of {memory_mb} MB exceeded, or the memory of all "
+                       f"runs together reached the server's cap of {self.config.runs_memory_mb} MB]\n")
         if stage.get("cpu_starved"):
             self.stats.cpu_starved += 1
         return CommandRunResult(status=CommandRunStatus(stage.get("status", "Error")),
@@ -357,7 +368,7 @@ class Executor:
                 "cell_timeout": request.cell_timeout, "files": {k: v or "" for k, v in request.files.items()},
                 "fetch_files": request.fetch_files}
         head = {"op": "run", "id": next_id(), "compile_timeout": 0,
-                "limits": self._limits(request.total_timeout, request.total_timeout + CLIENT_SLACK_S, arrived, memory_mb)}
+                "limits": self._limits(request.total_timeout, request.total_timeout + CLIENT_SLACK_S, memory_mb)}
         self._admit()
         try:
             reply, queue_wait = await self._job(self._flavor_for("\n".join(request.cells)), head, body, arrived)
@@ -406,7 +417,7 @@ class Executor:
         session = Session(id=f"{self.instance}-{secrets.token_hex(8)}", language=request.language, zygote=zygote,
                           open_id=open_id, memory_mb=memory_mb, idle_ttl_s=ttl)
         head = {"op": "open", "id": open_id, "language": request.language,
-                "limits": self._limits(30.0, 30.0, time.monotonic(), memory_mb)}
+                "limits": self._limits(30.0, 30.0, memory_mb)}
         body = {**self._body_limits(memory_mb), "mode": f"session_{request.language}",
                 "files": {k: v or "" for k, v in request.files.items()}}
         zygote.sessions.add(open_id)
@@ -491,13 +502,13 @@ class Executor:
     async def _session_call(self, session: Session, timeout: float, body: Any) -> tuple[Reply, float]:
         arrived = time.monotonic()
         head = {"op": "call", "id": next_id(), "session": session.open_id, "grace": self.config.session_interrupt_grace_s,
-                "limits": self._limits(timeout, timeout + CLIENT_SLACK_S, arrived, session.memory_mb)}
+                "limits": self._limits(timeout, timeout + CLIENT_SLACK_S, session.memory_mb)}
         await session.busy.acquire()
         self._admit()
         call = None
         try:
             lease = await self.slots.acquire()
-            queue_wait = time.monotonic() - arrived
+            queue_wait = self._hand_over(head["limits"], arrived)
             try:
                 call = asyncio.ensure_future(session.zygote.request(head, body))  # type: ignore[arg-type]
                 reply = await asyncio.shield(call)

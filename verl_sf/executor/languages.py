@@ -220,6 +220,10 @@ class Toolchains:
             part = part.replace(key, value)
         return part
 
+    def missing_summary(self) -> dict[str, str]:
+        """Each language this server cannot run, and why (for /health)."""
+        return {language: self.missing_message(language) for language in sorted(self.missing)}
+
     def argv(self, template: tuple[str, ...], params: dict[str, str] | None = None) -> list[str]:
         return [self.executables.get(part, self.fill(part, params)) for part in template]
 

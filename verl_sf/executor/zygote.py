@@ -169,7 +169,6 @@ READ_CHUNK = 1 << 16
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
 DRAIN_AFTER_EXIT = 1.0  # seconds to collect output still in flight once a run's PID 1 is gone
 TICK = 0.2  # seconds between CPU-wait samples of long runs
-STARVED_SHARE = 0.5  # a time-out is the CPU's fault when the run waited at least this share of its time
 # A call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as the
 # run's user in the session's own mounts, and reports them in order ("fetched": base64 or null per path).
 BASH_SESSION = r"""trap 'builtin printf "\nKeyboardInterrupt\n" >&2' INT
@@ -611,13 +610,14 @@ class Run:
         if self.session is None:
             os.close(job_w)  # a run reads its job to the end; a session keeps the pipe for calls
             self.job_w = -1
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]  # for all stages: the client waits for all
         self._begin_stage(self.head.get("compile_timeout") or self.limits["timeout"])
 
     def _begin_stage(self, timeout, fresh_output=True):
         now = time.monotonic()
         self.stage_started = now
         self.stage_timeout = timeout
-        self.hard_deadline = now + max(self.limits["hard_timeout"], timeout)
+        self.hard_deadline = max(self.hard_deadline, now + timeout)
         if fresh_output:
             self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
             self.dropped = 0
@@ -626,6 +626,7 @@ class Run:
         self.cpu_seen = 0.0
         self.demoted = False
         self.timed_out = False
+        self.starved = False
 
     def deadline(self):
         return min(self.stage_started + self.stage_timeout + self.wait_seen, self.hard_deadline)
@@ -723,12 +724,14 @@ class Run:
             self._sample(zygote)
         if now >= self.deadline():
             self.timed_out = True
+            # Starved: cut off by the client's deadline before it had its own time-out of running time.
+            self.starved = self.hard_deadline < self.stage_started + self.stage_timeout + self.wait_seen
             if self.session is not None:
                 self.interrupted_at = now
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
             else:
-                _kill(self.pid, zygote.isolated)
+                self._finish(zygote)  # kills it and answers at once, with the output it has written
 
     def _sample(self, zygote):
         """CPU time used and time spent waiting for a CPU, over the run's processes."""
@@ -765,7 +768,12 @@ class Run:
         self._drain()
         done = next((r for r in self.records if r.get("done") is True), None)
         cpu = None
-        if self.timed_out or done is None:
+        if self.timed_out:
+            # Answered now: waiting for the kernel to end a run (slow for one at nice 19 on a busy machine)
+            # would make its reply late; retire() collects its PID 1 once it is gone.
+            _kill(self.pid, zygote.isolated)
+            code = -signal.SIGKILL
+        elif done is None:
             _kill(self.pid, zygote.isolated)
             _, wstatus = os.waitpid(self.pid, 0)  # PID 1 is dead or dying: this does not block long
             self.exited = self.collected = True
@@ -800,7 +808,7 @@ class Run:
             if result["cpu_time"] is None:
                 result["cpu_time"] = self.cpu_seen
         if status == "TimeLimitExceeded":
-            result["cpu_starved"] = self.wait_seen >= STARVED_SHARE * elapsed
+            result["cpu_starved"] = self.starved
         out = self.buffers[self.out_r].decode("utf-8", "replace")
         err = self.buffers[self.err_r].decode("utf-8", "replace")
         if self.dropped:
@@ -837,6 +845,7 @@ class Run:
         self.limits = head["limits"]
         self.records = []
         self._drain()  # output of background work between calls is not this call's
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self._begin_stage(self.limits["timeout"])
         self.interrupted_at = None
         with contextlib.suppress(OSError):

@@ -326,9 +326,9 @@ def _backend_from(sandbox_url: Optional[str], backend: Union[SandboxBackend, str
     if backend == "local":
         if sandbox_url is not None:
             raise ValueError("backend='local' runs code in this process: sandbox_url must not be set")
-        from verl_sf.backends.local import LocalSandboxBackend
+        from verl_sf.backends.config import parse_backend_config
 
-        return LocalSandboxBackend(local_options)
+        return parse_backend_config({"type": "local", "executor": dict(local_options or {})}).build()
     if backend in (None, "http"):
         if not sandbox_url:
             raise ValueError("CodeTestReward needs sandbox_url (a verl-sf server), backend='local' or a "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any, Optional
 
@@ -55,10 +56,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="use only the first N prompts")
     parser.add_argument("--ray-address",
                         help="join a Ray cluster first ('auto', host:port, or 'local' to start one), so tools "
-                             "use the Ray execution pool and its cluster-wide rate limit")
+                             "use the Ray execution pool and its cluster-wide rate limit (default with a "
+                             "`backend: cluster` tool: RAY_ADDRESS, else auto)")
     parser.add_argument("--ray-namespace",
                         help="Ray namespace to join: the limiter is shared by the pools of one namespace")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _uses_cluster(tool_config: str) -> bool:
+    """A tool on `backend: cluster` finds its servers through Ray, so the rollout joins Ray before
+    building tools (their pools then take permits from the cluster-wide limiter)."""
+    import yaml
+
+    try:
+        with open(tool_config) as f:
+            tools = (yaml.safe_load(f) or {}).get("tools") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        return False  # load_tools reports what is wrong with the file
+    return any(isinstance(t, dict) and (t.get("config") or {}).get("backend") == "cluster" for t in tools)
+
+
+def _cluster_address() -> str:
+    """As `verl-sf cluster` and Ray's own commands: RAY_ADDRESS, else the local cluster (`auto`)."""
+    return os.environ.get("RAY_ADDRESS") or "auto"
 
 
 def _reward_fn(name: str) -> Optional[RewardFn]:
@@ -92,10 +112,12 @@ async def _run(args: argparse.Namespace) -> int:
         max_parallel_calls=args.max_parallel_calls, max_tool_response_length=args.max_tool_response_length,
         tool_response_truncate_side=args.tool_response_truncate_side, n=args.n,
     )
-    if args.ray_address:
+    ray_address = args.ray_address or (_cluster_address() if args.tool_config and _uses_cluster(args.tool_config)
+                                       else None)
+    if ray_address:
         import ray
 
-        ray.init(address=None if args.ray_address == "local" else args.ray_address, namespace=args.ray_namespace,
+        ray.init(address=None if ray_address == "local" else ray_address, namespace=args.ray_namespace,
                  include_dashboard=False)
     if args.session and not args.tool_config:
         raise ValueError("--session needs --tool-config (the tools whose calls share a session)")

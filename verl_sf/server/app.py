@@ -37,6 +37,8 @@ class ServerConfig:
     max_body_mb: int = 64
     """Larger request bodies get 413 before any of them is parsed."""
     retry_after_s: int = 1
+    reuse_port: bool = False
+    """Share the port with other processes (SO_REUSEPORT): `verl-sf serve --fronts N` runs N."""
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
     verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
 
@@ -209,8 +211,10 @@ def build_app(config: ServerConfig, executor: Executor) -> web.Application:
     return app
 
 
-async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = None) -> None:
-    """Run until SIGTERM/SIGINT; `ready` gets the base URL once the port is bound."""
+async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = None,
+                app_hook: Optional[Callable[[web.Application], None]] = None) -> None:
+    """Run until SIGTERM/SIGINT; `ready` gets the base URL once the port is bound; `app_hook`
+    may add middlewares and startup steps to the app before it starts (the fronts' routing)."""
     _protect_from_oom_killer()
     executor = Executor(config.executor)
     await executor.start()
@@ -219,11 +223,13 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     gc.collect()
     gc.freeze()
     # A client that disconnects cancels its handler: its queued run is dropped, its running one killed.
-    runner = web.AppRunner(build_app(config, executor), access_log=None, handle_signals=False,
-                           handler_cancellation=True)
+    app = build_app(config, executor)
+    if app_hook:
+        app_hook(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+        site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_port=config.reuse_port or None)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         url = f"http://{config.host}:{port}"

@@ -6,6 +6,7 @@ the one place that reads it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -16,12 +17,23 @@ from collections.abc import Callable
 from typing import Optional
 
 LISTEN_RE = re.compile(r"listening on (http://[\w.\-\[\]:]+)")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """SIGTERM this process when the thread that forked it exits, so a killed supervisor (a node
+    actor, the fronts' parent) never leaves a server holding the node's port and cores.  With
+    `parent_pid`, exit at once if that parent is already gone."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120.0,
-                         preexec_fn: Optional[Callable[[], None]] = None) -> tuple[subprocess.Popen, str]:
-    """Run `verl-sf serve --host 127.0.0.1 --port 0 *args`; return the process and its base URL."""
-    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+                         preexec_fn: Optional[Callable[[], None]] = None, host: str = "127.0.0.1",
+                         port: int = 0) -> tuple[subprocess.Popen, str]:
+    """Run `verl-sf serve --host HOST --port PORT *args`; return the process and its base URL."""
+    cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", host, "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env or os.environ.copy(),
                             start_new_session=True, preexec_fn=preexec_fn)
     assert proc.stdout is not None

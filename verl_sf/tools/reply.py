@@ -31,7 +31,8 @@ def outcome_of(response: RunCodeResponse) -> Outcome:
     compile_result, run_result = response.compile_result, response.run_result
     for stage in (compile_result, run_result):
         if stage is not None and stage.status == CommandRunStatus.TimeLimitExceeded:
-            return Outcome.timeout
+            # A time-out spent mostly waiting for a CPU is the overloaded server's, not the code's.
+            return Outcome.sandbox_error if stage.cpu_starved else Outcome.timeout
     if response.status == RunStatus.Success:
         return Outcome.success
     if compile_result is not None and compile_result.status == CommandRunStatus.Finished and compile_result.return_code:

@@ -1,0 +1,158 @@
+"""Ray drivers for tests/integration/test_cluster.py, run as subprocesses (one driver per scenario).
+
+    python -m tests.integration.cluster_driver SCENARIO ADDRESS NAMESPACE [JSON ARGS]
+
+Each scenario prints one JSON line: what happened, as data the test asserts on.  Callers are
+Ray tasks pinned to a node by a resource only that node carries (`node_a`, `node_b`, ...), so
+"the caller's node" is a real Ray node id, as in a rollout worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import ray
+
+from verl_sf.backends.cluster import ClusterSandboxBackend, SandboxCallInterrupted, SessionLost
+from verl_sf.models import RunCodeRequest
+
+
+def _backend(namespace: str, spill_at: int | None = None) -> ClusterSandboxBackend:
+    return ClusterSandboxBackend(namespace=namespace, refresh_s=2.0, spill_at=spill_at)
+
+
+@ray.remote(num_cpus=0)
+def calls_from_here(namespace: str, n: int, concurrency: int = 1, spill_at: int | None = None,
+                    sleep: float = 0.0) -> dict[str, Any]:
+    """n `print(1)` calls (after `sleep` s in the sandbox) at `concurrency` from this task's node: who served them."""
+    code = f"import time\ntime.sleep({sleep})\nprint(1)" if sleep else "print(1)"
+
+    async def run() -> dict[str, Any]:
+        async with _backend(namespace, spill_at) as backend:
+            slots = asyncio.Semaphore(concurrency)
+
+            async def one() -> str | None:
+                async with slots:
+                    result = (await backend.run_code(RunCodeRequest(code=code, language="python"))).run_result
+                    return result.stdout if result else None
+
+            outputs = await asyncio.gather(*(one() for _ in range(n)))
+            return {"node_id": ray.get_runtime_context().get_node_id(), "stats": backend.stats(),
+                    "stdout": outputs}
+
+    return asyncio.run(run())
+
+
+@ray.remote(num_cpus=0)
+def load_and_kill_local_server(namespace: str, n: int, concurrency: int, kill_after: int) -> dict[str, Any]:
+    """n calls of ~0.3 s at `concurrency`; after `kill_after` of them finished, SIGKILL this node's server."""
+    from verl_sf.cluster import fleet
+
+    node_id = ray.get_runtime_context().get_node_id()
+    local = next(info for info in fleet.server_infos(namespace) if info["node_id"] == node_id)
+    outcomes: dict[str, int] = {"ok": 0, "interrupted": 0}
+    errors: list[str] = []
+    killed = asyncio.Event()
+
+    async def one(backend: ClusterSandboxBackend, slots: asyncio.Semaphore) -> None:
+        async with slots:
+            try:
+                response = await backend.run_code(RunCodeRequest(
+                    code="import time\ntime.sleep(0.3)\nprint('done')", language="python"))
+            except SandboxCallInterrupted:
+                outcomes["interrupted"] += 1
+            except Exception as exc:  # anything else is a lost call: the test reports it
+                errors.append(f"{type(exc).__name__}: {exc}")
+            else:
+                if response.run_result and response.run_result.stdout == "done\n":
+                    outcomes["ok"] += 1
+                else:
+                    errors.append(f"wrong answer: {response.model_dump_json()[:300]}")
+            if not killed.is_set() and outcomes["ok"] >= kill_after:
+                os.kill(local["pid"], signal.SIGKILL)
+                killed.set()
+
+    async def run() -> dict[str, Any]:
+        async with _backend(namespace) as backend:
+            slots = asyncio.Semaphore(concurrency)
+            await asyncio.gather(*(one(backend, slots) for _ in range(n)))
+            return {"killed_pid": local["pid"], "killed_url": local["url"], **outcomes, "errors": errors,
+                    "stats": backend.stats()}
+
+    return asyncio.run(run())
+
+
+@ray.remote(num_cpus=0)
+def session_on_its_server(namespace: str) -> dict[str, Any]:
+    """A session keeps its state across calls on its server; after that server is killed: SessionLost."""
+    from verl_sf.cluster import fleet
+
+    async def run() -> dict[str, Any]:
+        async with _backend(namespace) as backend:
+            info = await backend.create_session(language="python")
+            session_id = info["session_id"]
+            first = await backend.run_code(RunCodeRequest(code="x = 41", language="python",
+                                                          session_id=session_id))  # type: ignore[call-arg]
+            second = await backend.run_code(RunCodeRequest(code="print(x + 1)", language="python",
+                                                           session_id=session_id))  # type: ignore[call-arg]
+            served = {url: s["served"] for url, s in backend.stats().items() if s["served"]}
+            url = backend.session_server(session_id)
+            pid = next(i["pid"] for i in fleet.server_infos(namespace) if i["url"] == url)
+            os.kill(pid, signal.SIGKILL)
+            try:
+                await backend.run_code(RunCodeRequest(code="print(x)", language="python",
+                                                      session_id=session_id))  # type: ignore[call-arg]
+                lost = None
+            except SessionLost as exc:
+                lost = exc.reason
+            return {"first": first.status.value, "second": second.run_result.stdout if second.run_result else None,
+                    "served": served, "session_url": url, "lost": lost}
+
+    return asyncio.run(run())
+
+
+def crash_actor(namespace: str, node_id: str) -> dict[str, Any]:
+    """Kill the node's server actor as a crash would (Ray restarts it); the old server must go with it."""
+    from verl_sf.cluster import fleet
+    from verl_sf.cluster.names import server_name
+
+    before = next(i for i in fleet.server_infos(namespace) if i["node_id"] == node_id)
+    ray.kill(ray.get_actor(server_name(node_id), namespace=namespace), no_restart=False)
+    deadline = time.monotonic() + 120
+    after = None
+    while time.monotonic() < deadline:
+        infos = [i for i in fleet.server_infos(namespace, timeout_s=5) if i["node_id"] == node_id]
+        if infos and infos[0]["url"] and infos[0]["pid"] != before["pid"]:
+            after = infos[0]
+            break
+        time.sleep(1)
+    return {"before": before, "after": after}
+
+
+def main() -> None:
+    scenario, address, namespace = sys.argv[1:4]
+    args = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    ray.init(address=address, namespace="verl-sf-cluster-test-driver", log_to_driver=False)
+    pin = args.pop("node", None)
+    options: dict[str, Any] = {"resources": {pin: 0.01}} if pin else {}
+    if scenario == "calls":
+        result = ray.get(calls_from_here.options(**options).remote(namespace, **args))
+    elif scenario == "load":
+        result = ray.get(load_and_kill_local_server.options(**options).remote(namespace, **args))
+    elif scenario == "session":
+        result = ray.get(session_on_its_server.options(**options).remote(namespace))
+    elif scenario == "crash_actor":
+        result = crash_actor(namespace, **args)
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

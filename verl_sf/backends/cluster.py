@@ -1,0 +1,336 @@
+"""`ClusterSandboxBackend`: the fleet `verl-sf cluster up` placed, routed from the caller's own node.
+
+Servers are found through Ray (the fleet's named actors); calls go straight to a server over
+HTTP with the http backend's client.  Routing, per call:
+
+1. the caller's own node's server (same Ray node id; outside Ray, same IP): no network hop;
+2. when it is absent or saturated (it answered 503/429 within the last `busy_s`, or this
+   process already has `spill_at` calls in flight on it), the other server with the fewest of
+   this process's calls in flight per slot.
+
+A server that cannot be connected to never ran the call: the call goes to the next server and
+the directory is refreshed (Ray restarts servers, on the same URL when it can).  A connection
+that breaks after the request was sent may have run the code: it is not re-sent (a run is not
+idempotent) and the caller gets `SandboxCallInterrupted`, a `SandboxUnavailable` (a sandbox
+failure, never the code's verdict).  A session lives on the server that created it; when that
+server has died or no longer knows the session, `SessionLost` says so.
+
+The object holds only its settings when pickled; its state (directory, counters, sessions)
+belongs to the process and event loop that use it, as the http backend's connections do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from typing import Any, Optional
+
+from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.config import ClusterBackendConfig
+from verl_sf.backends.http import (
+    HttpSandboxBackend,
+    SandboxConnectionLost,
+    SandboxOverloaded,
+    SandboxRequestRejected,
+    SandboxUnreachable,
+)
+from verl_sf.errors import VerlSfError
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+log = logging.getLogger(__name__)
+RECHECK_DOWN_S = 1.0
+
+
+class SandboxCallInterrupted(SandboxUnavailable):
+    """The server's connection broke while the call may have been running; it was not re-sent."""
+
+
+class SessionLost(VerlSfError):
+    """The session's server died, restarted, or no longer knows the session."""
+
+    def __init__(self, session_id: str, reason: str):
+        super().__init__(f"session {session_id} lost: {reason}")
+        self.session_id = session_id
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray and process pools intact
+        return type(self), (self.session_id, self.reason)
+
+
+@dataclasses.dataclass
+class _Server:
+    node_id: str
+    node_ip: str
+    url: str
+    generation: int
+    client: HttpSandboxBackend
+    slots: int = 1
+    in_flight: int = 0  # this process's calls on it
+    served: int = 0
+    busy_until: float = 0.0  # monotonic: declined a call (503/429) until then
+    down: bool = False  # refused a connection; skipped until the directory is refreshed
+
+
+@dataclasses.dataclass
+class _State:
+    """Per event loop: servers by URL, sessions by id, and when the directory was last read."""
+
+    servers: dict[str, _Server] = dataclasses.field(default_factory=dict)
+    sessions: dict[str, str] = dataclasses.field(default_factory=dict)  # session id -> its server's URL
+    refreshed_at: float = float("-inf")
+    refreshing: Optional[asyncio.Future] = None
+
+
+class ClusterSandboxBackend(SandboxBackend):
+    """Routes every call to a server of the Ray-placed fleet: its own node's first."""
+
+    name = "cluster"
+    # As with the http backend the tool's calls each start fresh; sessions are asked for explicitly
+    # (`create_session`, `RunCodeRequest.session_id`), and the `session` key of the tool is ignored.
+    supports_sessions = False
+
+    def __init__(self, config: Optional[ClusterBackendConfig] = None, **options: Any):
+        """`ClusterSandboxBackend(ClusterBackendConfig(...))`, or the shorthand `ClusterSandboxBackend(**options)`."""
+        if config is not None and options:
+            raise TypeError(f"options {sorted(options)} go into the ClusterBackendConfig, not beside it")
+        self.config = config or ClusterBackendConfig(**options)
+        self._states: dict[asyncio.AbstractEventLoop, _State] = {}
+        self._node: Optional[tuple[str, str]] = None
+
+    def __repr__(self) -> str:
+        return f"ClusterSandboxBackend(namespace={self.config.namespace!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_states"], state["_node"] = {}, None
+        return state
+
+    async def __aenter__(self) -> ClusterSandboxBackend:
+        await self._refresh(force=True)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- the SandboxBackend interface ------------------------------------------------
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+        """Run `request` in the server session `request.session_id` names (on its server), else on the best server."""
+        if request.session_id:
+            session_id = request.session_id
+            return await self._in_session(session_id, lambda server: server.client.run_code(request))
+        return await self._routed(lambda server: server.client.run_code(request))
+
+    async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
+        return await self._routed(lambda server: server.client.run_jupyter(request))
+
+    async def close(self) -> None:
+        state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None and state.servers:
+            await next(iter(state.servers.values())).client.close()  # one shared connection pool
+
+    # ---- sessions (the server's HTTP session API) -------------------------------------
+    async def create_session(self, language: str = "python", **fields: Any) -> dict[str, Any]:
+        """`POST /sessions` on the server a call would go to now; remembers where the session lives."""
+        body = {"language": language, **fields}
+        info: dict[str, Any] = await self._routed(lambda server: server.client.request_json("POST", "/sessions", body))
+        return info
+
+    async def end_session(self, session: str) -> None:
+        """`DELETE /sessions/{id}`; a session that is already gone, or whose server is, counts as ended."""
+        with contextlib.suppress(SessionLost):
+            await self._in_session(session, lambda server: server.client.request_json(
+                "DELETE", f"/sessions/{session}"))
+        self._state().sessions.pop(session, None)
+
+    # ---- what the router sees --------------------------------------------------------
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per server URL, as this process sees it: node, calls served and in flight, state."""
+        state = self._states.get(asyncio.get_running_loop(), _State())
+        local = self._node_identity()[0] if self._node else None
+        return {url: {"node_id": s.node_id, "local": s.node_id == local, "served": s.served,
+                      "in_flight": s.in_flight, "slots": s.slots, "down": s.down} for url, s in state.servers.items()}
+
+    def session_server(self, session_id: str) -> Optional[str]:
+        """The URL of the server this process knows `session_id` lives on."""
+        return self._states.get(asyncio.get_running_loop(), _State()).sessions.get(session_id)
+
+    async def servers(self) -> list[str]:
+        """URLs of the servers the directory holds (refreshed if stale)."""
+        await self._refresh()
+        return sorted(self._state().servers)
+
+    # ---- routing ---------------------------------------------------------------------
+    async def _routed(self, call: Any) -> Any:
+        """Run `call(server)` on the best server; fail over on refusal or 503; never re-send a lost call."""
+        reasons: list[str] = []
+        for round_ in range(self.config.max_rounds):
+            await self._refresh(force=round_ > 0)
+            tried: set[str] = set()
+            while (server := self._pick(tried)) is not None:
+                tried.add(server.url)
+                server.in_flight += 1
+                try:
+                    result = await call(server)
+                except SandboxUnreachable as exc:
+                    self._mark_down(server)
+                    reasons.append(str(exc))
+                    continue
+                except SandboxOverloaded as exc:
+                    server.busy_until = time.monotonic() + self.config.busy_s
+                    reasons.append(str(exc))
+                    continue
+                except SandboxConnectionLost as exc:
+                    raise SandboxCallInterrupted(
+                        f"{server.url} dropped the connection after the call was sent; the run may have "
+                        f"started, so it was not re-sent to another server: {exc}") from exc
+                finally:
+                    server.in_flight -= 1
+                server.served += 1
+                if isinstance(result, dict) and isinstance(result.get("session_id"), str):
+                    self._state().sessions[result["session_id"]] = server.url
+                return result
+            if round_ + 1 < self.config.max_rounds:
+                backoff = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** round_)
+                await asyncio.sleep(random.uniform(0, backoff))
+        if not reasons:
+            raise SandboxUnavailable(f"no sandbox server in Ray namespace {self.config.namespace!r} "
+                                     f"(is the fleet up? `verl-sf cluster up`)")
+        raise SandboxUnavailable(f"no server took the call in {self.config.max_rounds} round(s); "
+                                 f"last: {reasons[-1]}")
+
+    def _pick(self, tried: set[str]) -> Optional[_Server]:
+        candidates = [s for s in self._state().servers.values() if s.url not in tried and not s.down]
+        if not candidates:
+            return None
+        now = time.monotonic()
+        node_id, node_ip = self._node_identity()
+        if any(s.node_id == node_id for s in self._state().servers.values()):
+            local = [s for s in candidates if s.node_id == node_id]
+        else:  # a process outside the fleet's nodes (e.g. a Ray client): its host's server is local
+            local = [s for s in candidates if s.node_ip == node_ip]
+
+        def saturated(server: _Server) -> bool:
+            return server.busy_until > now or server.in_flight >= (self.config.spill_at or server.slots)
+
+        for server in local:
+            if not saturated(server):
+                return server
+        return min(candidates, key=lambda s: (saturated(s), s.in_flight / s.slots, s.node_id != node_id))
+
+    async def _in_session(self, session_id: str, call: Any) -> Any:
+        state = self._state()
+        url = state.sessions.get(session_id) or await self._find_session(session_id)
+        server = state.servers.get(url)
+        if server is None:
+            await self._refresh(force=True)
+            server = state.servers.get(url)
+            if server is None:
+                raise SessionLost(session_id, f"its server {url} is no longer in the fleet")
+        server.in_flight += 1
+        try:
+            result = await call(server)
+        except (SandboxUnreachable, SandboxConnectionLost) as exc:
+            self._mark_down(server)
+            state.sessions.pop(session_id, None)
+            raise SessionLost(session_id, f"its server {url} died: {exc}") from exc
+        except SandboxRequestRejected as exc:
+            if exc.status != 404:
+                raise
+            state.sessions.pop(session_id, None)
+            raise SessionLost(session_id, f"{url} does not know it (ended, expired, or the server restarted): "
+                                          f"{exc.body}") from exc
+        finally:
+            server.in_flight -= 1
+        server.served += 1
+        return result
+
+    def _mark_down(self, server: _Server) -> None:
+        """Skip it, and read the directory again soon: Ray restarts servers within seconds."""
+        server.down = True
+        state = self._state()
+        state.refreshed_at = min(state.refreshed_at, time.monotonic() - self.config.refresh_s + RECHECK_DOWN_S)
+
+    async def _find_session(self, session_id: str) -> str:
+        """A session another process created: ask each server (`GET /sessions/{id}`) once."""
+        await self._refresh()
+        for server in list(self._state().servers.values()):
+            try:
+                await server.client.request_json("GET", f"/sessions/{session_id}")
+            except (SandboxUnavailable, SandboxRequestRejected):
+                continue
+            self._state().sessions[session_id] = server.url
+            return server.url
+        raise SessionLost(session_id, "no server of the fleet knows it")
+
+    # ---- the directory (Ray's named actors) ------------------------------------------
+    def _state(self) -> _State:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            for closed in [other for other in self._states if other.is_closed()]:
+                del self._states[closed]
+            state = self._states[loop] = _State()
+        return state
+
+    def _node_identity(self) -> tuple[str, str]:
+        """(Ray node id, IP) of this process: which server is "local"."""
+        if self._node is None:
+            import ray
+
+            self._node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
+        return self._node
+
+    async def _refresh(self, force: bool = False) -> None:
+        state = self._state()
+        if not force and time.monotonic() - state.refreshed_at < self.config.refresh_s and state.servers:
+            return
+        if state.refreshing is None:  # one refresh at a time; concurrent callers wait for it
+            state.refreshing = asyncio.ensure_future(self._read_directory(state))
+        refreshing = state.refreshing
+        try:
+            await asyncio.shield(refreshing)
+        except Exception as exc:
+            if isinstance(exc, SandboxUnavailable):
+                raise
+            raise SandboxUnavailable(f"cannot read the sandbox fleet from Ray (namespace {self.config.namespace!r}): "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            if state.refreshing is refreshing and refreshing.done():
+                state.refreshing = None
+
+    async def _read_directory(self, state: _State) -> None:
+        from verl_sf.cluster import fleet
+
+        await asyncio.to_thread(fleet.connect, self.config.address, self.config.namespace)
+        self._node_identity()
+        infos = await asyncio.to_thread(fleet.server_infos, self.config.namespace)
+        fresh: dict[str, _Server] = {}
+        new: list[_Server] = []
+        for info in infos:
+            url = info["url"]
+            if url is None:
+                continue  # restarting: not routable until it listens again
+            known = state.servers.get(url)
+            if known is not None and known.generation == info["generation"] and known.node_id == info["node_id"]:
+                known.down = False
+                fresh[url] = known
+                continue
+            client = HttpSandboxBackend(url, **self.config.http, max_retries=0)
+            fresh[url] = _Server(info["node_id"], info["node_ip"], url, info["generation"], client)
+            new.append(fresh[url])
+        await asyncio.gather(*(self._read_slots(server) for server in new))
+        state.servers = fresh
+        state.refreshed_at = time.monotonic()
+
+    @staticmethod
+    async def _read_slots(server: _Server) -> None:
+        """The server's slot count from its /health: the default spill threshold and load scale."""
+        try:
+            health = await server.client.request_json("GET", "/health", budget_s=5.0)
+            server.slots = max(1, int(health.get("slots", 1)))
+        except (SandboxUnavailable, SandboxRequestRejected, TypeError, ValueError) as exc:
+            log.warning("cluster backend: no /health from %s: %s", server.url, exc)

@@ -1,0 +1,275 @@
+"""`verl-sf serve --fronts N`: N server processes share one port, so a node's HTTP, JSON and
+pipe work runs on N cores instead of one.
+
+Each front is a whole server (its own event loop and executor, a share of the slots and of the
+queue) listening on the public port with SO_REUSEPORT: the kernel spreads connections across
+them.  A session lives in one front's executor, so the front that creates it prefixes its id
+with its index (`f2-<id>`), and a session call that lands on another front is forwarded over
+loopback to the owner's private port (127.0.0.1, a port of its own).  /health on any front
+answers for the whole server (sums over the fronts).  If one front dies the parent stops the
+others and exits non-zero: a supervisor (the cluster's node actor, systemd) restarts the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import re
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional
+
+import aiohttp
+import aiohttp.payload
+from aiohttp import web
+
+from verl_sf.errors import VerlSfError
+from verl_sf.server.app import EXECUTOR_KEY, ServerConfig, build_app, serve
+from verl_sf.server.process import die_with_parent
+
+log = logging.getLogger(__name__)
+SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")
+SUMMED_HEALTH_FIELDS = ("slots", "sandboxes", "in_flight", "queued", "max_in_flight", "sessions", "max_sessions")
+PEERS_KEY = web.AppKey("front_peers", list[int])
+CLIENT_KEY = web.AppKey("front_client", aiohttp.ClientSession)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class FrontsError(VerlSfError):
+    """The fronts cannot start: a bad --fronts value, or a front exited while starting."""
+
+
+def share(total: int, fronts: int, index: int) -> int:
+    """Front `index`'s part of `total` slots (or queue places): as even as integers allow."""
+    return total // fronts + (1 if index < total % fronts else 0)
+
+
+def front_session_id(index: int, session_id: str) -> str:
+    return f"f{index}-{session_id}"
+
+
+class FrontRouting:
+    """The middleware of front `index`: session calls go to the session's owner, /health sums all fronts."""
+
+    def __init__(self, index: int, config: ServerConfig, parent: multiprocessing.connection.Connection):
+        self.index = index
+        self.config = config
+        self.parent = parent
+        self._private: Optional[web.AppRunner] = None
+
+    def install(self, app: web.Application) -> None:
+        app.middlewares.append(self.middleware)
+        app.on_startup.append(self._start_private)
+        app.on_cleanup.append(self._stop_private)
+
+    async def _start_private(self, app: web.Application) -> None:
+        """The loopback port peers forward to, then the peer list (the public port opens after this)."""
+        self._private = web.AppRunner(build_app(self.config, app[EXECUTOR_KEY]), access_log=None,
+                                      handle_signals=False)
+        await self._private.setup()
+        site = web.TCPSite(self._private, "127.0.0.1", 0)
+        await site.start()
+        self.parent.send(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        app[PEERS_KEY] = await asyncio.to_thread(self.parent.recv)
+        app[CLIENT_KEY] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                                connector=aiohttp.TCPConnector(limit=0))
+
+    async def _stop_private(self, app: web.Application) -> None:
+        if CLIENT_KEY in app:
+            await app[CLIENT_KEY].close()
+        if self._private is not None:
+            await self._private.cleanup()
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/health":
+            return await self._health(request, handler)
+        session_id = await _session_of(request)
+        if session_id is None:
+            response = await handler(request)
+            if request.path == "/sessions" and request.method == "POST":
+                _rewrite_session_id(response, lambda local: front_session_id(self.index, local))
+            return response
+        match = SESSION_ID_RE.match(session_id)
+        peers = request.app[PEERS_KEY]
+        if match is None or int(match.group(1)) >= len(peers):
+            return web.json_response({"detail": f"unknown session {session_id!r}: not an id this server gave out"},
+                                     status=404)
+        return await self._forward(request, int(match.group(1)), session_id, match.group(2))
+
+    async def _forward(self, request: web.Request, owner: int, session_id: str, local_id: str) -> web.Response:
+        """Send the call, with the owner's own id, to the owner's loopback port; give the answer the public id."""
+        body = await request.read()
+        if body:
+            payload = json.loads(body)
+            payload["session_id"] = local_id
+            body = json.dumps(payload).encode()
+        path = request.path.replace(session_id, local_id)
+        url = f"http://127.0.0.1:{request.app[PEERS_KEY][owner]}{path}"
+        async with request.app[CLIENT_KEY].request(request.method, url, data=body or None,
+                                                   headers={"Content-Type": "application/json"}) as answer:
+            response = web.Response(body=await answer.read(), status=answer.status,
+                                    content_type=answer.content_type,
+                                    headers={k: v for k, v in answer.headers.items() if k == "Retry-After"})
+        _rewrite_session_id(response, lambda local: front_session_id(owner, local))
+        return response
+
+    async def _health(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """This front's /health with the counters summed over every front (a peer that fails is reported)."""
+        own = await handler(request)
+        health = _json_body(own)
+        if not isinstance(health, dict):
+            return own
+        client = request.app[CLIENT_KEY]
+        peers: list[int] = request.app[PEERS_KEY]
+        others = [port for i, port in enumerate(peers) if i != self.index]
+        answers = await asyncio.gather(*(_peer_health(client, port) for port in others))
+        for answer in answers:
+            if answer is None:
+                health["status"] = "degraded"
+                continue
+            for field in SUMMED_HEALTH_FIELDS:
+                if isinstance(health.get(field), int) and isinstance(answer.get(field), int):
+                    health[field] += answer[field]
+        health["fronts"] = len(request.app[PEERS_KEY])
+        health["front"] = self.index
+        return web.json_response(health)
+
+
+async def _peer_health(client: aiohttp.ClientSession, port: int) -> Optional[dict[str, Any]]:
+    try:
+        async with client.get(f"http://127.0.0.1:{port}/health", timeout=aiohttp.ClientTimeout(total=5)) as answer:
+            health: dict[str, Any] = await answer.json()
+            return health
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def _session_of(request: web.Request) -> Optional[str]:
+    """The session a request addresses: `/sessions/{id}` or `session_id` in a /run_code body."""
+    if request.path.startswith("/sessions/"):
+        return request.path.split("/")[2] or None
+    if request.method == "POST" and request.path == "/run_code":
+        if (request.content_length or 0) > request.app["max_body_bytes"]:
+            return None  # the handler answers 413 without reading it
+        try:
+            raw = await request.read()  # aiohttp keeps it: the handler reads the same bytes
+        except web.HTTPRequestEntityTooLarge:
+            raise web.HTTPRequestEntityTooLarge(  # a chunked body: FastAPI's error shape, as the handler's
+                max_size=request.app["max_body_bytes"], actual_size=0,
+                text=json.dumps({"detail": f"request body larger than {request.app['max_body_bytes']} bytes"}),
+                content_type="application/json") from None
+        if b'"session_id"' in raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return None  # the handler answers 400 with the parse error
+            session_id = body.get("session_id") if isinstance(body, dict) else None
+            return session_id if isinstance(session_id, str) else None
+    return None
+
+
+def _json_body(response: web.StreamResponse) -> Any:
+    """A handler's JSON answer, whether it was built from bytes (json_response) or a str body; else None."""
+    if not isinstance(response, web.Response) or not 200 <= response.status < 300:
+        return None
+    body = response.body
+    if isinstance(body, aiohttp.payload.BytesPayload):  # web.Response(body=str) holds a StringPayload
+        text: str | bytes = body.decode()
+    elif isinstance(body, bytes):
+        text = body
+    else:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _rewrite_session_id(response: web.StreamResponse, rename: Callable[[str], str]) -> None:
+    payload = _json_body(response)
+    if isinstance(payload, dict) and isinstance(payload.get("session_id"), str):
+        payload["session_id"] = rename(payload["session_id"])
+        assert isinstance(response, web.Response)
+        response.body = json.dumps(payload).encode()
+
+
+def _front_main(config: ServerConfig, index: int, parent: multiprocessing.connection.Connection,
+                log_level: str, parent_pid: int) -> None:
+    die_with_parent(parent_pid)  # a SIGKILLed parent must not leave fronts holding the port
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s front{index} %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when fronts stop (SIGTERM)
+    routing = FrontRouting(index, config, parent)
+    asyncio.run(serve(config, ready=parent.send, app_hook=routing.install))
+
+
+def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], log_level: str = "INFO") -> int:
+    """Start `fronts` servers on `config`'s port; return when they stop (0) or one died (1)."""
+    if fronts < 1 or fronts > config.executor.slots:
+        raise FrontsError(f"--fronts must be between 1 and --slots ({config.executor.slots}), got {fronts}")
+    # Held (bound, not listening) until every front has bound the same port: `--port 0` picks it here.
+    reservation = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    reservation.bind((config.host, config.port))
+    port = reservation.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    processes, pipes = [], []
+    for index in range(fronts):
+        executor = dataclasses.replace(
+            config.executor, slots=share(config.executor.slots, fronts, index),
+            max_in_flight=max(1, share(config.executor.max_in_flight, fronts, index)),
+            max_sessions=max(1, share(config.executor.max_sessions, fronts, index)))
+        front = dataclasses.replace(config, port=port, reuse_port=True, executor=executor)
+        ours, theirs = context.Pipe()
+        process = context.Process(target=_front_main, args=(front, index, theirs, log_level, os.getpid()),
+                                  name=f"front{index}")
+        process.start()
+        processes.append(process)
+        pipes.append(ours)
+    stop = {"signal": 0}
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        stop["signal"] = signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
+    try:
+        private_ports = [_receive(pipe, processes) for pipe in pipes]
+        for pipe in pipes:
+            pipe.send(private_ports)
+        for pipe in pipes:
+            _receive(pipe, processes)  # the front's public URL: it listens
+        reservation.close()
+        ready(f"http://{config.host}:{port}")
+        sentinels = [process.sentinel for process in processes]
+        while not stop["signal"]:
+            if multiprocessing.connection.wait(sentinels, timeout=0.5):
+                log.error("a front process died; stopping the others")
+                return 1
+        return 0
+    finally:
+        reservation.close()
+        for process in processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: the front ends its sandboxes and removes its cgroups
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def _receive(pipe: multiprocessing.connection.Connection, processes: list[Any]) -> Any:
+    """The next message of a starting front, or FrontsError if any front died first."""
+    while not pipe.poll(0.5):
+        dead = [p.name for p in processes if not p.is_alive()]
+        if dead:
+            raise FrontsError(f"front process(es) {', '.join(dead)} exited while starting")
+    return pipe.recv()
