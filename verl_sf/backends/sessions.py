@@ -31,6 +31,10 @@ class ServerSessionBackend(SandboxBackend):
     def __init__(self) -> None:
         self._session_ids: dict[SessionKey, asyncio.Future[str]] = {}
 
+    def __getstate__(self) -> dict:
+        """A copy in another process starts with no sessions: they belong to this process's event loop."""
+        return {**self.__dict__, "_session_ids": {}}
+
     # ---- what a subclass provides ---------------------------------------------------------
     @abc.abstractmethod
     async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
