@@ -30,4 +30,4 @@ class ExecutorSessions:
 
     async def close(self, session_id: str) -> None:
         with contextlib.suppress(executor_api.SessionNotFound):  # already gone: ending it was the point
-            await self.executor.end_session(session_id)
+            self.executor.end_session(session_id)
