@@ -90,7 +90,8 @@ def test_python_state_persists_across_calls(server: ServerHandle) -> None:
     assert stdout(call(server, sid, "print(open('log.txt').read(), end='')\nimport os\nprint(os.getcwd())")) \
         == "kept open\n/workdir\n"
     info = requests.get(f"{server.url}/sessions/{sid}", timeout=60).json()
-    assert info["calls"] == 3 and info["alive"] is True
+    assert info["calls"] == 3 and info["alive"] is True and info["memory_bytes"] > 0
+    assert info["idle_since"] >= info["created_at"]
 
 
 def test_bash_state_persists_across_calls(server: ServerHandle) -> None:
@@ -309,6 +310,23 @@ def test_a_fork_bomb_in_a_session_is_contained(server: ServerHandle) -> None:
     assert stdout(call(server, bystander, "print('fine')")) == "fine\n"
     requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
     assert health(server)["status"] == "ok"
+
+
+def test_processes_a_session_starts_live_only_as_long_as_the_session(server: ServerHandle) -> None:
+    sid = create(server, "bash")
+    body = call(server, sid, "setsid sleep 4567 > /dev/null 2>&1 < /dev/null &\n"
+                             "nohup sleep 4567 > /dev/null 2>&1 &\necho started", language="bash")
+    assert stdout(body) == "started\n"
+    assert len(host_processes("sleep 4567")) == 2  # alive between calls
+    requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
+    deadline = time.monotonic() + 30
+    while host_processes("sleep 4567") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert host_processes("sleep 4567") == []
+
+
+def host_processes(command: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", command], capture_output=True, text=True).stdout.split()
 
 
 # ---- scale ---------------------------------------------------------------------------------------
