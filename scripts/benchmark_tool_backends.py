@@ -20,6 +20,10 @@ Examples:
   # one chart over earlier runs
   python scripts/benchmark_tool_backends.py --compare outputs/subprocess/2025... outputs/verl-sf/2025...
 
+  # sessions: print in a live session vs stateless, the /v1/ping floor, an idle session's memory
+  python scripts/benchmark_tool_backends.py --scenarios simple_stdout session_print http_ping --concurrency 1 64
+
+Scenarios a backend cannot run (sessions, /v1/ping) are skipped for it and listed in summary.json.
 Outputs: <output-root>/<backend>/<UTC time>/{summary.json,results.csv,throughput.png}
 (+ bursts.csv with --bursts, server.log for a server the script started); with several backends,
 or --compare, also <output-root>/compare/<UTC time>/{comparison.csv,throughput.png} (+ comparison_bursts.csv).
@@ -53,7 +57,8 @@ from bench.report import (
     write_json,
 )
 from bench.runner import Settings, measure_level
-from bench.scenarios import SCENARIOS
+from bench.scenarios import SCENARIOS, Kind
+from bench.session_memory import idle_session_memory
 
 DEFAULT_CONCURRENCY = [1, 4, 8, 16, 32, 64, 128]
 DEFAULT_WARMUP, DEFAULT_ITERATIONS = 3, 20
@@ -98,6 +103,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--memory-interval", type=float, default=2.0,
                         help="seconds between memory samples (Pss) of the backend's process tree during a "
                              "level; each sample costs the load generator tens of ms of CPU; 0: off")
+    parser.add_argument("--session-memory", type=int, default=8, metavar="N",
+                        help="open N idle sessions after the levels and report their memory (Pss) when a "
+                             "session scenario ran; 0: off (default: 8)")
     parser.add_argument("--output-root", type=Path, default=Path("outputs"))
     parser.add_argument("--compare", nargs="+", type=Path, metavar="DIR",
                         help="do not run: plot and tabulate earlier output directories together")
@@ -175,6 +183,48 @@ def terminal_table(label: str, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def session_comparison(rows: list[dict]) -> list[dict]:
+    """Per concurrency: session_print's throughput over simple_stdout's, and its p50 over http_ping's."""
+    by = {(r["scenario"], r["concurrency"]): r for r in rows}
+    out = []
+    for (scenario, concurrency), row in sorted(by.items(), key=lambda item: item[0][1]):
+        if scenario != "session_print":
+            continue
+        stateless, ping = by.get(("simple_stdout", concurrency)), by.get(("http_ping", concurrency))
+        out.append({
+            "concurrency": concurrency,
+            "session_calls_per_s": row["throughput_calls_per_s"],
+            "stateless_calls_per_s": stateless["throughput_calls_per_s"] if stateless else None,
+            "throughput_ratio": row["throughput_calls_per_s"] / stateless["throughput_calls_per_s"]
+            if stateless and stateless["throughput_calls_per_s"] else None,
+            "session_p50_s": row["p50_s"],
+            "ping_p50_s": ping["p50_s"] if ping else None,
+            "p50_over_ping_ms": 1000 * (row["p50_s"] - ping["p50_s"]) if ping else None,
+        })
+    return out
+
+
+def sessions_table(sessions: dict) -> str:
+    lines = ["\nsessions (session_print vs simple_stdout and http_ping, same run)",
+             f"{'conc':>5} {'session/s':>10} {'stateless/s':>12} {'ratio':>6} {'p50 (ms)':>9} {'ping p50':>9} "
+             f"{'+ms':>6}"]
+
+    def fmt(value: Optional[float], spec: str) -> str:
+        return format(value, spec) if value is not None else "-"
+
+    for r in sessions["vs_stateless"]:
+        lines.append(f"{r['concurrency']:>5} {fmt(r['session_calls_per_s'], '>10.1f')} "
+                     f"{fmt(r['stateless_calls_per_s'], '>12.1f')} {fmt(r['throughput_ratio'], '>6.2f')} "
+                     f"{1000 * r['session_p50_s']:>9.3f} "
+                     f"{fmt(r['ping_p50_s'] and 1000 * r['ping_p50_s'], '>9.3f')} "
+                     f"{fmt(r['p50_over_ping_ms'], '>6.3f')}")
+    memory = sessions["idle_memory"]
+    lines.append(f"idle lean session: Pss median {fmt(memory['pss_mib_median'], '.2f')} MiB, "
+                 f"max {fmt(memory['pss_mib_max'], '.2f')} MiB over {memory['measured']}/{memory['sessions']} "
+                 f"sessions (server's memory_bytes median {fmt(memory['server_memory_bytes_mib_median'], '.2f')} MiB)")
+    return "\n".join(lines)
+
+
 async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Optional[Path]:
     """Benchmark one backend; returns its output directory, or None when it was skipped."""
     out_dir = new_output_dir(args.output_root, name, stamp)
@@ -211,9 +261,13 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         summary["memory"]["root_pid"] = root
         summary["memory"]["root_pid_is_benchmark_process"] = root == os.getpid()
         summary["memory"]["idle_after_start_mb"] = tree_memory_mb(root) if root else None
-        total = sum((args.warmup + args.iterations) * c for c in args.concurrency) * len(args.scenarios)
+        runnable = [name for name in args.scenarios if await backend.supports(SCENARIOS[name].kind)]
+        summary["skipped_scenarios"] = [name for name in args.scenarios if name not in runnable]
+        if summary["skipped_scenarios"]:
+            print(f"{label}: skipping {', '.join(summary['skipped_scenarios'])} (not supported here)", file=sys.stderr)
+        total = sum((args.warmup + args.iterations) * c for c in args.concurrency) * len(runnable)
         with tqdm(total=total, desc=label, unit="call", dynamic_ncols=True, disable=not total) as bar:
-            for scenario_name in args.scenarios:
+            for scenario_name in runnable:
                 for concurrency in args.concurrency:
                     bar.set_postfix_str(f"{scenario_name} c={concurrency}")
                     row = await measure_level(backend, SCENARIOS[scenario_name], concurrency, settings,
@@ -234,6 +288,10 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
                 write_json(out_dir / "summary.json", summary)
                 write_csv(out_dir / "bursts.csv", summary["bursts"], BURST_COLUMNS)
         summary["memory"]["idle_after_run_mb"] = tree_memory_mb(root) if root else None
+        if args.session_memory and any(SCENARIOS[name].kind == Kind.session for name in runnable):
+            summary["sessions"] = {"idle_memory": await idle_session_memory(backend, args.session_memory),
+                                   "vs_stateless": session_comparison(summary["results"])}
+            write_json(out_dir / "summary.json", summary)
     finally:
         # Files first (no awaits): a second interrupt during close() must not cost the plot.
         if summary["results"] or summary["bursts"]:
@@ -247,6 +305,8 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         print(terminal_table(label, summary["results"]))
     if summary["bursts"]:
         print(bursts.terminal_table(label, summary["bursts"]))
+    if "sessions" in summary:
+        print(sessions_table(summary["sessions"]))
     print(f"saved {out_dir}")
     return out_dir
 

@@ -141,6 +141,8 @@ class RunCodeResponse(BaseModel):
     queue_wait: Optional[float] = None
     truncated: bool = False
     session_id: Optional[str] = None
+    session_alive: Optional[bool] = None
+    """For a call in a session: False when the call ended it (killed at its time-out, for memory, by exit)."""
 
 
 class RunJupyterRequest(_Request):
@@ -179,6 +181,8 @@ class RunJupyterResponse(BaseModel):
     queue_wait: Optional[float] = None
     truncated: bool = False
     session_id: Optional[str] = None
+    session_alive: Optional[bool] = None
+    """For a call in a session: False when the call ended it (killed at its time-out, for memory, by exit)."""
 
 
 SessionLanguage = Literal["python", "bash"]

@@ -22,7 +22,8 @@ from typing import Optional
 
 import aiohttp
 
-from verl_sf.backends.base import SandboxBackend
+from bench.scenarios import Kind
+from verl_sf.backends.base import SandboxBackend, SessionsUnsupported
 from verl_sf.backends.daytona import DaytonaSandboxBackend
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.backends.local import LocalSandboxBackend
@@ -57,6 +58,19 @@ class BenchBackend(SandboxBackend):
 
     async def describe(self) -> Optional[dict]:
         """What the system under test says about its configuration, kept in summary.json."""
+        return None
+
+    async def supports(self, kind: Kind) -> bool:
+        """Whether this system can run a scenario of `kind` (stateless runs: all of them)."""
+        return kind == Kind.run
+
+    async def ping(self) -> str:
+        """One round trip to the server's /v1/ping; its answer."""
+        raise NotImplementedError(f"{self.name} has no /v1/ping")
+
+    @property
+    def base_url(self) -> Optional[str]:
+        """The server's address, for the session memory probe (GET /sessions/{id})."""
         return None
 
 
@@ -107,7 +121,7 @@ class SubprocessBackend(BenchBackend):
         # Runs write where they stand; keep that out of the user's checkout.
         self._workdir = tempfile.TemporaryDirectory(prefix="verl-sf-bench-")
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
         assert self._workdir is not None, "start() first"
         return await _run_process([sys.executable, "-c", request.code], request.run_timeout,
                                   cwd=self._workdir.name)
@@ -145,7 +159,7 @@ class DockerBackend(BenchBackend):
             reason = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             raise BackendSkipped(f"docker: no Docker engine answers (`docker info` failed: {reason[0]})")
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
         name = f"verl-sf-bench-{uuid.uuid4().hex[:12]}"
         argv = ["docker", "run", "--rm", "--name", name, "--network=none", f"--memory={self.memory}",
                 "--cpus=1", self.image, "python3", "-c", request.code]
@@ -159,8 +173,20 @@ class Adapter(BenchBackend):
     def __init__(self, name: str, inner: SandboxBackend) -> None:
         self.name, self.inner = name, inner
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        return await self.inner.run_code(request)
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+        return await self.inner.run_code(request, session=session)
+
+    async def end_session(self, session: str) -> None:
+        await self.inner.end_session(session)
+
+    async def supports(self, kind: Kind) -> bool:
+        if kind != Kind.session:
+            return kind == Kind.run
+        try:
+            await self.inner.check_sessions()
+        except SessionsUnsupported:
+            return False
+        return True
 
     async def close(self) -> None:
         await self.inner.close()
@@ -174,6 +200,35 @@ class HttpAdapter(Adapter):
     def __init__(self, name: str, url: str, max_concurrency: int, client_timeout: float) -> None:
         super().__init__(name, HttpSandboxBackend(url, max_retries=0, connection_limit=max_concurrency,
                                                   server_margin_s=client_timeout))
+        self._ping_session: Optional[aiohttp.ClientSession] = None
+
+    @property
+    def base_url(self) -> str:
+        return self.inner.base_url
+
+    async def supports(self, kind: Kind) -> bool:
+        if kind == Kind.ping:
+            return self.name == "verl-sf" or await self._answers_ping()
+        return await super().supports(kind)
+
+    async def _answers_ping(self) -> bool:
+        try:
+            return await self.ping() == "pong"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return False
+
+    async def ping(self) -> str:
+        """GET /v1/ping on a kept-alive connection, as run_code's calls use."""
+        if self._ping_session is None:
+            self._ping_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        async with self._ping_session.get(self.base_url + "/v1/ping") as response:
+            return await response.json()
+
+    async def close(self) -> None:
+        if self._ping_session is not None:
+            await self._ping_session.close()
+            self._ping_session = None
+        await super().close()
 
     async def describe(self) -> Optional[dict]:
         """A verl-sf server's /health (isolation, fast path, slots, preloaded modules), so a
@@ -243,9 +298,25 @@ class VerlSfServerBackend(BenchBackend):
             async for line in self._proc.stdout:
                 log.write(line.decode(errors="replace"))
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
         assert self._http is not None, "start() first"
-        return await self._http.run_code(request)
+        return await self._http.run_code(request, session=session)
+
+    async def end_session(self, session: str) -> None:
+        assert self._http is not None, "start() first"
+        await self._http.end_session(session)
+
+    async def supports(self, kind: Kind) -> bool:
+        assert self._http is not None, "start() first"
+        return await self._http.supports(kind)
+
+    async def ping(self) -> str:
+        assert self._http is not None, "start() first"
+        return await self._http.ping()
+
+    @property
+    def base_url(self) -> Optional[str]:
+        return self._http.base_url if self._http is not None else None
 
     @property
     def memory_root_pid(self) -> Optional[int]:
@@ -309,7 +380,10 @@ class DaytonaBackend(Adapter):
         for session in sessions:
             self._free.put_nowait(session)
 
-    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+    async def supports(self, kind: Kind) -> bool:
+        return kind == Kind.run  # its sandboxes are pooled over calls, as the guide measures them
+
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
         assert self._free is not None, "start() first"
         session = await self._free.get()
         try:

@@ -40,7 +40,7 @@ def tree_pids(root: int) -> list[int]:
     return pids
 
 
-def _process_kb(pid: int) -> int:
+def process_kb(pid: int) -> int:
     for path, key in ((f"/proc/{pid}/smaps_rollup", b"Pss:"), (f"/proc/{pid}/status", b"VmRSS:")):
         try:
             with open(path, "rb") as f:
@@ -54,7 +54,7 @@ def _process_kb(pid: int) -> int:
 
 def tree_memory_mb(root: int) -> float:
     """Pss (else RSS) summed over `root` and all its descendants, in MiB."""
-    return sum(_process_kb(pid) for pid in tree_pids(root)) / 1024
+    return sum(process_kb(pid) for pid in tree_pids(root)) / 1024
 
 
 class PeakSampler:

@@ -19,7 +19,7 @@ from typing import Optional
 
 from bench.backends import BenchBackend
 from bench.memory import PeakSampler
-from bench.scenarios import Outcome, Scenario, classify, describe_failure
+from bench.scenarios import Kind, Outcome, Scenario, classify, describe_failure
 from verl_sf.models import RunCodeRequest, RunCodeResponse
 
 MAX_FAILURE_SAMPLES = 5
@@ -52,14 +52,23 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def client_session(client: int) -> str:
+    """The session key of virtual client `client` in a session scenario."""
+    return f"bench-client-{client}"
+
+
 async def one_call(backend: BenchBackend, scenario: Scenario, request: RunCodeRequest,
-                   settings: Settings) -> Call:
+                   settings: Settings, session: Optional[str] = None) -> Call:
     started = time.perf_counter()
     response: Optional[RunCodeResponse] = None
     error: Optional[str] = None
     try:
-        response = await asyncio.wait_for(backend.run_code(request), settings.client_timeout)
-        outcome = classify(scenario, response)
+        if scenario.kind == Kind.ping:
+            answer = await asyncio.wait_for(backend.ping(), settings.client_timeout)
+            outcome, error = (Outcome.ok, None) if answer == scenario.expected else (Outcome.wrong, repr(answer))
+        else:
+            response = await asyncio.wait_for(backend.run_code(request, session=session), settings.client_timeout)
+            outcome = classify(scenario, response)
     except asyncio.TimeoutError:
         outcome, error = Outcome.client_timeout, f"no answer within --client-timeout {settings.client_timeout:g} s"
     except Exception as exc:  # any failure to get an answer is a counted error, not a crash
@@ -71,30 +80,41 @@ async def one_call(backend: BenchBackend, scenario: Scenario, request: RunCodeRe
 
 async def measure_level(backend: BenchBackend, scenario: Scenario, concurrency: int, settings: Settings,
                         on_call_done: Callable[[], None]) -> dict:
-    """Warm up, then measure one (scenario, concurrency) level; returns one results row."""
+    """Warm up, then measure one (scenario, concurrency) level; returns one results row.
+
+    A session scenario first creates one session per virtual client (unmeasured) and ends them after."""
 
     # Built once: the load generator shares two cores with the server, so it does no
     # per-call work it can avoid.
     request = RunCodeRequest(code=scenario.code, language="python", run_timeout=settings.run_timeout,
                              memory_limit_MB=settings.memory_limit_mb)
 
-    async def tracked() -> Call:
-        call = await one_call(backend, scenario, request, settings)
+    sessions = [client_session(i) if scenario.kind == Kind.session else None for i in range(concurrency)]
+
+    async def tracked(session: Optional[str]) -> Call:
+        call = await one_call(backend, scenario, request, settings, session)
         on_call_done()
         return call
 
-    for _ in range(settings.warmup):
-        await asyncio.gather(*(tracked() for _ in range(concurrency)))
+    if scenario.kind == Kind.session:
+        opening = RunCodeRequest(code="pass", language="python", run_timeout=settings.run_timeout,
+                                 memory_limit_MB=settings.memory_limit_mb)
+        await asyncio.gather(*(backend.run_code(opening, session=session) for session in sessions))
+    try:
+        for _ in range(settings.warmup):
+            await asyncio.gather(*(tracked(session) for session in sessions))
 
-    calls: list[Call] = []
-    measured_wall = 0.0
-    cpu_started = time.thread_time()  # the event loop's thread: not the memory sampler's
-    async with PeakSampler(backend.memory_root_pid, settings.memory_interval) as memory:
-        for _ in range(settings.iterations):
-            started = time.perf_counter()
-            calls.extend(await asyncio.gather(*(tracked() for _ in range(concurrency))))
-            measured_wall += time.perf_counter() - started
-    client_cpu = time.thread_time() - cpu_started
+        calls: list[Call] = []
+        measured_wall = 0.0
+        cpu_started = time.thread_time()  # the event loop's thread: not the memory sampler's
+        async with PeakSampler(backend.memory_root_pid, settings.memory_interval) as memory:
+            for _ in range(settings.iterations):
+                started = time.perf_counter()
+                calls.extend(await asyncio.gather(*(tracked(session) for session in sessions)))
+                measured_wall += time.perf_counter() - started
+        client_cpu = time.thread_time() - cpu_started
+    finally:
+        await asyncio.gather(*(backend.end_session(session) for session in sessions if session))
     return summarize_level(scenario.name, concurrency, calls, measured_wall, memory.peak_mb, client_cpu)
 
 

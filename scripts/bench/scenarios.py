@@ -3,6 +3,9 @@
 The first three scenarios are the Daytona verl-retool guide's (same names, same code, same
 expected output), so numbers are comparable with its published ones; numpy and sympy measure
 what a per-call interpreter start really costs: re-importing a heavy library every time.
+`session_print` is simple_stdout's call in a live session (one per virtual client, created
+before the level and ended after it); `http_ping` is one HTTP round trip to /v1/ping, the floor
+a call over HTTP cannot beat.  Backends without sessions or without that endpoint skip them.
 """
 
 from __future__ import annotations
@@ -14,12 +17,21 @@ from typing import Optional
 from verl_sf.models import CommandRunStatus, RunCodeResponse, RunStatus
 
 
+class Kind(str, Enum):
+    """What one call of a scenario is."""
+
+    run = "run"          # a stateless POST /run_code
+    session = "session"  # POST /run_code in the virtual client's own live session
+    ping = "ping"        # GET /v1/ping: no code runs
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     name: str
     code: str
     expected: str  # substring of stdout (or of stderr when expects_error)
     expects_error: bool = False
+    kind: Kind = Kind.run
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -29,6 +41,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("runtime_error", "raise ValueError('boom from benchmark')", "ValueError", expects_error=True),
     Scenario("numpy", "import numpy as np\nprint(np.arange(10).sum())\n", "45"),
     Scenario("sympy", 'import sympy as sp\nx = sp.symbols("x")\nprint(sp.solve(x**2 - 4, x))\n', "[-2, 2]"),
+    Scenario("session_print", "print(2 + 2)", "4", kind=Kind.session),
+    Scenario("http_ping", "", "pong", kind=Kind.ping),
 )}
 
 

@@ -250,3 +250,27 @@ def test_classify_judges_each_scenario_by_status_and_output() -> None:
     # An error that was swallowed (status Success) or another exception is a failure.
     assert classify(error, _response(RunStatus.Success, finished, 0, "", traceback)) == Outcome.wrong
     assert classify(error, _response(RunStatus.Failed, finished, 1, "", "KeyError: 1")) == Outcome.wrong
+
+
+def test_session_scenarios_run_where_sessions_exist_and_are_skipped_elsewhere(tmp_path: Path) -> None:
+    result = run_script("--backend", "subprocess", "verl-sf", "--concurrency", "1", "3", "--iterations", "2",
+                        "--warmup", "1", "--scenarios", "simple_stdout", "session_print", "http_ping",
+                        "--session-memory", "2", SMALL_SERVER, "--output-root", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    baseline = json.loads((only_subdir(tmp_path / "subprocess") / "summary.json").read_text())
+    assert baseline["skipped_scenarios"] == ["session_print", "http_ping"] and "sessions" not in baseline
+    summary = json.loads((only_subdir(tmp_path / "verl-sf") / "summary.json").read_text())
+    assert summary["skipped_scenarios"] == []
+    rows = {(r["scenario"], r["concurrency"]): r for r in summary["results"]}
+    for scenario in ("simple_stdout", "session_print", "http_ping"):
+        for concurrency in (1, 3):
+            row = rows[(scenario, concurrency)]
+            assert (row["success_count"], row["failure_count"]) == (2 * concurrency, 0), row
+    comparison = summary["sessions"]["vs_stateless"]
+    assert [r["concurrency"] for r in comparison] == [1, 3]
+    assert all(r["throughput_ratio"] > 0 and r["ping_p50_s"] > 0 for r in comparison)
+    memory = summary["sessions"]["idle_memory"]
+    assert (memory["sessions"], memory["measured"]) == (2, 2)
+    assert memory["pss_mib_median"] > 0 and memory["processes_per_session"] >= 1
+    assert memory["server_memory_bytes_mib_median"] > 0
+    assert "idle lean session: Pss median" in result.stdout

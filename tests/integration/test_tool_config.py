@@ -111,3 +111,16 @@ def test_works_without_verl_on_the_compatible_base(sf_server: ServerHandle) -> N
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out == {"verl": False, "base": "verl_sf.tools._compat", "type": "verl_sf.tools._compat", "text": "42",
                    "reward": None, "score": 0.0, "backend": "http", "name": "code_interpreter", "loaded": False}
+
+
+def test_the_session_key_defaults_per_backend_and_is_checked() -> None:
+    url = "http://127.0.0.1:9/run_code"  # nothing listens: the server is asked again at the first create
+    assert SandboxFusionTool({"sandbox_fusion_url": url}).settings.session_mode == "none"
+    assert SandboxFusionTool({"backend": "daytona"}).settings.session_mode == "trajectory"
+    assert SandboxFusionTool({"backend": "daytona", "session": "none"}).settings.session_mode == "none"
+    unchecked = SandboxFusionTool({"sandbox_fusion_url": url, "session": "trajectory"})
+    assert unchecked.settings.session_mode == "trajectory" and unchecked._sessions_checked is False
+    with pytest.raises(ToolConfigError, match="session: Input should be 'none' or 'trajectory'"):
+        SandboxFusionTool({"sandbox_fusion_url": url, "session": "episode"})
+    with pytest.raises(ToolConfigError, match="needs a backend that keeps sessions; 'cluster'"):
+        SandboxFusionTool({"backend": "cluster", "session": "trajectory"})

@@ -24,18 +24,19 @@ from verl_sf.executor import ExecutorConfig
 from verl_sf.tools import SandboxFusionTool, ToolConfig
 
 
-@pytest.mark.parametrize("data, config_type, backend_type, sessions", [
-    ({"type": "http", "url": "http://127.0.0.1:8080/run_code"}, HttpBackendConfig, HttpSandboxBackend, False),
-    ({"type": "local", "executor": {"workers": 2}}, LocalBackendConfig, LocalSandboxBackend, False),
-    ({"type": "daytona", "labels": {"team": "rl"}}, DaytonaBackendConfig, DaytonaSandboxBackend, True),
+@pytest.mark.parametrize("data, config_type, backend_type, default_session", [
+    ({"type": "http", "url": "http://127.0.0.1:8080/run_code"}, HttpBackendConfig, HttpSandboxBackend, "none"),
+    ({"type": "local", "executor": {"workers": 2}}, LocalBackendConfig, LocalSandboxBackend, "none"),
+    ({"type": "daytona", "labels": {"team": "rl"}}, DaytonaBackendConfig, DaytonaSandboxBackend, "trajectory"),
 ])
 def test_each_tag_parses_builds_and_says_whether_it_keeps_sessions(data: dict, config_type: type,
-                                                                   backend_type: type, sessions: bool) -> None:
+                                                                   backend_type: type, default_session: str) -> None:
     config = parse_backend_config(data)
     assert type(config) is config_type and config.type == data["type"]
     backend = config.build()  # starts and connects nothing
     assert type(backend) is backend_type and backend.config is config
-    assert config.supports_sessions is sessions is backend_type.supports_sessions
+    assert config.supports_sessions is True is backend_type.supports_sessions
+    assert config.default_session == default_session
     assert parse_backend_config(config.model_dump()) == config
 
 

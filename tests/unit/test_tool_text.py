@@ -96,3 +96,19 @@ def test_metrics_fields() -> None:
     assert metrics(response, "http", truncated=False) == {
         "status": "success", "execution_time": 0.1, "queue_wait": 0.25, "truncated": True, "backend": "http"}
     assert metrics(None, "daytona", truncated=False)["status"] == "sandbox_error"
+
+
+def test_a_call_that_ended_its_session_says_so_and_a_gone_session_is_named() -> None:
+    from verl_sf.tools.reply import session_ended_text
+
+    killed = RunCodeResponse(status=RunStatus.Failed, session_alive=False,
+                             message="run_timeout exceeded; the session ended: killed: the call ignored the interrupt",
+                             run_result=CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, stdout="partial\n"))
+    text, _ = reply_text(killed, 1, 4000)
+    assert text.startswith("Execution timed out after 1 s") and "partial" in text
+    assert text.endswith("[The session ended (run_timeout exceeded; the session ended: killed: the call ignored the "
+                         "interrupt): its variables and files are gone; the next call starts a fresh session.]")
+    alive = killed.model_copy(update={"session_alive": True})
+    assert "session ended" not in reply_text(alive, 1, 4000)[0]
+    gone = session_ended_text("expired: idle for 601 s (idle_ttl_s=600)")
+    assert gone.startswith("Session error:") and "expired: idle for 601 s" in gone and "did not run" in gone

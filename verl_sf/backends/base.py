@@ -8,10 +8,23 @@ and the rest of the stack does not notice.  Each backend is built from its confi
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Optional
+from collections.abc import Awaitable
+from typing import ClassVar, Optional, TypeVar
 
 from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+T = TypeVar("T")
+
+
+async def created_or_none(creation: Optional[Awaitable[T]]) -> Optional[T]:
+    """What a session's creation made, or None when there was none or it failed (nothing to release)."""
+    if creation is None:
+        return None
+    try:
+        return await creation
+    except Exception:
+        return None
 
 
 class SandboxUnavailable(VerlSfError, RuntimeError):
@@ -20,6 +33,23 @@ class SandboxUnavailable(VerlSfError, RuntimeError):
     Distinct from a run that reached the sandbox and failed on its own terms, which is a
     normal `RunCodeResponse` with status Failed or SandboxError.
     """
+
+
+class SessionEnded(VerlSfError, LookupError):
+    """The server no longer has the session a call named (ended, expired, evicted, killed, restarted).
+
+    Its state is gone; `reason` is the server's word on why.  The next call with the same
+    session key starts a fresh session: never silently, since this error reached the caller first.
+    """
+
+    def __init__(self, session: str, reason: str):
+        super().__init__(f"session {session!r} has ended: {reason}")
+        self.session = session
+        self.reason = reason
+
+
+class SessionsUnsupported(VerlSfError, RuntimeError):
+    """Sessions were asked for, but the sandbox server keeps none (e.g. a plain Sandbox Fusion server)."""
 
 
 class SandboxBackend(abc.ABC):
@@ -33,6 +63,11 @@ class SandboxBackend(abc.ABC):
     supports_sessions: ClassVar[bool] = False
     """True when calls that name one `session` share state (files, installed packages,
     variables) until `end_session`; False: every call starts fresh and `session` is ignored."""
+
+    async def check_sessions(self) -> None:
+        """Raise `SessionsUnsupported` when this backend's sandbox cannot keep sessions after all."""
+        if not self.supports_sessions:
+            raise SessionsUnsupported(f"backend {self.name!r} does not keep sessions")
 
     @abc.abstractmethod
     async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:

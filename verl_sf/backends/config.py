@@ -49,6 +49,8 @@ class BackendConfig(BaseModel):
     registry: ClassVar[dict[str, ConfigClass]] = {}
     tool_block_field: ClassVar[Optional[str]] = None
     """The field the tool yaml's `<type>:` block fills; None: the block holds this config's own fields."""
+    default_session: ClassVar[str] = "none"
+    """The verl tool's `session` when its yaml sets none: `none` (stateless) or `trajectory`."""
 
     type: str
 
@@ -71,6 +73,11 @@ class BackendConfig(BaseModel):
     @property
     def supports_sessions(self) -> bool:
         return self.backend_class().supports_sessions
+
+    def probe_sessions(self) -> bool:
+        """Blocking, for construction time: True when sessions are known to work, False when that cannot be
+        told yet (ask the backend's `check_sessions()` later); raises `SessionsUnsupported` when they cannot."""
+        return self.supports_sessions
 
     @classmethod
     def from_tool_block(cls, block: dict[str, Any], *, sandbox_fusion_url: Optional[str]) -> dict[str, Any]:
@@ -120,6 +127,12 @@ class HttpBackendConfig(BackendConfig):
 
         return HttpSandboxBackend
 
+    def probe_sessions(self) -> bool:
+        """Asks the server (POST /sessions, creating nothing): a plain Sandbox Fusion server has no sessions."""
+        from verl_sf.backends.http import probe_sessions
+
+        return probe_sessions(self.url, self.connect_timeout_s)
+
     @classmethod
     def from_tool_block(cls, block: dict[str, Any], *, sandbox_fusion_url: Optional[str]) -> dict[str, Any]:
         if not sandbox_fusion_url:
@@ -154,6 +167,7 @@ class DaytonaBackendConfig(BackendConfig):
     variables (DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET), never from the yaml."""
 
     type: Literal["daytona"] = "daytona"
+    default_session: ClassVar[str] = "trajectory"
     snapshot: Optional[str] = None
     """Snapshot to create sandboxes from (the SDK's default python snapshot when unset)."""
     labels: dict[str, str] = Field(default_factory=dict)

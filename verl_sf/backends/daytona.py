@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.base import SandboxBackend, SandboxUnavailable, created_or_none
 from verl_sf.backends.config import DaytonaBackendConfig
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
 
@@ -112,14 +112,9 @@ class DaytonaSandboxBackend(SandboxBackend):
 
     async def end_session(self, session: str) -> None:
         """Delete the session's sandbox (waiting for its creation if that is under way)."""
-        task = self._sandboxes.pop(session, None)
-        if task is None:
-            return
-        try:
-            sandbox = await task
-        except Exception:
-            return  # creation failed: nothing to delete
-        await self._delete(sandbox)
+        sandbox = await created_or_none(self._sandboxes.pop(session, None))
+        if sandbox is not None:
+            await self._delete(sandbox)
 
     def sessions(self) -> list[str]:
         return list(self._sandboxes)

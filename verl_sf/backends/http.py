@@ -16,9 +16,14 @@ When no usable answer comes, `SandboxUnavailable` says why, as one of three subc
 tell a router (the `cluster` backend) what it may do next: `SandboxUnreachable` (no connection:
 the call never reached the server, so another server may run it), `SandboxOverloaded` (429/503:
 the server declined it) and `SandboxConnectionLost` (the connection broke after the request was
-sent: the run may have started, so it is not re-sent elsewhere).  The object holds only its
-configuration — the aiohttp session lives in a per-process, per-event-loop registry — so
-it pickles cheaply into Ray pool actors and every copy in a process shares connections.
+sent: the run may have started, so it is not re-sent elsewhere).  The object holds its
+configuration and the ids of the server sessions it created — the aiohttp session lives in a
+per-process, per-event-loop registry — so every copy in a process shares connections.
+
+Sessions (`run_code(request, session=key)`) are verl-sf's `POST /sessions`; a server without
+that route (a plain Sandbox Fusion one) raises `SessionsUnsupported`, from `check_sessions()` or
+`probe_sessions(url)` before any call, and otherwise on the first call in a session.  A call in a
+session is never re-sent after its connection broke (a second run would change the state).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import email.utils
 import json
 import random
 import time
+import urllib.error
+import urllib.request
 import weakref
 from collections.abc import Callable
 from typing import Any, Optional, TypeVar
@@ -36,12 +43,23 @@ from typing import Any, Optional, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.base import SandboxUnavailable, SessionsUnsupported
 from verl_sf.backends.config import HttpBackendConfig
+from verl_sf.backends.sessions import ServerSessionBackend
 from verl_sf.errors import VerlSfError
-from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+from verl_sf.models import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    SessionCreateRequest,
+    SessionInfo,
+)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+NO_ROUTE_STATUSES = frozenset({404, 405})  # what a server without POST /sessions answers it
+# Asks whether POST /sessions exists without creating one: a server with the route rejects the body (422).
+SESSIONS_PROBE_BODY = {"language": None}
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
 T = TypeVar("T")
@@ -99,8 +117,35 @@ def _close_sessions_at_exit() -> None:
 atexit.register(_close_sessions_at_exit)
 
 
-class HttpSandboxBackend(SandboxBackend):
-    """Sandbox Fusion HTTP API client with pooled connections and bounded retries."""
+def _no_sessions_message(url: str, status: int) -> str:
+    return (f"{url} answered POST /sessions with HTTP {status}: this server keeps no sessions (a plain Sandbox "
+            f"Fusion server?); serve with `verl-sf serve`, or use the tool without `session: trajectory`")
+
+
+def sessions_url(base_url: str) -> str:
+    return base_url.rstrip("/") + "/sessions"
+
+
+def probe_sessions(base_url: str, timeout_s: float = 10.0) -> bool:
+    """Blocking check, for construction time: True when the server keeps sessions, False when it
+    cannot be reached (ask again later); raises `SessionsUnsupported` when it answers without them."""
+    url = sessions_url(base_url)
+    probe = urllib.request.Request(url, data=json.dumps(SESSIONS_PROBE_BODY).encode(), method="POST",
+                                   headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(probe, timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError):
+        return False
+    if status in NO_ROUTE_STATUSES:
+        raise SessionsUnsupported(_no_sessions_message(url, status))
+    return True
+
+
+class HttpSandboxBackend(ServerSessionBackend):
+    """Sandbox Fusion HTTP API client with pooled connections, bounded retries and verl-sf sessions."""
 
     name = "http"
 
@@ -113,6 +158,7 @@ class HttpSandboxBackend(SandboxBackend):
         else:
             self.config = HttpBackendConfig(url=config, **options)
         self.base_url = self.config.url
+        super().__init__()
 
     def __repr__(self) -> str:
         return f"HttpSandboxBackend({self.base_url!r})"
@@ -125,17 +171,53 @@ class HttpSandboxBackend(SandboxBackend):
     def run_jupyter_url(self) -> str:
         return self.base_url + "/run_jupyter"
 
-    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+    @property
+    def sessions_url(self) -> str:
+        return sessions_url(self.base_url)
+
+    async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         budget = request.compile_timeout + request.run_timeout + self.config.server_margin_s
-        return await self._post(self.run_code_url, request, RunCodeResponse, budget)
+        return await self._post(self.run_code_url, request, RunCodeResponse, budget,
+                                repeatable=request.session_id is None)
+
+    def _session_gone(self, error: Exception) -> Optional[str]:
+        if isinstance(error, SandboxRequestRejected) and error.status == 404:
+            return _detail(error.body)
+        return None
+
+    async def check_sessions(self) -> None:
+        """Raise `SessionsUnsupported` unless the server has POST /sessions (creates nothing)."""
+        try:
+            await self.request_json("POST", "/sessions", SESSIONS_PROBE_BODY)
+        except SandboxRequestRejected as exc:
+            if exc.status in NO_ROUTE_STATUSES:
+                raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
+
+    async def _create_session(self, request: SessionCreateRequest) -> str:
+        try:
+            info = await self._post(self.sessions_url, request, SessionInfo, self.config.server_margin_s)
+        except SandboxRequestRejected as exc:
+            if exc.status in NO_ROUTE_STATUSES:
+                raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
+            raise
+        return info.session_id
+
+    async def _delete_session(self, session_id: str) -> None:
+        try:
+            await self.request_json("DELETE", f"/sessions/{session_id}")
+        except SandboxRequestRejected as exc:
+            if exc.status != 404:  # 404: already gone, which is what was asked
+                raise
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         return await self._post(self.run_jupyter_url, request, RunJupyterResponse,
                                 request.total_timeout + self.config.server_margin_s)
 
     async def close(self) -> None:
-        """Close this configuration's session on the running loop (shared by every copy of
-        this backend in the process; the next call opens a new one).  Idempotent."""
+        """End the server sessions this object created, then close this configuration's connections
+        on the running loop (shared by every copy of this backend in the process; the next call
+        opens new ones).  Idempotent."""
+        await self._end_all_sessions()
         per_loop = _SESSIONS.get(asyncio.get_running_loop(), {})
         session = per_loop.pop(self._session_key(), None)
         if session is not None:
@@ -162,12 +244,15 @@ class HttpSandboxBackend(SandboxBackend):
         return await self._send(method, url, payload, lambda body: _json(url, body),
                                 self.config.server_margin_s if budget_s is None else budget_s)
 
-    async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float) -> ResponseT:
+    async def _post(self, url: str, request: BaseModel, response_type: type[ResponseT], budget_s: float,
+                    repeatable: bool = True) -> ResponseT:
         return await self._send("POST", url, request.model_dump(mode="json"),
-                                lambda body: _parse(url, body, response_type), budget_s)
+                                lambda body: _parse(url, body, response_type), budget_s, repeatable)
 
     async def _send(self, method: str, url: str, payload: Optional[dict[str, Any]], parse: Callable[[bytes], T],
-                    budget_s: float) -> T:
+                    budget_s: float, repeatable: bool = True) -> T:
+        """`repeatable=False` (a call into a session, whose state a second run would change): a connection
+        lost after the request was sent is not retried."""
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s, sock_read=budget_s)
         attempts = self.config.max_retries + 1
         reason = "no attempt made"
@@ -197,6 +282,9 @@ class HttpSandboxBackend(SandboxBackend):
                 reason, failure = f"connect time-out: {exc}", SandboxUnreachable
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 reason, failure = f"{type(exc).__name__}: {exc}", SandboxConnectionLost
+                if not repeatable:
+                    raise SandboxConnectionLost(f"{url}: {reason}; not retried because the call may have run "
+                                                f"in its session") from exc
             if attempt + 1 < attempts:
                 await asyncio.sleep(max(retry_after, self._backoff_s(attempt)))
         raise failure(f"{url}: no usable answer after {attempts} attempt(s); last: {reason}")
@@ -221,6 +309,15 @@ def _json(url: str, body: bytes) -> Any:
         return json.loads(body)
     except ValueError as exc:
         raise SandboxUnavailable(f"{url} answered with a body that is not JSON: {str(exc)[:300]}") from exc
+
+
+def _detail(body: str) -> str:
+    """The `detail` of a FastAPI-shaped error body, else the body itself."""
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        return body
+    return detail if isinstance(detail, str) else body
 
 
 def _retry_after_s(value: Optional[str]) -> float:

@@ -1,30 +1,40 @@
 """`backend: local`: our executor inside the calling process, no server to start.
 
 For one-box users and tests: the same isolation and runners as `verl-sf serve`, minus the
-HTTP hop.  The executor (its warm sandbox slots) is started on first use, not at
-construction, so building a tool or a pool that never runs code costs nothing.
+HTTP hop, sessions included (the executor's live interpreters).  The executor (its warm
+sandbox slots) is started on first use, not at construction, so building a tool or a pool
+that never runs code costs nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from typing import Optional, TypeVar
 
-from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
+from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.backends.config import LocalBackendConfig
-from verl_sf.executor import Executor, IsolationUnavailable, Overloaded
-from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+from verl_sf.backends.sessions import ServerSessionBackend
+from verl_sf.executor import Executor, IsolationUnavailable, Overloaded, SessionNotFound
+from verl_sf.models import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    SessionCreateRequest,
+)
 
-ResponseT = TypeVar("ResponseT", RunCodeResponse, RunJupyterResponse)
+ResponseT = TypeVar("ResponseT")
 
 
-class LocalSandboxBackend(SandboxBackend):
+class LocalSandboxBackend(ServerSessionBackend):
     """Runs requests on an in-process `Executor`, started lazily and at most once."""
 
     name = "local"
 
     def __init__(self, config: Optional[LocalBackendConfig] = None):
+        super().__init__()
         self.config = config or LocalBackendConfig()
         self._executor: Optional[Executor] = None
         self._start_lock = asyncio.Lock()
@@ -43,15 +53,31 @@ class LocalSandboxBackend(SandboxBackend):
                 self._executor = executor
         return self._executor
 
-    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+    async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         executor = await self._ready()
         return await _unless_overloaded(executor.run_code(request))
+
+    def _session_gone(self, error: Exception) -> Optional[str]:
+        return error.reason if isinstance(error, SessionNotFound) else None
+
+    async def _create_session(self, request: SessionCreateRequest) -> str:
+        executor = await self._ready()
+        info = await _unless_overloaded(executor.create_session(request))
+        return info.session_id
+
+    async def _delete_session(self, session_id: str) -> None:
+        if self._executor is None:
+            return
+        with contextlib.suppress(SessionNotFound):  # already gone, which is what was asked
+            self._executor.end_session(session_id)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         executor = await self._ready()
         return await _unless_overloaded(executor.run_jupyter(request))
 
     async def close(self) -> None:
+        """Stop the executor, which ends every session it holds."""
+        self._session_ids.clear()
         executor, self._executor = self._executor, None
         if executor is not None:
             await executor.close()

@@ -406,10 +406,10 @@ class Executor:
         if request.language == "bash" and "bash" in self.toolchains.missing:
             raise InvalidRequest("language", self.toolchains.missing_message("bash"))
         if len(self.sessions) >= self.config.max_sessions:
-            idle = [session for session in self.sessions.values() if not session.busy.locked()]
-            if not idle:  # ending one would kill a call in progress
-                raise Overloaded(f"{len(self.sessions)} live sessions, all running a call "
-                                 f"(max_sessions={self.config.max_sessions})")
+            idle = [s for s in self.sessions.values() if not s.busy.locked()]  # a session in a call is not idle
+            if not idle:
+                self.stats.rejected += 1
+                raise Overloaded(f"all {len(self.sessions)} live sessions (max_sessions) are running calls")
             oldest = min(idle, key=lambda s: s.idle_since)
             self._end(oldest, f"evicted: the server's cap of {self.config.max_sessions} live sessions was reached "
                               f"and it was the longest idle")
@@ -555,10 +555,10 @@ class Executor:
         if session.language == "bash":
             if "\x00" in request.code:
                 raise InvalidRequest("code", "bash code cannot contain NUL characters")
-            if request.fetch_files or request.stdin:
-                raise InvalidRequest("fetch_files" if request.fetch_files else "stdin",
-                                     "a bash session takes neither stdin nor fetch_files; use a python session")
-            body = encode_body(request.code)  # type: ignore[arg-type]
+            if request.stdin:
+                raise InvalidRequest("stdin", "a bash session takes no stdin (its commands read from /dev/null); "
+                                              "use a python session, or write the input to a file")
+            body = encode_body({"code": request.code, "fetch_files": request.fetch_files})
         else:
             body = encode_body({"code": request.code, "stdin": request.stdin,
                                 "output_limit": self.config.output_limit_bytes,
@@ -582,6 +582,7 @@ class Executor:
 
 def _note_session_end(response: Any, reply: Reply) -> Any:
     """A call that ended its session says so (killed at its time-out, for memory, by exit)."""
+    response.session_alive = bool(reply.get("session_alive"))
     if not reply.get("session_alive"):
         note = f"the session ended: {reply.get('session_end', 'its interpreter exited')}"
         response.message = f"{response.message}; {note}" if response.message else note

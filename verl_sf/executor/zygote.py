@@ -171,13 +171,40 @@ TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not show
 DRAIN_AFTER_EXIT = 1.0  # seconds to collect output still in flight once a run's PID 1 is gone
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
-BASH_SESSION = (
-    "trap 'printf \"\\nKeyboardInterrupt\\n\" >&2' INT\n"
-    "while IFS= read -r -d '' __verl_sf_code <&9; do\n"
-    "  eval \"$__verl_sf_code\" 3>&- 9<&- </dev/null\n"
-    "  printf '{\"call_done\": true, \"return_code\": %d}\\n' \"$?\" >&3\n"
-    "done\n"
-)
+# A call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as the
+# run's user in the session's own mounts, and reports them in order ("fetched": base64 or null per path).
+BASH_SESSION = r"""trap 'builtin printf "\nKeyboardInterrupt\n" >&2' INT
+__verl_sf_home=$PWD
+while IFS= read -r -d '' __verl_sf_code <&9; do
+  IFS= read -r -d '' __verl_sf_limit <&9
+  __verl_sf_paths=()
+  while IFS= read -r -d '' __verl_sf_path <&9 && [ -n "$__verl_sf_path" ]; do __verl_sf_paths+=("$__verl_sf_path"); done
+  eval "$__verl_sf_code" 3>&- 9<&- </dev/null
+  __verl_sf_status=$?
+  {
+    builtin printf '{"call_done": true, "return_code": %d, "fetched": [' "$__verl_sf_status"
+    __verl_sf_sep=
+    for __verl_sf_path in "${__verl_sf_paths[@]}"; do
+      case $__verl_sf_path in
+        */../*|*/..|../*) __verl_sf_path= ;;
+        "$__verl_sf_home"/*|/tmp/*|/mnt/data/*) ;;
+        /*) __verl_sf_path= ;;
+        *) __verl_sf_path=$__verl_sf_home/$__verl_sf_path ;;
+      esac
+      # No symlink anywhere on the path: resolving it must not change it.
+      if [ -n "$__verl_sf_path" ] && [ -f "$__verl_sf_path" ] \
+          && [ "$(command realpath -e -- "$__verl_sf_path" 2>/dev/null)" = "$(command realpath -s -m -- "$__verl_sf_path")" ] \
+          && [ "$(command stat -c %s -- "$__verl_sf_path")" -le "$__verl_sf_limit" ]; then
+        builtin printf '%s"' "$__verl_sf_sep"; command base64 -w0 -- "$__verl_sf_path"; builtin printf '"'
+      else
+        builtin printf '%snull' "$__verl_sf_sep"
+      fi
+      __verl_sf_sep=,
+    done
+    builtin printf ']}\n'
+  } >&3
+done
+"""
 
 # First calls into these libraries import submodules and fill caches; doing them once here
 # spares every forked run.
@@ -578,6 +605,7 @@ class Run:
         self.records = []
         self.meta = bytearray()
         self.current_call = None  # the head of the session call in progress
+        self.fetch_paths = []  # a bash session call's fetch_files, in order
         self.compile_result = None
         self.interrupted_at = None
         self.end_reason = ""
@@ -709,7 +737,8 @@ class Run:
             return
         if self.interrupted_at is not None:
             if now >= self.interrupted_at + self.current_call["grace"]:
-                self.kill(zygote, "the call ignored the interrupt at its time-out")
+                self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for "
+                                  f"{self.current_call['grace']:g} s")
             return
         if not self.demoted and now >= self.stage_started + _demote_after:
             self.demoted = True
@@ -852,10 +881,16 @@ class Run:
         # host): as in a multi-level feedback queue, a job that has run long stays low.
         _set_cgroup_limits(self.groups, zygote.cfg["cgroup_v2"], self.limits, memory=False)
         try:
-            # bash reads NUL-terminated code; the python session reads the JSON line itself.
-            _write_all(self.job_w, _loads(body.decode()).encode() + b"\0" if self.session == "bash" else body + b"\n")
+            # bash reads NUL-terminated fields (see BASH_SESSION); the python session reads the JSON line itself.
+            _write_all(self.job_w, self._bash_call(_loads(body.decode()), zygote.cfg["fetch_limit"])
+                       if self.session == "bash" else body + b"\n")
         except OSError:
             self.kill(zygote, "the session's interpreter is gone")
+
+    def _bash_call(self, call, fetch_limit):
+        self.fetch_paths = [p for p in call.get("fetch_files") or () if p and "\0" not in p]
+        fields = [call["code"], str(fetch_limit), *self.fetch_paths, ""]
+        return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
 
     def _finish_call(self, zygote, record):
         self._drain()
@@ -866,6 +901,8 @@ class Run:
         reply["session_alive"] = True
         if "files" in record:
             reply["files"] = record["files"]
+        elif "fetched" in record:  # a bash session's files, in the order they were asked for
+            reply["files"] = {path: data for path, data in zip(self.fetch_paths, record["fetched"], strict=False) if data is not None}
         if self.records:
             reply["cells"] = [r for r in self.records if "display" in r]
         self.current_call = None

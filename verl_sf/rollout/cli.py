@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from verl_sf.backends.base import SessionsUnsupported
 from verl_sf.rollout.client import ChatClient, ModelServerError
 from verl_sf.rollout.data import DatasetError, load_samples
 from verl_sf.rollout.driver import RewardFn, RolloutConfig, run_rollouts
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", required=True, help="model server base URL (OpenAI-compatible, e.g. sglang/vLLM)")
     parser.add_argument("--data", required=True, help="verl-format prompts (.parquet or .jsonl)")
     parser.add_argument("--tool-config", help="verl tool-config yaml (omit for single-turn, tool-free rollouts)")
+    parser.add_argument("--session", choices=["none", "trajectory"],
+                        help="trajectory: the calls of one trajectory share a live interpreter (sets the tool "
+                             "config's `session`; default: the tool config's, else stateless)")
     parser.add_argument("--n", type=int, default=1, help="trajectories per prompt (rollout.n)")
     parser.add_argument("--max-turns", type=int, default=5, help="assistant turns per trajectory (max_assistant_turns)")
     parser.add_argument("--rollout-data-dir", help="write {dir}/{step}.jsonl in verl's rollout-dump format")
@@ -115,7 +119,10 @@ async def _run(args: argparse.Namespace) -> int:
 
         ray.init(address=None if ray_address == "local" else ray_address, namespace=args.ray_namespace,
                  include_dashboard=False)
-    tools = load_tools(args.tool_config) if args.tool_config else []
+    if args.session and not args.tool_config:
+        raise ValueError("--session needs --tool-config (the tools whose calls share a session)")
+    overrides = {"session": args.session} if args.session else None
+    tools = load_tools(args.tool_config, overrides) if args.tool_config else []
     runner = ToolRunner(tools, config.max_tool_response_length, config.tool_response_truncate_side)
     sampling: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, **extra_body}
     try:
@@ -135,7 +142,8 @@ async def _run(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
-    except (DatasetError, ToolConfigLoadError, ModelServerError, ValueError, json.JSONDecodeError) as exc:
+    except (DatasetError, ToolConfigLoadError, ModelServerError, SessionsUnsupported, ValueError,
+            json.JSONDecodeError) as exc:
         print(f"verl-sf rollout: error: {exc}", file=sys.stderr)
         return 2
 

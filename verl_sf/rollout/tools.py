@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import inspect
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -45,19 +46,53 @@ class ErrorKind(StrEnum):
 _OK_STATUSES = ("success", "ok", None)
 
 
-def load_tools(path: str) -> list[Any]:
+def load_tools(path: str, sandbox_overrides: Optional[dict[str, Any]] = None) -> list[Any]:
     """Instantiate the tools a verl tool-config yaml declares.
 
     With verl installed this is verl's own `initialize_tools_from_config`, so the tools are
-    built exactly as in training; without verl, the same yaml is read here.
+    built exactly as in training; without verl, the same yaml is read here.  `sandbox_overrides`
+    (e.g. `{"session": "trajectory"}`) is merged into the config of every SandboxFusionTool entry.
     """
     if not os.path.isfile(path):
         raise ToolConfigLoadError(f"tool config {path!r} does not exist")
+    if sandbox_overrides:
+        with tempfile.TemporaryDirectory() as directory:
+            return load_tools(_with_overrides(path, sandbox_overrides, directory))
     try:
         from verl.tools.tool_registry import initialize_tools_from_config
     except ImportError:
         return _load_tools_without_verl(path)
     return list(initialize_tools_from_config(path))
+
+
+def _with_overrides(path: str, overrides: dict[str, Any], directory: str) -> str:
+    """A copy of the yaml at `path`, in `directory`, whose SandboxFusionTool entries carry `overrides`."""
+    from verl_sf.tools import SandboxFusionTool
+
+    with open(path) as f:
+        document = yaml.safe_load(f) or {}
+    entries = document.get("tools") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise ToolConfigLoadError(f"{path}: expected a top-level 'tools:' list")
+    matched = 0
+    for entry in entries:
+        if isinstance(entry, dict) and issubclass(_tool_class(path, entry), SandboxFusionTool):
+            entry["config"] = {**(entry.get("config") or {}), **overrides}
+            matched += 1
+    if not matched:
+        raise ToolConfigLoadError(f"{path}: {sorted(overrides)} apply to SandboxFusionTool entries, and it has none")
+    copy = os.path.join(directory, os.path.basename(path))
+    with open(copy, "w") as f:
+        yaml.safe_dump(document, f)
+    return copy
+
+
+def _tool_class(path: str, entry: dict[str, Any]) -> type:
+    module_name, _, class_name = str(entry.get("class_name")).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ToolConfigLoadError(f"{path}: cannot import {entry.get('class_name')!r}: {exc}") from None
 
 
 def _load_tools_without_verl(path: str) -> list[Any]:
@@ -76,11 +111,7 @@ def _load_tools_without_verl(path: str) -> list[Any]:
         config = dict(entry.get("config") or {})
         if config.get("type", "native") != "native":
             raise ToolConfigLoadError(f"{where}: config.type {config.get('type')!r} is not supported (only 'native')")
-        module_name, _, class_name = entry["class_name"].rpartition(".")
-        try:
-            tool_cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise ToolConfigLoadError(f"{where}: cannot import {entry['class_name']!r}: {exc}") from None
+        tool_cls = _tool_class(where, entry)
         schema = entry.get("tool_schema")
         tool_schema = OpenAIFunctionToolSchema.model_validate(schema) if schema else None
         tools.append(tool_cls(config=config, tool_schema=tool_schema))

@@ -53,6 +53,11 @@ async def end_session(config: BackendConfig, session: str) -> None:
     await backend_for(config).end_session(session)
 
 
+async def check_sessions(config: BackendConfig) -> None:
+    """Pool function: raise `SessionsUnsupported` unless this process's backend for `config` keeps sessions."""
+    await backend_for(config).check_sessions()
+
+
 async def close_backend(config: BackendConfig) -> None:
     """Pool function: close this process's backend for `config` (sandboxes, slots, connections)."""
     backend = _BACKENDS.get(asyncio.get_running_loop(), {}).pop(config, None)

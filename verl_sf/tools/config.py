@@ -49,6 +49,10 @@ class ToolConfig(BaseModel):
     """ray: run in this process under a permit of the cluster-wide limiter; ray_actor: in an
     ExecutionWorker actor behind the same limiter; inprocess: an asyncio limiter in this
     process (no Ray needed); auto: ray when Ray is initialized, else inprocess."""
+    session: Optional[Literal["none", "trajectory"]] = None
+    """none: every call starts fresh (verl's semantics); trajectory: the calls of one trajectory share a live
+    interpreter (python and bash keep variables, imports, cwd and files).  Unset: the backend's
+    `default_session` (none, except daytona, whose sandbox per call would cost a sandbox start each)."""
     backend_config: AnyBackendConfig
     """Built from `backend`, `sandbox_fusion_url` and the yaml block named after the backend."""
 
@@ -70,6 +74,16 @@ class ToolConfig(BaseModel):
         data["backend"] = name
         data["backend_config"] = config_class.from_tool_block(block, sandbox_fusion_url=data.get("sandbox_fusion_url"))
         return data
+
+    @property
+    def session_mode(self) -> str:
+        return self.session or self.backend_config.default_session
+
+    @model_validator(mode="after")
+    def _backend_keeps_sessions(self) -> ToolConfig:
+        if self.session == "trajectory" and not self.backend_config.supports_sessions:
+            raise ValueError(f"session: trajectory needs a backend that keeps sessions; {self.backend!r} does not")
+        return self
 
     @field_validator("default_language")
     @classmethod

@@ -23,6 +23,7 @@ class Outcome(StrEnum):
     compile_error = "compile_error"
     timeout = "timeout"
     sandbox_error = "sandbox_error"  # the sandbox (or the way to it) failed, not the code
+    session_ended = "session_ended"  # the trajectory's session was gone (expired, evicted, restarted): nothing ran
     invalid_arguments = "invalid_arguments"  # the model's arguments could not be run at all
 
 
@@ -58,7 +59,17 @@ def reply_text(response: RunCodeResponse, timeout: float, max_chars: int) -> tup
         if outcome == Outcome.error and run is not None and not (run.stderr or "").strip():
             text = _join(text, f"(exited with code {run.return_code})")
         text = text or NO_OUTPUT
+    if response.session_alive is False:
+        text = _join(text, f"[The session ended ({_one_line(response.message)}): its variables and files are gone; "
+                           f"the next call starts a fresh session.]")
     return _cap(text, max_chars)
+
+
+def session_ended_text(reason: str) -> str:
+    """The text for a call whose session the server no longer has (expired, evicted, restarted)."""
+    return (f"Session error: the session that held your earlier state has ended ({_one_line(reason)}); variables, "
+            f"imports and files from earlier calls are gone. This code did not run; the next call starts a fresh "
+            f"session.")
 
 
 def unavailable_text(error: BaseException) -> str:

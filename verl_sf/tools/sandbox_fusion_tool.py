@@ -17,12 +17,12 @@ import weakref
 from typing import Any, Optional
 from uuid import uuid4
 
-from verl_sf.backends.base import SandboxUnavailable
+from verl_sf.backends.base import SandboxUnavailable, SessionEnded
 from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
 from verl_sf.tools import reply
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
-from verl_sf.tools.backend_calls import close_backend, end_session, run_request
+from verl_sf.tools.backend_calls import check_sessions, close_backend, end_session, run_request
 from verl_sf.tools.code import extract_python_block, print_last_expression
 from verl_sf.tools.config import ToolConfig
 from verl_sf.tools.dispatch import Closer, Pool, make_pool
@@ -46,7 +46,8 @@ class SandboxFusionTool(BaseTool):
 
     Config (the tool yaml's `config:`): verl's `type`, `num_workers`, `rate_limit`,
     `enable_global_rate_limit`, `default_timeout`, `default_language`, `sandbox_fusion_url`,
-    `memory_limit_mb`, plus `backend` (http | local | daytona), the ReTool switches
+    `memory_limit_mb`, plus `backend` (http | local | daytona), `session` (none | trajectory:
+    one live interpreter per trajectory, docs/sessions.md), the ReTool switches
     `extract_code_block` and `print_last_expression`, `max_output_chars` and `pool`.
     See docs/verl.md.
     """
@@ -56,7 +57,9 @@ class SandboxFusionTool(BaseTool):
         super().__init__(config, tool_schema or code_interpreter_schema())
         self.backend_config = self.settings.backend_config
         self.backend_name = self.backend_config.type
-        self._keeps_sessions = self.backend_config.supports_sessions
+        self._keeps_sessions = self.settings.session_mode == "trajectory"
+        # A server without sessions fails here, not on the first call; an unreachable one is asked at first create.
+        self._sessions_checked = not self._keeps_sessions or self.backend_config.probe_sessions()
         self._pool: Optional[Pool] = None
         self._instances: dict[str, _Instance] = {}
         # Backend sessions of live trajectories: AgentData -> session, session -> its finalizer.
@@ -80,6 +83,9 @@ class SandboxFusionTool(BaseTool):
         """Register an instance.  verl 0.9 passes `create_kwargs={...}` (which may hold ground_truth)."""
         if ground_truth is None:
             ground_truth = (kwargs.get("create_kwargs") or {}).get("ground_truth")
+        if not self._sessions_checked:
+            await self.pool.run(check_sessions, self.backend_config)
+            self._sessions_checked = True
         instance_id = instance_id or uuid4().hex
         self._instances[instance_id] = _Instance(ground_truth=ground_truth)
         return instance_id, ToolResponse()
@@ -101,6 +107,9 @@ class SandboxFusionTool(BaseTool):
         submitted = time.time()
         try:
             execution = await self.pool.run(run_request, self.backend_config, request, session)
+        except SessionEnded as exc:
+            return ToolResponse(text=reply.session_ended_text(exc.reason)), None, reply.metrics(
+                None, self.backend_name, truncated=False, outcome=reply.Outcome.session_ended)
         except SandboxUnavailable as exc:
             log.warning("code_interpreter: sandbox unavailable: %s", exc)
             return ToolResponse(text=reply.unavailable_text(exc)), None, reply.metrics(
@@ -170,7 +179,7 @@ class SandboxFusionTool(BaseTool):
                               memory_limit_MB=self.settings.memory_limit_mb)
 
     def _session(self, instance_id: str, agent_data: Any) -> Optional[str]:
-        """The backend session a call runs in (None if the backend keeps none): its trajectory's, else its instance's.
+        """The session a call runs in (None without `session: trajectory`): its trajectory's, else its instance's.
 
         A trajectory is its AgentData object, not just its request_id: under verl's
         full_determinism many trajectories share one request_id ("det-0").

@@ -1,0 +1,439 @@
+"""Stateful sessions over real HTTP: state, isolation, endings and their reasons, hostile code, scale, clean-up.
+
+Every test talks to a real `verl-sf serve` on 127.0.0.1 (POST/GET/DELETE /sessions, POST /run_code with
+`session_id`) and asserts verdicts and counts, never timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import requests
+
+from tests.server_fixtures import SERVER_SECRET, ServerHandle, start_server, stop_server
+from verl_sf.backends.base import SessionEnded
+from verl_sf.backends.http import HttpSandboxBackend
+from verl_sf.models import RunCodeRequest
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerHandle]:
+    handle = start_server("--slots", "2", "--preload", "", env={**os.environ, "VERL_SF_TEST_SECRET": SERVER_SECRET})
+    yield handle
+    stop_server(handle.process)
+
+
+def create(server: ServerHandle, language: str = "python", **fields: Any) -> str:
+    response = requests.post(server.url + "/sessions", json={"language": language, **fields}, timeout=60)
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["alive"] is True and body["language"] == language and body["calls"] == 0
+    return body["session_id"]
+
+
+def call(server: ServerHandle, session_id: str, code: str, language: str = "python", **fields: Any) -> dict:
+    response = requests.post(server.url + "/run_code", timeout=120,
+                             json={"code": code, "language": language, "session_id": session_id, **fields})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["session_id"] == session_id
+    return body
+
+
+def stdout(body: dict) -> str:
+    assert body["status"] == "Success", body
+    return body["run_result"]["stdout"]
+
+
+def gone(server: ServerHandle, session_id: str, language: str = "python") -> str:
+    """The 404 detail a call into an ended session gets (and GET /sessions/{id} gives the same)."""
+    response = requests.post(server.url + "/run_code", timeout=60,
+                             json={"code": "print(1)", "language": language, "session_id": session_id})
+    assert response.status_code == 404, response.text
+    info = requests.get(f"{server.url}/sessions/{session_id}", timeout=60)
+    assert info.status_code == 404 and info.json()["detail"] == response.json()["detail"]
+    return response.json()["detail"]
+
+
+def wait_until_gone(server: ServerHandle, session_id: str, limit_s: float = 60.0) -> str:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if requests.get(f"{server.url}/sessions/{session_id}", timeout=60).status_code == 404:
+            return gone(server, session_id)
+        time.sleep(0.5)
+    raise AssertionError(f"session {session_id} still alive after {limit_s:g} s")
+
+
+def health(server: ServerHandle) -> dict:
+    return requests.get(server.url + "/health", timeout=60).json()
+
+
+# ---- state ----------------------------------------------------------------------------------------
+def test_python_state_persists_across_calls(server: ServerHandle) -> None:
+    sid = create(server)
+    assert stdout(call(server, sid, "import fractions\nx = 41\nlog = open('log.txt', 'w')\n"
+                                    "def double(v):\n    return 2 * v\nprint('defined')")) == "defined\n"
+    assert stdout(call(server, sid, "x += 1\nlog.write('kept open\\n')\nlog.flush()\n"
+                                    "print(x, double(x), fractions.Fraction(1, 3))")) == "42 84 1/3\n"
+    assert stdout(call(server, sid, "print(open('log.txt').read(), end='')\nimport os\nprint(os.getcwd())")) \
+        == "kept open\n/workdir\n"
+    info = requests.get(f"{server.url}/sessions/{sid}", timeout=60).json()
+    assert info["calls"] == 3 and info["alive"] is True and info["memory_bytes"] > 0
+    assert info["idle_since"] >= info["created_at"]
+
+
+def test_bash_state_persists_across_calls(server: ServerHandle) -> None:
+    sid = create(server, "bash")
+    body = call(server, sid, "mkdir -p sub && cd sub && echo data > f.txt\nexport GREETING=hello\n"
+                             "shout() { echo \"${1^^}\"; }\nCOUNT=1", language="bash")
+    assert body["status"] == "Success", body
+    assert stdout(call(server, sid, "COUNT=$((COUNT + 1))\npwd\necho $GREETING $COUNT\nshout quiet\ncat f.txt\n"
+                                    "bash -c 'echo child sees $GREETING'", language="bash")) \
+        == "/workdir/sub\nhello 2\nQUIET\ndata\nchild sees hello\n"
+
+
+def test_session_files_are_written_at_creation_and_fetched_per_call(server: ServerHandle) -> None:
+    import base64
+
+    sid = create(server, files={"input.txt": base64.b64encode(b"seed").decode()})
+    body = call(server, sid, "open('out.txt', 'w').write(open('input.txt').read() + '!')", fetch_files=["out.txt"])
+    assert body["status"] == "Success" and base64.b64decode(body["files"]["out.txt"]) == b"seed!"
+
+
+def test_bash_sessions_fetch_files_from_their_own_directories(server: ServerHandle) -> None:
+    import base64
+
+    sid = create(server, "bash")
+    body = call(server, sid, "printf 'one\\n' > out.txt; mkdir -p sub; echo two > sub/b.txt; echo t > /tmp/t.txt\n"
+                             "ln -s /etc/passwd link.txt; cd /", language="bash",
+                fetch_files=["out.txt", "sub/b.txt", "/tmp/t.txt", "missing.txt", "link.txt",
+                             "/etc/passwd"])
+    assert body["status"] == "Success", body
+    files = {path: base64.b64decode(data) for path, data in body["files"].items()}
+    assert files == {"out.txt": b"one\n", "sub/b.txt": b"two\n", "/tmp/t.txt": b"t\n"}
+    again = call(server, sid, "pwd", language="bash", fetch_files=["out.txt"])  # the shell is in / now
+    assert again["run_result"]["stdout"] == "/\n" and base64.b64decode(again["files"]["out.txt"]) == b"one\n"
+    refused = requests.post(server.url + "/run_code", timeout=60, json={
+        "code": "cat", "language": "bash", "session_id": sid, "stdin": "x"})
+    assert refused.status_code == 400 and refused.json()["detail"][0]["loc"] == ["body", "stdin"]
+
+
+# ---- isolation ------------------------------------------------------------------------------------
+def test_two_sessions_see_neither_globals_nor_files_nor_processes(server: ServerHandle) -> None:
+    first, second = create(server), create(server)
+    assert stdout(call(server, first, "import subprocess\nsecret = 'first-only'\nopen('mine.txt', 'w').write('x')\n"
+                                      "sleeper = subprocess.Popen(['sleep', '1000'])\nprint('ok')")) == "ok\n"
+    listing = ("import os\nprint('secret' in globals(), os.listdir('.'))\n"
+               "cmds = [open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode().strip()\n"
+               "        for p in os.listdir('/proc') if p.isdigit()]\nprint(len(cmds), any('sleep' in c for c in cmds))")
+    own = stdout(call(server, first, listing)).splitlines()
+    other = stdout(call(server, second, listing)).splitlines()
+    assert own[0] == "True ['mine.txt']" and own[1].endswith(" True")
+    assert other[0] == "False []"
+    count, sleeping = other[1].split()
+    assert sleeping == "False" and int(count) <= 3  # its stub, its interpreter, at most a helper: nothing of first's
+    bash = create(server, "bash")
+    out = stdout(call(server, bash, "ls /proc | grep -c '^[0-9]'; ls; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '",
+                      language="bash"))
+    assert "sleep" not in out and "mine.txt" not in out
+
+
+def test_a_session_is_invisible_to_stateless_runs(server: ServerHandle) -> None:
+    sid = create(server)
+    call(server, sid, "open('session-file.txt', 'w').write('x')\nimport subprocess\n"
+                      "p = subprocess.Popen(['sleep', '1000'])")
+    response = requests.post(server.url + "/run_code", timeout=60, json={
+        "language": "python", "code": "import os\nprint(os.listdir('.'), "
+                                      "[p for p in os.listdir('/proc') if p.isdigit() and "
+                                      "b'sleep' in open(f'/proc/{p}/cmdline', 'rb').read()])"})
+    body = response.json()
+    assert body["status"] == "Success" and body["run_result"]["stdout"] == "[] []\n" and body["session_id"] is None
+
+
+# ---- endings and their 404 reasons ---------------------------------------------------------------
+def test_delete_ends_the_session_and_later_calls_say_so(server: ServerHandle) -> None:
+    sid = create(server)
+    response = requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
+    assert response.status_code == 200 and response.json() == {"session_id": sid, "ended": True}
+    assert "ended by DELETE" in gone(server, sid)
+    assert requests.delete(f"{server.url}/sessions/{sid}", timeout=60).status_code == 404
+    assert "no such session" in gone(server, "not-a-session")
+
+
+def test_idle_ttl_expires_the_session(server: ServerHandle) -> None:
+    sid = create(server, idle_ttl_s=1)
+    assert "expired: idle for" in wait_until_gone(server, sid)
+
+
+def test_the_session_cap_evicts_the_longest_idle() -> None:
+    capped = start_server("--slots", "1", "--preload", "", "--max-sessions", "2")
+    try:
+        oldest, middle = create(capped), create(capped)
+        call(capped, oldest, "x = 1")  # now `middle` is the longest idle
+        newest = create(capped)
+        assert "evicted" in gone(capped, middle) and "longest idle" in gone(capped, middle)
+        assert stdout(call(capped, oldest, "print(x)")) == "1\n"
+        assert stdout(call(capped, newest, "print('new')")) == "new\n"
+        assert health(capped)["sessions"] == 2
+    finally:
+        stop_server(capped.process)
+
+
+def test_the_cap_never_evicts_a_session_in_the_middle_of_a_call() -> None:
+    capped = start_server("--slots", "1", "--preload", "", "--max-sessions", "2")
+    try:
+        running, idle = create(capped), create(capped)  # `running` is the older: idle the longest before its call
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            long_call = pool.submit(call, capped, running, "import time\ntime.sleep(3)\nprint('finished')")
+            deadline = time.monotonic() + 60
+            while requests.get(f"{capped.url}/health", timeout=60).json()["in_flight"] == 0:
+                assert time.monotonic() < deadline, "the long call never started"
+                time.sleep(0.05)
+            create(capped)
+            assert stdout(long_call.result()) == "finished\n"
+        assert "evicted" in gone(capped, idle)
+        only_busy = create(capped)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(call, capped, sid, "import time\ntime.sleep(3)") for sid in (running, only_busy)]
+            deadline = time.monotonic() + 60
+            while requests.get(f"{capped.url}/health", timeout=60).json()["in_flight"] < 2:
+                assert time.monotonic() < deadline, "the calls never started"
+                time.sleep(0.05)
+            refused = requests.post(capped.url + "/sessions", json={"language": "python"}, timeout=60)
+            assert refused.status_code == 503 and "running calls" in refused.json()["detail"]
+            assert all(c.result()["status"] == "Success" for c in calls)
+    finally:
+        stop_server(capped.process)
+
+
+def test_a_server_restart_is_named_as_the_reason() -> None:
+    first = start_server("--slots", "1", "--preload", "")
+    port = first.url.rsplit(":", 1)[1]
+    sid = create(first)
+    stop_server(first.process)
+    second = start_server("--slots", "1", "--preload", "", "--port", port)
+    try:
+        assert second.url == first.url
+        assert "server restarted" in gone(second, sid)
+    finally:
+        stop_server(second.process)
+
+
+# ---- time-outs and memory ------------------------------------------------------------------------
+def test_a_timeout_the_interrupt_stops_keeps_the_session(server: ServerHandle) -> None:
+    sid = create(server)
+    call(server, sid, "kept = 'state'")
+    body = call(server, sid, "while True:\n    pass", run_timeout=1)
+    assert body["status"] == "Failed" and body["run_result"]["status"] == "TimeLimitExceeded"
+    assert body["session_alive"] is True and "session lives on" in body["message"]
+    assert stdout(call(server, sid, "print(kept)")) == "state\n"
+
+
+def test_a_timeout_that_ignores_the_interrupt_kills_the_session_and_says_so(server: ServerHandle) -> None:
+    sid = create(server)
+    body = call(server, sid, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                             "while True:\n    time.sleep(0.1)", run_timeout=1)
+    assert body["status"] == "Failed" and body["run_result"]["status"] == "TimeLimitExceeded"
+    assert body["session_alive"] is False and "the session ended" in body["message"]
+    assert "killed" in gone(server, sid)
+
+
+def test_a_bash_timeout_is_interrupted_and_the_shell_lives_on(server: ServerHandle) -> None:
+    sid = create(server, "bash")
+    call(server, sid, "KEPT=yes", language="bash")
+    body = call(server, sid, "sleep 100", language="bash", run_timeout=1)
+    assert body["run_result"]["status"] == "TimeLimitExceeded" and body["session_alive"] is True, body
+    assert stdout(call(server, sid, "echo $KEPT", language="bash")) == "yes\n"
+
+
+def test_a_memory_bomb_kills_only_its_own_session(server: ServerHandle) -> None:
+    bomb, bystander = create(server, memory_limit_MB=128), create(server)
+    call(server, bystander, "alive = 'still here'")
+    body = call(server, bomb, "blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))", run_timeout=20)
+    assert body["status"] == "Failed" and body["session_alive"] is False, body
+    assert "memory" in body["message"]
+    assert "memory" in gone(server, bomb)
+    assert stdout(call(server, bystander, "print(alive)")) == "still here\n"
+
+
+# ---- round-1 hostile cases inside a session ------------------------------------------------------
+def test_no_network_inside_a_session(server: ServerHandle) -> None:
+    sid = create(server)
+    port = int(server.url.rsplit(":", 1)[1])
+    out = stdout(call(server, sid, f"import socket\nprint(sorted(n for _, n in socket.if_nameindex()))\n"
+                                   f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                                   f"    print('CONNECTED')\nexcept OSError as e:\n    print('refused')\n"))
+    assert out == "['lo']\nrefused\n"
+
+
+def test_host_files_and_server_env_are_invisible_inside_a_session(server: ServerHandle) -> None:
+    secret = Path("/root") / f"verl_sf_session_secret_{secrets.token_hex(4)}"
+    secret.write_text("TOP-SECRET-CONTENT")
+    secret.chmod(0o600)
+    try:
+        sid = create(server)
+        pid = server.process.pid
+        out = stdout(call(server, sid, f"import os\nprint(dict(os.environ))\n"
+                                       f"for path in ['{secret}', '/etc/shadow', '/proc/{pid}/environ']:\n"
+                                       f"    try:\n        print('GOT', open(path).read())\n"
+                                       f"    except OSError as e:\n        print('denied', e.errno)\n"))
+        bash = create(server, "bash")
+        bash_out = stdout(call(server, bash, f"env; cat {secret} /proc/{pid}/environ 2>&1; echo done",
+                               language="bash"))
+    finally:
+        secret.unlink()
+    for text in (out, bash_out):
+        assert "TOP-SECRET-CONTENT" not in text and SERVER_SECRET not in text and "VERL_SF_TEST_SECRET" not in text
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["denied"] * 3
+    assert bash_out.rstrip().endswith("done")
+
+
+def test_a_fork_bomb_in_a_session_is_contained(server: ServerHandle) -> None:
+    sid, bystander = create(server), create(server)
+    body = call(server, sid, "import os\ncount = 0\nfor _ in range(100000):\n    try:\n        if os.fork() == 0:\n"
+                             "            import time; time.sleep(60); os._exit(0)\n        count += 1\n"
+                             "    except OSError:\n        break\nprint('forked', count)\n", run_timeout=10)
+    assert body["status"] == "Success", body
+    assert int(body["run_result"]["stdout"].split()[1]) < 300  # the session's pids cap stopped it
+    assert stdout(call(server, bystander, "print('fine')")) == "fine\n"
+    requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
+    assert health(server)["status"] == "ok"
+
+
+def test_processes_a_session_starts_live_only_as_long_as_the_session(server: ServerHandle) -> None:
+    sid = create(server, "bash")
+    body = call(server, sid, "setsid sleep 4567 > /dev/null 2>&1 < /dev/null &\n"
+                             "nohup sleep 4567 > /dev/null 2>&1 &\necho started", language="bash")
+    assert stdout(body) == "started\n"
+    assert len(host_processes("sleep 4567")) == 2  # alive between calls
+    requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
+    deadline = time.monotonic() + 30
+    while host_processes("sleep 4567") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert host_processes("sleep 4567") == []
+
+
+def host_processes(command: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", command], capture_output=True, text=True).stdout.split()
+
+
+# ---- scale ---------------------------------------------------------------------------------------
+def _session_calls(index: int, marker: str) -> tuple[str, list[str]]:
+    """Five calls that count in the session's own state; python and bash alternate."""
+    if index % 2:
+        return "bash", [f"M={marker}; N=1; echo $M $N"] + ["N=$((N + 1)); echo $M $N"] * 4
+    return "python", [f"marker = {marker!r}\nn = 1\nprint(marker, n)"] + ["n += 1\nprint(marker, n)"] * 4
+
+
+async def _one_session(http: aiohttp.ClientSession, url: str, index: int) -> list[str]:
+    marker = f"m{index}-{secrets.token_hex(4)}"
+    language, codes = _session_calls(index, marker)
+    async with http.post(url + "/sessions", json={"language": language}) as response:
+        assert response.status == 201, await response.text()
+        sid = (await response.json())["session_id"]
+    outputs = []
+    for code in codes:
+        async with http.post(url + "/run_code", json={"code": code, "language": language, "session_id": sid,
+                                                      "run_timeout": 30}) as response:
+            assert response.status == 200, await response.text()
+            body = await response.json()
+        assert body["status"] == "Success" and body["session_id"] == sid, body
+        outputs.append(body["run_result"]["stdout"])
+    async with http.delete(f"{url}/sessions/{sid}") as response:
+        assert response.status == 200
+    assert outputs == [f"{marker} {i}\n" for i in range(1, 6)], (index, outputs)
+    return outputs
+
+
+def test_300_concurrent_sessions_of_5_calls_none_lost_none_crossed(server: ServerHandle) -> None:
+    async def main() -> list[list[str]]:
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=300)) as http:
+            return await asyncio.gather(*(_one_session(http, server.url, i) for i in range(300)))
+
+    results = asyncio.run(main())
+    assert len(results) == 300 and all(len(outputs) == 5 for outputs in results)
+
+
+# ---- backends ------------------------------------------------------------------------------------
+def test_http_backend_keys_sessions_and_reports_their_end(server: ServerHandle) -> None:
+    async def main() -> None:
+        backend = HttpSandboxBackend(server.url)
+        await backend.check_sessions()
+        first = await backend.run_code(RunCodeRequest(code="x = 1", language="python"), session="traj")
+        again = await backend.run_code(RunCodeRequest(code="print(x + 1)", language="python"), session="traj")
+        assert again.session_id == first.session_id and again.run_result.stdout == "2\n"
+        shell = await backend.run_code(RunCodeRequest(code="echo $0", language="bash"), session="traj")
+        assert shell.session_id != first.session_id and backend.sessions() == ["traj"]
+        stateless = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"))
+        assert stateless.session_id is None and stateless.run_result.stdout == "False\n"
+        requests.delete(f"{server.url}/sessions/{first.session_id}", timeout=60)
+        with pytest.raises(SessionEnded, match="ended by DELETE"):
+            await backend.run_code(RunCodeRequest(code="print(x)", language="python"), session="traj")
+        fresh = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"),
+                                       session="traj")
+        assert fresh.session_id != first.session_id and fresh.run_result.stdout == "False\n"
+        await backend.end_session("traj")
+        assert backend.sessions() == []
+        assert requests.get(f"{server.url}/sessions/{fresh.session_id}", timeout=60).status_code == 404
+        await backend.close()
+
+    asyncio.run(main())
+
+
+def test_local_backend_keeps_sessions_too() -> None:
+    from verl_sf.backends.config import LocalBackendConfig
+    from verl_sf.executor import ExecutorConfig
+
+    async def main() -> None:
+        backend = LocalBackendConfig(executor=ExecutorConfig(slots=1, sandboxes=1, preload=())).build()
+        try:
+            await backend.run_code(RunCodeRequest(code="cd /tmp; X=7", language="bash"), session="t")
+            body = await backend.run_code(RunCodeRequest(code="echo $PWD $X", language="bash"), session="t")
+            assert body.run_result.stdout == "/tmp 7\n" and body.session_alive is True
+            killed = await backend.run_code(RunCodeRequest(
+                code="import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(100)",
+                language="python", run_timeout=1), session="t")
+            assert killed.session_alive is False and backend.sessions() == ["t"]  # bash's session lives on
+            fresh = await backend.run_code(RunCodeRequest(code="print('signal' in globals())", language="python"),
+                                           session="t")
+            assert fresh.run_result.stdout == "False\n" and fresh.session_id != killed.session_id
+            await backend.end_session("t")
+            assert backend.sessions() == []
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+# ---- clean-up ------------------------------------------------------------------------------------
+def test_server_shutdown_ends_every_session_and_leaves_nothing(tmp_path: Path) -> None:
+    handle = start_server("--slots", "1", "--preload", "", env={**os.environ, "TMPDIR": str(tmp_path)})
+    pid = handle.process.pid
+    python, bash = create(handle), create(handle, "bash")
+    call(handle, python, "import subprocess\np = subprocess.Popen(['sleep', '4321'])\nopen('f', 'w').write('x')")
+    call(handle, bash, "sleep 4321 &\necho started", language="bash")
+    groups = [path for controller in ("memory", "pids") for path in (CGROUP_ROOT / controller).glob(f"verl-sf-{pid}-*")]
+    assert groups, "the server should have made cgroups"
+    stop_server(handle.process)
+    assert handle.process.returncode == 0
+    time.sleep(0.5)
+    assert list(tmp_path.iterdir()) == []
+    for controller in ("memory", "pids"):
+        assert not list((CGROUP_ROOT / controller).glob(f"verl-sf-{pid}-*"))
+    leftover = subprocess.run(["pgrep", "-f", "sleep 4321"], capture_output=True, text=True).stdout.split()
+    survivors = [p for p in leftover if Path(f"/proc/{p}/status").exists()
+                 and "101000" in Path(f"/proc/{p}/status").read_text()]
+    assert survivors == []

@@ -1,0 +1,108 @@
+"""Backend sessions on a verl-sf server's live interpreters (`POST /sessions`), for http and local.
+
+A caller names a session by its own key (the verl tool: one per trajectory).  The first call
+with a key creates the server session (one per key and language: a python and a bash session
+are separate sandboxes); later calls run in it with `session_id`.  Languages without sessions
+(anything but python and bash) run stateless.  When the server says the session is gone (404:
+ended, expired, evicted, restarted) the caller gets `SessionEnded` and the key is forgotten,
+so its next call starts a fresh session (a caller that names a server `session_id` itself gets the
+server's own answer); a call whose reply says it ended the session (killed
+at its time-out or for memory) already told the caller, so the key is forgotten silently.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from typing import Optional
+
+from verl_sf.backends.base import SandboxBackend, SessionEnded, created_or_none
+from verl_sf.models import RunCodeRequest, RunCodeResponse, SessionCreateRequest
+
+SESSION_LANGUAGES = ("python", "bash")
+SessionKey = tuple[str, str]  # (the caller's session key, language)
+
+
+class ServerSessionBackend(SandboxBackend):
+    """A backend whose sessions are a verl-sf executor's; subclasses say how to reach it."""
+
+    supports_sessions = True
+
+    def __init__(self) -> None:
+        self._session_ids: dict[SessionKey, asyncio.Future[str]] = {}
+
+    def __getstate__(self) -> dict:
+        """A copy in another process starts with no sessions: they belong to this process's event loop."""
+        return {**self.__dict__, "_session_ids": {}}
+
+    # ---- what a subclass provides ---------------------------------------------------------
+    @abc.abstractmethod
+    async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+        """Run one request (with or without `session_id`) as the server answers it."""
+
+    @abc.abstractmethod
+    def _session_gone(self, error: Exception) -> Optional[str]:
+        """Why the server no longer has the session a call named, if `error` says that; else None."""
+
+    @abc.abstractmethod
+    async def _create_session(self, request: SessionCreateRequest) -> str:
+        """Create a server session; its id."""
+
+    @abc.abstractmethod
+    async def _delete_session(self, session_id: str) -> None:
+        """End a server session; one already gone is not an error."""
+
+    # ---- the interface --------------------------------------------------------------------
+    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+        if session is None or request.language not in SESSION_LANGUAGES:
+            return await self._run_code(request)
+        key = (session, request.language)
+        created = key not in self._session_ids
+        session_id = await self._session_id(key, request)
+        call = request.model_copy(update={"session_id": session_id, "files": {} if created else request.files})
+        try:
+            response = await self._run_code(call)
+        except Exception as exc:
+            reason = self._session_gone(exc)
+            if reason is None:
+                raise
+            self._forget(key, session_id)
+            raise SessionEnded(session_id, reason) from exc
+        if response.session_alive is False:
+            self._forget(key, session_id)
+        return response
+
+    async def end_session(self, session: str) -> None:
+        """End the server sessions `session` holds (python, bash).  Idempotent."""
+        for language in SESSION_LANGUAGES:
+            session_id = await created_or_none(self._session_ids.pop((session, language), None))
+            if session_id is not None:
+                await self._delete_session(session_id)
+
+    def sessions(self) -> list[str]:
+        """The caller keys that hold a live (or starting) session."""
+        return sorted({key for key, _ in self._session_ids})
+
+    async def _end_all_sessions(self) -> None:
+        await asyncio.gather(*(self.end_session(key) for key in self.sessions()), return_exceptions=True)
+
+    # ---- internals ------------------------------------------------------------------------
+    async def _session_id(self, key: SessionKey, request: RunCodeRequest) -> str:
+        """The key's server session, created once even when its first calls race."""
+        future = self._session_ids.get(key)
+        if future is None:
+            create = SessionCreateRequest(language=request.language, memory_limit_MB=request.memory_limit_MB,
+                                          files=dict(request.files))
+            future = self._session_ids[key] = asyncio.ensure_future(self._create_session(create))
+        try:
+            return await asyncio.shield(future)
+        except Exception:
+            if self._session_ids.get(key) is future:
+                del self._session_ids[key]
+            raise
+
+    def _forget(self, key: SessionKey, session_id: str) -> None:
+        future = self._session_ids.get(key)
+        if future is not None and future.done() and not future.cancelled() and future.exception() is None \
+                and future.result() == session_id:
+            del self._session_ids[key]
