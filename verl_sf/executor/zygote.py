@@ -193,7 +193,8 @@ while IFS= read -r -d '' __verl_sf_code <&9; do
       esac
       # No symlink anywhere on the path: resolving it must not change it.
       if [ -n "$__verl_sf_path" ] && [ -f "$__verl_sf_path" ] \
-          && [ "$(command realpath -e -- "$__verl_sf_path" 2>/dev/null)" = "$(command realpath -s -m -- "$__verl_sf_path")" ] \
+          && [ "$(command realpath -e -- "$__verl_sf_path" 2>/dev/null)" \
+               = "$(command realpath -s -m -- "$__verl_sf_path")" ] \
           && [ "$(command stat -c %s -- "$__verl_sf_path")" -le "$__verl_sf_limit" ]; then
         builtin printf '%s"' "$__verl_sf_sep"; command base64 -w0 -- "$__verl_sf_path"; builtin printf '"'
       else
@@ -902,7 +903,8 @@ class Run:
         if "files" in record:
             reply["files"] = record["files"]
         elif "fetched" in record:  # a bash session's files, in the order they were asked for
-            reply["files"] = {path: data for path, data in zip(self.fetch_paths, record["fetched"], strict=False) if data is not None}
+            fetched = zip(self.fetch_paths, record["fetched"], strict=False)
+            reply["files"] = {path: data for path, data in fetched if data is not None}
         if self.records:
             reply["cells"] = [r for r in self.records if "display" in r]
         self.current_call = None
