@@ -5,11 +5,17 @@ from __future__ import annotations
 import ast
 import asyncio
 import operator
+import os
+import sys
 import textwrap
 from typing import Any, Optional
 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from tests.subprocesses import communicate_or_kill
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.Pow: operator.pow, ast.USub: operator.neg}
@@ -84,3 +90,13 @@ class CalculatorTool(BaseTool):
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         del self.live[instance_id]
+
+
+async def run_cli(*args: str, module: str = "verl_sf.cli") -> tuple[int, str, str]:
+    """`verl-sf rollout ARGS` (or `python -m MODULE ARGS`) from the repository root: exit code, stdout, stderr."""
+    prefix = ["rollout"] if module == "verl_sf.cli" else []
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *prefix, *args, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await communicate_or_kill(proc, timeout=120)
+    return proc.returncode, stdout.decode(), stderr.decode()

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import sys
 
 import pytest
 
-from tests.rollout_helpers import CALCULATOR_TOOL_YAML
+from tests.rollout_helpers import CALCULATOR_TOOL_YAML, run_cli
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
-from tests.subprocesses import communicate_or_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,15 +25,6 @@ SCRIPTS = {
     "Q-right": Script([Turn("", [calc("6 * 7")]), Turn("So #### {tool}")]),
     "Q-wrong": Script([Turn("", [calc("6 * 8")]), Turn("So #### {tool}")], mode="hermes"),
 }
-
-
-async def run_cli(*args: str, module: str = "verl_sf.cli") -> tuple[int, str, str]:
-    prefix = ["rollout"] if module == "verl_sf.cli" else []
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *prefix, *args, cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    stdout, stderr = await communicate_or_kill(proc, timeout=120)
-    return proc.returncode, stdout.decode(), stderr.decode()
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ import pytest
 import pytest_asyncio
 import requests
 
+from tests.rollout_helpers import run_cli
 from tests.server_fixtures import ServerHandle, start_server, stop_server
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
-from tests.unit.test_rollout_cli import run_cli
-from tests.unit.test_tool_verl import TOKENIZER, VerlHarness, agent_data, build_loop, write_tool_config
+from tests.verl_harness import TOKENIZER, VerlHarness, agent_data, build_loop, write_tool_config
 from verl_sf.backends.base import SessionsUnsupported
 from verl_sf.tools import SandboxFusionTool, ToolConfigError
 from verl_sf.tools.backend_calls import backend_for
