@@ -409,7 +409,7 @@ class Executor:
             idle = [s for s in self.sessions.values() if not s.busy.locked()]  # a session in a call is not idle
             if not idle:
                 self.stats.rejected += 1
-                raise Overloaded(f"all {len(self.sessions)} live sessions (max_sessions) are running calls")
+                raise Overloaded(f"{len(self.sessions)} live sessions (max_sessions), all running a call")
             oldest = min(idle, key=lambda s: s.idle_since)
             self._end(oldest, f"evicted: the server's cap of {self.config.max_sessions} live sessions was reached "
                               f"and it was the longest idle")
