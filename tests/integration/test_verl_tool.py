@@ -18,6 +18,7 @@ import requests
 
 from tests.reference_python import python_main_py
 from tests.server_fixtures import SERVER_SECRET, ServerHandle, run_code, start_server, stop_server
+from verl_sf.executor.config import ExecutorConfig
 
 # verl-tool's servers/tests/test_python_code_tool.py actions, as it sends them.
 HELLO = "<python>print('Hello from Python!')</python> ..."
@@ -33,6 +34,8 @@ ALLOCATION = ("```<python>\nimport numpy as np\nx = np.random.rand({n}, {n})\nsi
               "print(f'Memory test completed after allocating a {{len(x)}}x{{len(x[0])}} array, which is "
               "{{size_of_x_in_bytes / (1024 * 1024):.2f}} MB.')</python> ...```")
 BIG_PRINT = "<python>print('x' * (68 * 1024))</python>"
+
+RUNS_MEMORY_MB = ExecutorConfig().runs_memory_mb  # the server's default cap over all runs
 
 
 def result(text: str) -> str:
@@ -265,7 +268,8 @@ def test_a_turn_killed_for_memory(short_ttl_server: ServerHandle, request: pytes
     [trajectory] = new_ids()
     assert turn(short_ttl_server, trajectory, "<python>kept = 1</python>") == result("")
     killed = turn(short_ttl_server, trajectory, "<python>print('filling')\nblock = bytearray(512 << 20)</python>")
-    memory = "[verl-sf: killed: memory limit of 256 MB exceeded]"
+    memory = ("[verl-sf: killed: memory limit of 256 MB exceeded, or the memory of all runs together reached the "
+              f"server's cap of {RUNS_MEMORY_MB} MB]")
     after = turn(short_ttl_server, trajectory, "<python>print('kept' in globals())</python>")
     if request.node.callspec.params["short_ttl_server"] == "session":
         assert killed == result(f"filling\n\n\n{memory}\n[verl-sf: the interpreter ended (killed for exceeding its "
@@ -332,8 +336,9 @@ def test_a_turn_that_ignores_the_interrupt_ends_the_state_and_says_so(sf_server:
     stubborn = ("<python>import time\nwhile True:\n    try:\n        time.sleep(30)\n"
                 "    except KeyboardInterrupt:\n        pass</python>")
     observation = turn(sf_server, trajectory, stubborn)
-    assert observation == result("Execution timed out after 10 seconds.\n[verl-sf: the interpreter ended (the call "
-                                 "ignored the interrupt at its time-out); the next turn starts from a clean state]")
+    assert observation == result("Execution timed out after 10 seconds.\n[verl-sf: the interpreter ended (killed: the "
+                                 "call ignored the interrupt at its time-out for 2 s); the next turn starts from a "
+                                 "clean state]")
     fresh = turn(sf_server, trajectory, "<python>print('kept' in globals(), sqrt(16))</python>")
     assert fresh == result("False 4.0")  # a new interpreter, with verl-tool's pre-imports again
     finish(sf_server, [trajectory])
