@@ -47,6 +47,7 @@ class ZygoteProcess:
         self.pending: dict[int, asyncio.Future[Reply]] = {}
         self.sessions: set[int] = set()
         self._reader: Optional[asyncio.Task[None]] = None
+        self._closed = False  # stopped for good: a late request must not start it again
         self._starting: Optional[asyncio.Task[None]] = None
 
     @property
@@ -56,6 +57,8 @@ class ZygoteProcess:
     async def ensure_started(self) -> None:
         if self.process is not None and self.process.returncode is None:
             return
+        if self._closed:
+            raise SandboxCrashed(f"sandbox {self.name} ({self.flavor}) is stopped: the server is shutting down")
         if self._starting is None or self._starting.done():
             self._starting = asyncio.ensure_future(self._start())
         await asyncio.shield(self._starting)
@@ -134,6 +137,7 @@ class ZygoteProcess:
         self.process.stdin.write(json.dumps(head).encode() + b"\t" + body + b"\n")
 
     async def stop(self) -> None:
+        self._closed = True
         proc, self.process = self.process, None
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
