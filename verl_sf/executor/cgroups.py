@@ -36,10 +36,6 @@ class SandboxCgroup:
         self.v2 = v2
 
     @property
-    def controllers(self) -> tuple[str, ...]:
-        return tuple(self.dirs)
-
-    @property
     def procs_files(self) -> list[str]:
         return [os.path.join(d, "cgroup.procs") for d in dict.fromkeys(self.dirs.values())]
 

@@ -1098,7 +1098,7 @@ class Child:
         namespace = _main_namespace(self.cwd if self.isolated else self.workdir)
         job = _read_job()
         _libc.prctl(PR_SET_NAME, self.comm, 0, 0, 0)
-        _write_files(job.get("files") or {}, self.workdir)
+        _write_files(job.get("files") or {}, self._roots())
         self._limit(job)
         mode = job.get("mode")
         if mode == "session_python":
@@ -1255,10 +1255,9 @@ def _open_beneath(path, flags, roots, mode=0o644):
         os.close(root)
 
 
-def _write_files(files, workdir):
+def _write_files(files, roots):
     """The request's files, written by the run itself (as its user) before its code starts.
     A file that cannot be written ends the run, as a failed `cp` would end a job script."""
-    roots = [workdir, *(r for r in _CHILD_ROOTS if r != workdir)]
     for path, content in files.items():
         try:
             base, parts = _split_path(path, roots)
@@ -1276,7 +1275,6 @@ def _write_files(files, workdir):
             os._exit(1)
 
 
-_CHILD_ROOTS: list[str] = []  # set in the zygote: the per-run mount points a path may name
 
 
 def _read_job():
@@ -1680,5 +1678,4 @@ def _is_figure_artist(value):
 if __name__ == "__main__":
     _zygote_config = json.loads(sys.argv[1])
     _demote_after = _zygote_config["demote_after"]
-    _CHILD_ROOTS[:] = _roots(_zygote_config, _zygote_config["workdir"], _zygote_config["isolated"])
     Zygote(_zygote_config).serve()
