@@ -313,7 +313,7 @@ class Executor:
                 body["compile_argv"] = self.toolchains.argv(spec.compile, source.params)
         budget = request.run_timeout + request.compile_timeout + CLIENT_SLACK_S
         head = {"op": "run", "id": next_id(), "compile_timeout": request.compile_timeout if spec.compile else 0,
-                "limits": self._limits(request.run_timeout, budget, memory_mb)}
+                "exec": body["mode"] == "exec", "limits": self._limits(request.run_timeout, budget, memory_mb)}
         self._admit()
         try:
             reply, queue_wait = await self._job(flavor, head, body, arrived)
@@ -352,8 +352,12 @@ class Executor:
     def _command_result(self, stage: StageResult, memory_mb: int) -> CommandRunResult:
         stderr = stage.get("stderr", "")
         if stage.get("memory_exceeded"):
-            stderr += (f"\n[verl-sf: killed: memory limit of {memory_mb} MB exceeded, or the memory of all "
-                       f"runs together reached the server's cap of {self.config.runs_memory_mb} MB]\n")
+            if stage.get("memory_scope") == "shared":
+                stderr += (f"\n[verl-sf: killed for memory: the runs and sessions of this server together reached "
+                           f"its cap of {self.config.runs_memory_mb} MB (--runs-memory-mb); this run was within "
+                           f"its own limit of {memory_mb} MB]\n")
+            else:
+                stderr += f"\n[verl-sf: killed: memory limit of {memory_mb} MB exceeded]\n"
         if stage.get("cpu_starved"):
             self.stats.cpu_starved += 1
         return CommandRunResult(status=CommandRunStatus(stage.get("status", "Error")),
@@ -370,7 +374,7 @@ class Executor:
         body = {**self._body_limits(memory_mb), "mode": "jupyter", "cells": request.cells,
                 "cell_timeout": request.cell_timeout, "files": {k: v or "" for k, v in request.files.items()},
                 "fetch_files": request.fetch_files}
-        head = {"op": "run", "id": next_id(), "compile_timeout": 0,
+        head = {"op": "run", "id": next_id(), "compile_timeout": 0, "exec": False,
                 "limits": self._limits(request.total_timeout, request.total_timeout + CLIENT_SLACK_S, memory_mb)}
         self._admit()
         try:

@@ -43,7 +43,8 @@ STAGE_DIR = "/tmp/verl-sf-stage"
 _libc = ctypes.CDLL(None, use_errno=True)
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_TMP = "/tmp"
-SANDBOX_DATA = "/mnt/data"
+SANDBOX_DATA = "/mnt"  # writable anywhere below, as in Sandbox Fusion; /mnt/data is made in every run
+SANDBOX_DATA_DIRS = ("/mnt/data",)
 ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
 ZYGOTE_SOURCE = Path(zygote.__file__).read_text()
 
@@ -197,6 +198,7 @@ class SandboxLauncher:
             "workdir": workdir,
             "tmpdir": tmpdir,
             "datadir": datadir,
+            "premade": list(SANDBOX_DATA_DIRS) if self.isolated else [],
             "sizes": {workdir: cfg.workdir_size_mb << 20, tmpdir: cfg.tmp_size_mb << 20,
                       datadir: cfg.workdir_size_mb << 20},
             "keep": ({d: self.kept_entries(d) for d in (SANDBOX_TMP, SANDBOX_WORKDIR, SANDBOX_DATA)}

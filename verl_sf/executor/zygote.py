@@ -37,6 +37,8 @@ import resource
 import select
 import shutil
 import signal
+import socket
+import struct
 import sys
 import time
 import traceback
@@ -54,6 +56,7 @@ class ZygoteConfig(TypedDict):
     workdir: str
     tmpdir: str
     datadir: str
+    premade: list[str]  # directories made in each run's fresh mounts (SF's /mnt/data in /mnt)
     sizes: dict[str, int]  # tmpfs size in bytes by mount point
     keep: dict[str, list[str]]  # entries of a per-run tmpfs mount point that lead to bound runtime dirs
     uid: int
@@ -82,6 +85,7 @@ class RunHead(TypedDict):
     id: int
     limits: Limits
     compile_timeout: float  # 0: no compile stage
+    exec: bool  # the program runs below a PID 1 that runs no user code: PID 1's records are trusted
 
 
 class CancelHead(TypedDict):
@@ -138,6 +142,7 @@ class StageResult(TypedDict, total=False):
     cpu_wait_time: Optional[float]
     cpu_starved: bool
     memory_exceeded: bool
+    memory_scope: Literal["own", "shared"]  # whose cap the kill was for: the run's own, or all runs' together
     stdout: str
     stderr: str
 
@@ -159,8 +164,11 @@ CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x0200000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME = 0x10000000, 0x20000000, 0x40000000, 0x00000080
 NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
                    CLONE_NEWNET, CLONE_NEWTIME)
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 2, 4, 8, 4096, 16384
-PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 15, 24, 38, 22
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
+PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 4, 15, 24, 38, 22
 SECCOMP_MODE_FILTER = 2
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 SYS_OPENAT2 = 437
@@ -168,7 +176,7 @@ READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 READ_CHUNK = 1 << 16
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
-DRAIN_AFTER_EXIT = 1.0  # seconds to collect output still in flight once a run's PID 1 is gone
+KILL_WAIT = 5.0  # seconds a killed run's PID 1 has to be gone before the reply leaves without it
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
 # A call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as the
@@ -182,7 +190,7 @@ while IFS= read -r -d '' __verl_sf_code <&9; do
   eval "$__verl_sf_code" 3>&- 9<&- </dev/null
   __verl_sf_status=$?
   {
-    builtin printf '{"call_done": true, "return_code": %d, "fetched": [' "$__verl_sf_status"
+    builtin printf '{"kind": "call_done", "return_code": %d, "fetched": [' "$__verl_sf_status"
     __verl_sf_sep=
     for __verl_sf_path in "${__verl_sf_paths[@]}"; do
       case $__verl_sf_path in
@@ -248,6 +256,11 @@ class _CapData(ctypes.Structure):
 
 class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
 
 
 class _SockFprog(ctypes.Structure):
@@ -376,6 +389,7 @@ class Zygote:
         self.poller = select.poll()
         self.poller.register(self.req_fd, select.POLLIN)
         self.pending = bytearray()
+        self.pending_scanned = 0  # bytes of `pending` already searched for a newline
         os.makedirs(config["workdir"], exist_ok=True)
         self.cwd = os.path.realpath(config["workdir"])  # what os.getcwd() gives a run
         sys.argv = ["main.py"]  # as `python main.py` has it; set here, a run need not free ours
@@ -439,11 +453,14 @@ class Zygote:
             if len(chunk) < READ_CHUNK:
                 break
         while True:
-            end = self.pending.find(b"\n")
+            end = self.pending.find(b"\n", self.pending_scanned)
             if end < 0:
+                self.pending_scanned = len(self.pending)
                 return True
             line = bytes(self.pending[:end])
-            del self.pending[:end + 1]
+            # A large body is not kept: the buffer is replaced, not shrunk in place.
+            self.pending = bytearray(self.pending[end + 1:])
+            self.pending_scanned = 0
             head, _, body = line.partition(b"\t")
             request = _loads(head.decode())
             try:
@@ -578,6 +595,8 @@ class Zygote:
         are empty and go back to the pool (the limits are rewritten by the next run)."""
         os.close(run.pidfd)
         if run.groups and not run.memory_exceeded:  # a group with a kill on its counter is not reused
+            if "memory" in run.groups and not self.cfg["cgroup_v2"]:
+                _write_group(run.groups["memory"], "memory.failcnt", "0")  # whose cap a later kill was
             self.free_groups.append(run.groups)
         else:
             for base, name in set(run.groups.values()):
@@ -588,7 +607,13 @@ class Zygote:
 
 
 class Run:
-    """One child seen from the zygote: a run (until its answer) or a session (until it ends)."""
+    """One child seen from the zygote: a run (until its answer) or a session (until it ends).
+
+    A run is over when the kernel says its PID 1 is gone (its PID namespace, and so every process
+    it started, ended with it): the reply is sent only then, and its return code and CPU time are
+    what wait4 reports.  Records the child writes on fd 3 carry only what belongs to the run itself
+    (its fetched files, its cells' output), except where PID 1 runs no user code (`exec` runs,
+    whose PID 1 is not dumpable: nothing of the program reaches it)."""
 
     def __init__(self, zygote, head, body, session):
         self.id = head["id"]
@@ -599,12 +624,19 @@ class Run:
         self.alive = True
         self.exited = False
         self.collected = False  # its PID 1 was waited for already
+        self.status = 0  # PID 1's wait status, once collected
+        self.cpu_used = 0.0  # CPU seconds of PID 1 and every process it waited for (wait4's rusage)
         self.memory_exceeded = False
         self.job_w = -1
-        self.exit_time = 0.0
+        self.killed_at = None
         self.open_fds = set()
         self.records = []
         self.meta = bytearray()
+        self.meta_scanned = 0  # bytes of `meta` already searched for a newline
+        self.meta_bytes = 0  # bytes received on fd 3 for this run or call
+        # What fd 3 may carry: the cells' output (capped by the child), their displays and the fetched files.
+        self.meta_budget = 4 * self.limits["output_limit"] + zygote.cfg["fetch_limit"] * 4 // 3 + (1 << 20)
+        self.overflowed = False
         self.current_call = None  # the head of the session call in progress
         self.fetch_paths = []  # a bash session call's fetch_files, in order
         self.compile_result = None
@@ -630,6 +662,7 @@ class Run:
         else:
             zygote.sessions[self.id] = self
         _write_all(job_w, self.body + b"\n")
+        self.body = b""  # a session lives long: its creation body is not kept
         if self.session is None:
             os.close(job_w)  # a run reads its job to the end; a session keeps the pipe for calls
             self.job_w = -1
@@ -655,11 +688,11 @@ class Run:
         return min(self.stage_started + self.stage_timeout + self.wait_seen, self.hard_deadline)
 
     def next_timer(self):
+        if self.killed_at is not None:
+            return self.killed_at + KILL_WAIT
         if self.session is not None and self.current_call is None:
             # an idle session holds no timer, but for the memory watchdog
             return time.monotonic() + IDLE_SESSION_TICK if self.watch_memory and self.alive else None
-        if self.exited:
-            return self.exit_time + DRAIN_AFTER_EXIT
         if self.interrupted_at is not None:
             return self.interrupted_at + self.current_call["grace"]
         due = self.deadline()
@@ -671,22 +704,16 @@ class Run:
     def on_event(self, zygote, fd):
         if fd == self.pidfd:
             zygote.unwatch(fd)
-            if not self.exited:
-                self.exited, self.exit_time = True, time.monotonic()
-                if not zygote.isolated:
-                    _kill(self.pid, False)  # no PID namespace: take the whole process group down
-            self._maybe_finish(zygote)
+            self._exited(zygote)
             return
         chunk = os.read(fd, READ_CHUNK)
         if not chunk:
             zygote.unwatch(fd)
             self.open_fds.discard(fd)
             os.close(fd)
-            self._maybe_finish(zygote)
             return
         if fd == self.meta_r:
-            self.meta += chunk
-            self._parse_meta(zygote)
+            self._take_meta(zygote, chunk)
             return
         self._keep(fd, chunk)
 
@@ -697,44 +724,60 @@ class Run:
             buf += chunk[:room]
         self.dropped += max(0, len(chunk) - max(room, 0))
 
-    def _parse_meta(self, zygote):
+    def _take_meta(self, zygote, chunk):
+        """fd 3, capped as it arrives and scanned once (a record without a newline costs nothing more)."""
+        self.meta_bytes += len(chunk)
+        if self.meta_bytes > self.meta_budget:
+            if not self.overflowed:
+                self.overflowed = True
+                self.meta = bytearray()
+                self.meta_scanned = 0
+                self.kill(zygote, f"its records to the server passed {self.meta_budget} bytes")
+            return
+        self.meta += chunk
+        start = 0
         while True:
-            end = self.meta.find(b"\n")
+            end = self.meta.find(b"\n", self.meta_scanned)
             if end < 0:
-                return
-            line = bytes(self.meta[:end])
-            del self.meta[:end + 1]
-            try:
-                record = _loads(line.decode("utf-8", "replace"))
-            except ValueError:
-                continue  # the run may write garbage into its inherited fd 3; it only hurts itself
-            if not isinstance(record, dict):
-                continue
-            if record.get("compiled") is True and self.compile_result is None:
-                self.compile_result = self._stage_result("Finished", record)
-                self.compile_result["stdout"] = record.get("stdout", "")
-                self.compile_result["stderr"] = record.get("stderr", "")
-                self._begin_stage(self.limits["timeout"], fresh_output=False)  # the program may have written already
-            elif record.get("call_done") is True and self.current_call is not None:
-                self._finish_call(zygote, record)
-            elif record.get("session_ready") is True and self.session is not None and self.current_call is None:
-                group = self.groups["memory"][1] if "memory" in self.groups else None
-                zygote._reply({"id": self.id, "status": "Finished", "session_alive": True, "group": group})
-            else:
-                self.records.append(record)
-                if record.get("done") is True:
-                    self._maybe_finish(zygote)
+                self.meta_scanned = len(self.meta)
+                break
+            self._take_record(zygote, bytes(self.meta[start:end]))
+            start = self.meta_scanned = end + 1
+        if start:
+            del self.meta[:start]
+            self.meta_scanned -= start
+
+    def _take_record(self, zygote, line):
+        try:
+            record = _loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            return  # the run may write garbage into its inherited fd 3; it only hurts itself
+        if not isinstance(record, dict):
+            return
+        kind = record.get("kind")
+        if kind == "compiled" and self.head.get("exec") and self.compile_result is None:
+            self.compile_result = self._stage_result("Finished", record)
+            self.compile_result["stdout"] = record.get("stdout", "")
+            self.compile_result["stderr"] = record.get("stderr", "")
+            self._begin_stage(self.limits["timeout"], fresh_output=False)  # the program may have written already
+        elif kind == "call_done" and self.current_call is not None:
+            self._finish_call(zygote, record)
+        elif kind == "session_ready" and self.session is not None and self.current_call is None:
+            group = self.groups["memory"][1] if "memory" in self.groups else None
+            zygote._reply({"id": self.id, "status": "Finished", "session_alive": True, "group": group})
+        elif kind in ("cell", "done"):
+            self.records.append(record)
 
     def on_time(self, zygote, now):
-        if self.watch_memory and self.alive and not self.exited and self._over_memory(now):
+        if self.killed_at is not None:
+            if not self.exited and now >= self.killed_at + KILL_WAIT:
+                self._answer_without_exit(zygote)
+            return
+        if self.watch_memory and self.alive and self._over_memory(now):
             self.memory_killed = True
             self.kill(zygote, "killed for exceeding its memory limit")
             return
         if self.session is not None and self.current_call is None:
-            return
-        if self.exited:
-            if now >= self.exit_time + DRAIN_AFTER_EXIT:
-                self._finish(zygote)
             return
         if self.interrupted_at is not None:
             if now >= self.interrupted_at + self.current_call["grace"]:
@@ -743,8 +786,6 @@ class Run:
             return
         if not self.demoted and now >= self.stage_started + _demote_after:
             self.demoted = True
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PGRP, self.pid, 19)  # fresh runs get the CPU first
         if self.demoted:
             self._sample(zygote)
         if now >= self.deadline():
@@ -756,11 +797,12 @@ class Run:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
             else:
-                self._finish(zygote)  # kills it and answers at once, with the output it has written
+                self.kill(zygote, "timed out")  # answered once the kernel has ended it
 
     def _sample(self, zygote):
-        """CPU time used and time spent waiting for a CPU, over the run's processes."""
-        cpu, wait = _tree_schedstat(self.pid)
+        """CPU time used and time spent waiting for a CPU, over the run's processes; each of them
+        (setsid or not, every thread) goes to the lowest CPU priority: fresh runs get the CPU first."""
+        cpu, wait = _demote_tree(self.pid)
         if self.wait_base is None:
             self.wait_base = (cpu, wait) if self.session is not None else (0.0, 0.0)
         self.cpu_seen = cpu - self.wait_base[0]
@@ -777,59 +819,71 @@ class Run:
     def kill(self, zygote, reason):
         self.end_reason = self.end_reason or reason
         self.alive = False
+        if self.killed_at is None and not self.exited:
+            self.killed_at = time.monotonic()
         _kill(self.pid, zygote.isolated)
 
-    def _maybe_finish(self, zygote):
-        if self.session is not None:
-            if self.exited and not self.open_fds.intersection((self.out_r, self.err_r)):
-                self._session_died(zygote)
-            elif self.exited:
-                pass  # on_time drains, then ends it
+    def _exited(self, zygote):
+        """PID 1 is gone, and with it (its PID namespace ended) every process of the run: collect it,
+        take what is left in the pipes (no writer is left), then answer."""
+        if self.exited:
             return
-        done = any(r.get("done") is True for r in self.records)
-        streams_open = self.open_fds.intersection((self.out_r, self.err_r))
-        if (done and not streams_open) or (self.exited and not self.open_fds):
+        self.exited = True
+        if not zygote.isolated:
+            _kill(self.pid, False)  # no PID namespace: take the whole process group down
+        _, self.status, usage = os.wait4(self.pid, 0)
+        self.collected = True
+        self.cpu_used = usage.ru_utime + usage.ru_stime
+        self._drain(zygote)
+        if self.session is not None:
+            self._session_died(zygote)
+        else:
+            self._finish(zygote)
+
+    def _answer_without_exit(self, zygote):
+        """The kernel has not ended a killed run in KILL_WAIT: answer (the client's deadline is
+        near) and collect it when it goes."""
+        self.end_reason = f"{self.end_reason}; its processes were still exiting {KILL_WAIT:g} s after SIGKILL"
+        self.status = signal.SIGKILL  # a wait status: killed by SIGKILL
+        if self.session is not None:
+            self._session_died(zygote)
+        else:
             self._finish(zygote)
 
     def _finish(self, zygote):
-        if self.session is not None:
-            self._session_died(zygote)
-            return
         if self.id not in zygote.runs:
             return
-        self._drain()
-        done = next((r for r in self.records if r.get("done") is True), None)
-        cpu = None
+        done = next((r for r in reversed(self.records) if r.get("kind") == "done"), None)
+        code = os.waitstatus_to_exitcode(self.status) if self.collected or self.killed_at else None
+        if self.head.get("exec") and done is not None and not self.timed_out:
+            code = done.get("return_code")  # the program's own status, signals included
         if self.timed_out:
-            # Answered now: waiting for the kernel to end a run (slow for one at nice 19 on a busy machine)
-            # would make its reply late; retire() collects its PID 1 once it is gone.
-            _kill(self.pid, zygote.isolated)
             code = -signal.SIGKILL
-        elif done is None:
-            _kill(self.pid, zygote.isolated)
-            _, wstatus = os.waitpid(self.pid, 0)  # PID 1 is dead or dying: this does not block long
-            self.exited = self.collected = True
-            code = os.waitstatus_to_exitcode(wstatus)
-        else:
-            code, cpu = done.get("return_code"), done.get("cpu_time")
         reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished",
-                                   {"return_code": code, "cpu_time": cpu})
+                                   {"return_code": code, "cpu_time": self.cpu_used if self.collected else None})
         reply["id"] = self.id
-        reply["truncated"] = self.dropped > 0 or "[verl-sf: output truncated" in str(self.compile_result)
+        reply["truncated"] = self.dropped > 0 or self.overflowed or bool(
+            self.compile_result and self.compile_result.get("truncated"))
         if self.compile_result is not None:
             reply["compile"] = self.compile_result
         if done is not None and "files" in done:
             reply["files"] = done["files"]
-        cells = [r for r in self.records if "display" in r]
+        cells = [r for r in self.records if r.get("kind") == "cell"]
         if cells:
             reply["cells"] = cells
         if self.end_reason == "cancelled":
             reply["error"] = "cancelled"
-        self.memory_exceeded = self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
-        if self.memory_exceeded:
-            reply["memory_exceeded"] = True
+        self._note_memory(zygote, reply)
         zygote._reply(reply)
         zygote.retire(self)
+
+    def _note_memory(self, zygote, reply):
+        scope = "own" if self.memory_killed else _memory_kill(self.groups, zygote.cfg["cgroup_v2"])
+        self.memory_exceeded = scope is not None
+        if scope is not None:
+            self.end_reason = MEMORY_KILLS[scope]
+            reply["memory_exceeded"] = True
+            reply["memory_scope"] = scope
 
     def _stage_result(self, status, record):
         now = time.monotonic()
@@ -850,19 +904,24 @@ class Run:
                 out += marker
             if len(self.buffers[self.err_r]) >= self.limits["output_limit"]:
                 err += marker
+        if self.overflowed:
+            err += f"\n[verl-sf: killed: {self.end_reason}]\n"
         result["stdout"], result["stderr"] = out, err
         return result
 
-    def _drain(self):
-        """Output written before the run's last record is in the pipes already: take it."""
-        for fd in (self.out_r, self.err_r):
-            if fd not in self.open_fds:
-                continue
-            while select.select([fd], [], [], 0)[0]:
+    def _drain(self, zygote):
+        """Output already in the pipes is this run's (or this call's): take it without waiting."""
+        for fd in (self.out_r, self.err_r, self.meta_r):
+            while fd in self.open_fds and select.select([fd], [], [], 0)[0]:
                 chunk = os.read(fd, READ_CHUNK)
                 if not chunk:
-                    break
-                self._keep(fd, chunk)
+                    zygote.unwatch(fd)
+                    self.open_fds.discard(fd)
+                    os.close(fd)
+                elif fd == self.meta_r:
+                    self._take_meta(zygote, chunk)
+                else:
+                    self._keep(fd, chunk)
 
     # -- sessions --------------------------------------------------------------------------------
     def call(self, zygote, head, body):
@@ -870,11 +929,12 @@ class Run:
             zygote._reply({"id": head["id"], "status": "Error", "session_alive": True,
                            "error": "the session is busy with another call"})
             return
+        self._drain(zygote)  # output of background work between calls is not this call's
         self.current_call = head
         self.call_id = head["id"]
         self.limits = head["limits"]
         self.records = []
-        self._drain()  # output of background work between calls is not this call's
+        self.meta_bytes = 0
         self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self._begin_stage(self.limits["timeout"])
         self.interrupted_at = None
@@ -894,7 +954,7 @@ class Run:
         return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
 
     def _finish_call(self, zygote, record):
-        self._drain()
+        self._drain(zygote)
         status = "TimeLimitExceeded" if self.timed_out else "Finished"
         reply = self._stage_result(status, record)
         reply["id"] = self.call_id
@@ -906,27 +966,24 @@ class Run:
             fetched = zip(self.fetch_paths, record["fetched"], strict=False)
             reply["files"] = {path: data for path, data in fetched if data is not None}
         if self.records:
-            reply["cells"] = [r for r in self.records if "display" in r]
+            reply["cells"] = [r for r in self.records if r.get("kind") == "cell"]
         self.current_call = None
         self.interrupted_at = None
+        # What a call left running in the background drops to the lowest CPU priority.
+        if _has_children(self.pid):
+            _demote_tree(self.pid)
         zygote._reply(reply)
 
     def _session_died(self, zygote):
         if self.id not in zygote.sessions:
             return
         self.alive = False
-        self._drain()
-        self.memory_exceeded = self.memory_killed or _memory_exceeded(self.groups, zygote.cfg["cgroup_v2"])
-        memory_exceeded = self.memory_exceeded
-        reason = ("killed for exceeding its memory limit" if memory_exceeded
-                  else self.end_reason or "its interpreter exited")
+        ended = {}
+        self._note_memory(zygote, ended)
+        reason = self.end_reason or "its interpreter exited"
         if self.current_call is not None:
             reply = self._stage_result("TimeLimitExceeded" if self.timed_out else "Finished", {"return_code": None})
-            if memory_exceeded:
-                reply["memory_exceeded"] = True
-            reply["id"] = self.call_id
-            reply["session_alive"] = False
-            reply["session_end"] = reason
+            reply.update(ended, id=self.call_id, session_alive=False, session_end=reason)
             zygote._reply(reply)
             self.current_call = None
         zygote._reply({"id": self.id, "status": "Finished", "session_alive": False, "session_end": reason})
@@ -934,6 +991,13 @@ class Run:
             os.close(self.job_w)
             self.job_w = -1
         zygote.retire(self)
+
+
+MEMORY_KILLS = {
+    "own": "killed for exceeding its memory limit",
+    "shared": "killed for memory: the runs and sessions of this server together reached its memory cap "
+              "(--runs-memory-mb), not this one's own limit",
+}
 
 
 _demote_after = 0.1
@@ -974,20 +1038,38 @@ def _write_limit(group, name, value):
         _limits_set[(group, name)] = value
 
 
-def _memory_exceeded(groups, v2):
-    """Has the kernel killed a process of this group for memory (pooled groups start at 0)?"""
+def _memory_kill(groups, v2):
+    """Whose cap the kernel killed a process of this group for: "own" (the group reached its
+    limit), "shared" (the cap over all runs and sessions was reached first), or None (no kill;
+    pooled groups start at zero)."""
     if "memory" not in groups:
-        return False
+        return None
     base, name = groups["memory"]
+    counters = _read_counters(base, f"{name}/{'memory.events' if v2 else 'memory.oom_control'}")
+    if counters.get(b"oom_kill", 0) == 0:
+        return None
+    if v2:
+        hit_own_limit = counters.get(b"max", 0) > 0
+    else:
+        hit_own_limit = _read_counters(base, f"{name}/memory.failcnt", b"failcnt").get(b"failcnt", 0) > 0
+    return "own" if hit_own_limit else "shared"
+
+
+def _read_counters(base, path, single=None):
+    """`key value` lines of a cgroup file (or its one number, named `single`); {} if unreadable."""
     try:
-        with open(f"{name}/{'memory.events' if v2 else 'memory.oom_control'}", "rb", opener=_opener(base)) as fh:
-            for line in fh.read().splitlines():
-                key, _, value = line.partition(b" ")
-                if key == b"oom_kill":
-                    return int(value) > 0
+        with open(path, "rb", opener=_opener(base)) as fh:
+            text = fh.read()
     except OSError:
-        pass
-    return False
+        return {}
+    if single is not None:
+        return {single: int(text or b"0")}
+    counters = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(b" ")
+        with contextlib.suppress(ValueError):
+            counters[key] = int(value)
+    return counters
 
 
 def _opener(base):
@@ -1026,10 +1108,19 @@ def _tree(pid, limit=1024):
             continue
 
 
-def _tree_schedstat(pid):
-    """(seconds on a CPU, seconds waiting for one) summed over `pid` and its descendants."""
+def _demote_tree(pid):
+    """Every thread of `pid` and its descendants to nice 19 (nice is per thread, and a setsid'd
+    process is out of the run's process group); returns (seconds on a CPU, seconds waiting for
+    one) summed over them."""
     cpu = wait = 0.0
     for current in _tree(pid, 256):
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(task), 19)
         try:
             with open(f"/proc/{current}/schedstat", "rb") as fh:
                 fields = fh.read().split()
@@ -1040,19 +1131,34 @@ def _tree_schedstat(pid):
     return cpu, wait
 
 
+def _has_children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
+            return bool(fh.read().strip())
+    except OSError:
+        return False
+
+
 def _tree_memory(pid):
     """Bytes of anonymous and shared memory the run's processes hold, each page split between the
-    processes that map it (PSS), so pages still shared with the warm interpreter barely count."""
+    processes that map it (PSS), so pages still shared with the warm interpreter barely count;
+    plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low)."""
     total = 0
+    memfds = {}
     for current in _tree(pid):
         try:
             with open(f"/proc/{current}/smaps_rollup", "rb") as fh:
                 for line in fh.read().splitlines():
                     if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
                         total += int(line.split()[1]) << 10
+            for fd in os.listdir(f"/proc/{current}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{current}/fd/{fd}").startswith("/memfd:"):
+                        info = os.stat(f"/proc/{current}/fd/{fd}")
+                        memfds[(info.st_dev, info.st_ino)] = info.st_blocks * 512
         except (OSError, ValueError, IndexError):
             continue
-    return total
+    return total + sum(memfds.values())
 
 
 # ---- inside the child (user code starts here) -------------------------------------------------
@@ -1103,11 +1209,11 @@ class Child:
         mode = job.get("mode")
         if mode == "session_python":
             os.close(stdin_fd)
-            _report({"session_ready": True})
+            _report({"kind": "session_ready"})
             _python_session(namespace, self)
         if mode == "session_bash":
             os.close(stdin_fd)
-            _report({"session_ready": True})
+            _report({"kind": "session_ready"})
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.execve("/bin/bash", ["bash", "--noprofile", "--norc", "-c", BASH_SESSION], dict(os.environ))
         os.write(stdin_fd, (job.get("stdin") or "").encode("utf-8", "surrogateescape"))
@@ -1125,7 +1231,11 @@ class Child:
         os._exit(code & 0xFF)
 
     def _mounts(self):
-        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
+        """The run's own view: every mount of the sandbox read-only (nothing one run plants there
+        reaches another), then fresh writable tmpfs, /proc, /dev/shm, /dev/pts and a network of
+        its own whose loopback only it can reach."""
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare(CLONE_NEWNS)")
+        _read_only_tree()
         _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
         for encoded, options, target, keep in self.mounts:
             kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in keep]
@@ -1136,9 +1246,16 @@ class Child:
                 _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None,
                                    MS_BIND | MS_REC, None), f"bind {entry}")
                 os.close(fd)
+        owner = 0 if self.cfg["single_uid"] else self.cfg["uid"]
+        for directory in self.cfg["premade"]:
+            os.mkdir(directory, 0o755)
+            os.chown(directory, owner, owner)
         # POSIX shared memory and semaphores (multiprocessing's locks) live here: private to the run too.
         shm_options = f"size={self.cfg['sizes'][self.cfg['tmpdir']]},mode=1777".encode()
         _check(_libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_options), "mount /dev/shm")
+        _check(_libc.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC,
+                           b"newinstance,ptmxmode=0666,mode=0620"), "mount /dev/pts")
+        _loopback_up()
 
     def _drop_privileges(self):
         """The uid change clears the effective and permitted capabilities (an unmapped single
@@ -1168,7 +1285,10 @@ class Child:
             resource.setrlimit(which, (value, value))
 
     def _exec_stages(self, job):
-        """The compile stage, if any, with its output captured apart; then the program."""
+        """The compile stage, if any, with its output captured apart; then the program.  This PID 1
+        runs no user code and is made undumpable: the program cannot open its fd 3 through /proc
+        nor trace it, so the records it writes are the verdict."""
+        _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
         if job.get("compile_argv"):
             captures = [os.memfd_create("compile-stdout"), os.memfd_create("compile-stderr")]
             start = os.times()
@@ -1176,28 +1296,63 @@ class Child:
             used = os.times()
             texts = [_read_capped(fd, job["output_limit"]) for fd in captures]
             cpu = (used.children_user + used.children_system) - (start.children_user + start.children_system)
-            _report({"compiled": True, "return_code": code, "cpu_time": cpu, "stdout": texts[0], "stderr": texts[1]})
+            _report({"kind": "compiled", "return_code": code, "cpu_time": cpu, "stdout": texts[0], "stderr": texts[1]})
             if code != 0:
                 return code
         return _exec_as_child(job["argv"], None)
 
     def fetch(self, paths):
-        """The requested files, read as the run's user, never through a symlink or out of its dirs."""
+        """The requested files, read as the run's user, never through a symlink or out of its dirs.
+        A file named twice (`big`, `./big`, `/workdir/big`) is read once, under its first name; all
+        files together stay within the fetch limit."""
         fetched = {}
-        limit = self.cfg["fetch_limit"]
+        seen = set()
+        room = self.cfg["fetch_limit"]
         for path in paths or ():
             try:
                 fd = _open_beneath(path, os.O_RDONLY, self._roots())
             except (OSError, ValueError):
                 continue  # Sandbox Fusion leaves missing files out of the answer
             with os.fdopen(fd, "rb") as fh:
-                data = fh.read(limit + 1)
-            if len(data) <= limit:
+                info = os.fstat(fh.fileno())
+                if (info.st_dev, info.st_ino) in seen or info.st_size > room:
+                    continue
+                seen.add((info.st_dev, info.st_ino))
+                data = fh.read(room + 1)
+            if len(data) <= room:
                 fetched[path] = base64.b64encode(data).decode()
+                room -= len(data)
         return fetched
 
     def _roots(self):
         return _roots(self.cfg, self.workdir, self.isolated)
+
+
+def _read_only_tree():
+    """Every mount of this (new) mount namespace read-only: one mount_setattr, or a remount per
+    mount point where the kernel predates it (device nodes such as /dev/null stay writable)."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+    if _libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) == 0:
+        return
+    if ctypes.get_errno() != errno.ENOSYS:
+        _check(-1, "mount_setattr(/, MOUNT_ATTR_RDONLY)")
+    with open("/proc/self/mountinfo") as info:
+        mounts = [line.split() for line in info]
+    for fields in mounts:
+        # The per-mount flags a remount must repeat (they may be locked from an outer namespace).
+        kept = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+                "relatime": MS_RELATIME, "nodiratime": MS_NODIRATIME}
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for option in fields[5].split(","):
+            flags |= kept.get(option, 0)
+        target = fields[4].replace("\\040", " ").encode()
+        _check(_libc.mount(None, target, None, flags, None), f"remount {fields[4]} read-only")
+
+
+def _loopback_up():
+    """The run's network namespace starts with its loopback down: bring it up (SIOCSIFFLAGS)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
 
 
 def _roots(cfg, workdir, isolated):
@@ -1333,7 +1488,7 @@ def _report_done(code, fetch_files, child):
     for fd in (0, 1, 2):
         with contextlib.suppress(OSError):
             os.close(fd)
-    record = {"done": True, "return_code": code,
+    record = {"kind": "done", "return_code": code,
               "cpu_time": times.user + times.system + times.children_user + times.children_system}
     if fetch_files is not None and child is not None:
         record["files"] = child.fetch(fetch_files)
@@ -1369,13 +1524,13 @@ def _python_session(namespace, child):
                 with contextlib.suppress(Exception):
                     stream.flush()
             used = os.times()
-            record = {"call_done": True, "return_code": code,
+            record = {"kind": "call_done", "return_code": code,
                       "cpu_time": (used.user + used.system) - (started.user + started.system)}
             if call.get("fetch_files") is not None:
                 record["files"] = child.fetch(call["fetch_files"])
             _report(record)
         except KeyboardInterrupt:
-            _report({"call_done": True, "return_code": 1})  # the interrupt came between statements of ours
+            _report({"kind": "call_done", "return_code": 1})  # the interrupt came between statements of ours
 
 
 # ---- helpers shared by zygote and child -------------------------------------------------------
@@ -1628,6 +1783,7 @@ def _run_cells(cells, cell_timeout, output_limit, namespace, finish=True):
         raise TimeoutError(f"cell exceeded cell_timeout of {cell_timeout} s")
 
     signal.signal(signal.SIGALRM, _alarm)
+    room = [output_limit, output_limit]  # what is left of each stream's limit, over all cells
     for index, source in enumerate(cells):
         name = f"<cell-{index}>"
         _cache_source(name, source)
@@ -1648,17 +1804,19 @@ def _run_cells(cells, cell_timeout, output_limit, namespace, finish=True):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         texts = []
-        for stream, fd in ((sys.stdout, captures[0]), (sys.stderr, captures[1])):
+        for which, (stream, fd) in enumerate(((sys.stdout, captures[0]), (sys.stderr, captures[1]))):
             with contextlib.suppress(Exception):
                 stream.flush()
             size = os.fstat(fd).st_size
-            text = os.pread(fd, output_limit, 0).decode("utf-8", "replace")
-            if size > output_limit:
-                text += TRUNCATION_MARKER.format(dropped=size - output_limit)
+            data = os.pread(fd, room[which], 0)
+            room[which] -= len(data)
+            text = data.decode("utf-8", "replace")
+            if size > len(data):
+                text += TRUNCATION_MARKER.format(dropped=size - len(data))
             texts.append(text)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        _report({"stdout": texts[0], "stderr": texts[1], "display": display, "error": error})
+        _report({"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": display, "error": error})
     os.dup2(saved[0], 1)
     os.dup2(saved[1], 2)
     for fd in (*captures, saved[0], saved[1]):
