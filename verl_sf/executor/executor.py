@@ -118,6 +118,7 @@ class Executor:
         self._by_open_id: dict[int, Session] = {}
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._reaper: Optional[asyncio.Task[None]] = None
+        self._opening = 0  # sessions being created: they count against max_sessions already
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -198,6 +199,10 @@ class Executor:
                    for flavor, group in self._zygotes.items()}
         return {flavor: count for flavor, count in running.items() if count}
 
+    def faults(self) -> dict[str, str]:
+        """Sandboxes whose last reply reader failed, by name, with why."""
+        return {z.name: z.fault for group in self._zygotes.values() for z in group if z.fault}
+
     def cgroups_status(self) -> str:
         if self.cgroups is None:
             return "off"
@@ -219,11 +224,33 @@ class Executor:
         }
 
     # ---- admission -------------------------------------------------------------------------
-    def _admit(self) -> None:
+    def _admit(self, memory_mb: int, caller: Optional[Session] = None) -> None:
         if self.stats.in_flight >= self.config.max_in_flight:
             self.stats.rejected += 1
             raise Overloaded(f"{self.stats.in_flight} runs in flight (max_in_flight={self.config.max_in_flight})")
+        self._make_room(memory_mb, caller)
         self.stats.in_flight += 1
+
+    def _make_room(self, memory_mb: int, caller: Optional[Session]) -> None:
+        """Idle sessions' files count against the cap over all runs and sessions but belong to no
+        running process, so the kernel would kill a new run for them: when the cap is near, the
+        longest-idle sessions are evicted first (a run is assumed to need at most a quarter of the cap)."""
+        if not self.sessions or self.cgroups is None or not self.cgroups.available:
+            return
+        used = self.cgroups.memory_usage()
+        cap = self.config.runs_memory_mb << 20
+        need = min(memory_mb << 20, cap // 4)
+        if used is None or used + need <= cap:
+            return
+        idle = sorted((s for s in self.sessions.values() if s is not caller and not s.busy.locked()),
+                      key=lambda s: s.idle_since)
+        for session in idle:
+            held = self._session_memory(session) or 0
+            self._end(session, f"evicted: its memory ({held >> 20} MB) was needed by a new run under the server's "
+                               f"cap of {self.config.runs_memory_mb} MB for all runs and sessions")
+            used -= held
+            if used + need <= cap:
+                return
 
     async def _pick(self, flavor: str) -> ZygoteProcess:
         zygote = min(self._zygotes[flavor], key=lambda z: z.load)
@@ -314,7 +341,7 @@ class Executor:
         budget = request.run_timeout + request.compile_timeout + CLIENT_SLACK_S
         head = {"op": "run", "id": next_id(), "compile_timeout": request.compile_timeout if spec.compile else 0,
                 "exec": body["mode"] == "exec", "limits": self._limits(request.run_timeout, budget, memory_mb)}
-        self._admit()
+        self._admit(memory_mb)
         try:
             reply, queue_wait = await self._job(flavor, head, body, arrived)
         except SandboxCrashed as exc:
@@ -376,7 +403,7 @@ class Executor:
                 "fetch_files": request.fetch_files}
         head = {"op": "run", "id": next_id(), "compile_timeout": 0, "exec": False,
                 "limits": self._limits(request.total_timeout, request.total_timeout + CLIENT_SLACK_S, memory_mb)}
-        self._admit()
+        self._admit(memory_mb)
         try:
             reply, queue_wait = await self._job(self._flavor_for("\n".join(request.cells)), head, body, arrived)
         except SandboxCrashed as exc:
@@ -409,7 +436,7 @@ class Executor:
         assert self.toolchains is not None, "Executor.start() first"
         if request.language == "bash" and "bash" in self.toolchains.missing:
             raise InvalidRequest("language", self.toolchains.missing_message("bash"))
-        if len(self.sessions) >= self.config.max_sessions:
+        if len(self.sessions) + self._opening >= self.config.max_sessions:
             idle = [s for s in self.sessions.values() if not s.busy.locked()]  # a session in a call is not idle
             if not idle:
                 self.stats.rejected += 1
@@ -428,7 +455,16 @@ class Executor:
         body = {**self._body_limits(memory_mb), "mode": f"session_{request.language}",
                 "files": {k: v or "" for k, v in request.files.items()}}
         zygote.sessions.add(open_id)
-        reply = await zygote.request(head, encode_body(body))  # type: ignore[arg-type]
+        opening = asyncio.ensure_future(zygote.request(head, encode_body(body)))  # type: ignore[arg-type]
+        self._opening += 1
+        try:
+            reply = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # Its client left: the session is opened all the same and closed at once, never left unrecorded.
+            opening.add_done_callback(lambda done: self._roll_back(zygote, open_id, done))
+            raise
+        finally:
+            self._opening -= 1
         if not reply.get("session_alive"):
             zygote.sessions.discard(open_id)
             why = reply.get("stderr") or reply.get("session_end")
@@ -438,6 +474,12 @@ class Executor:
         self._by_open_id[open_id] = session
         self.stats.sessions_created += 1
         return self.session_info(session.id)
+
+    @staticmethod
+    def _roll_back(zygote: ZygoteProcess, open_id: int, opening: asyncio.Future[Reply]) -> None:
+        zygote.sessions.discard(open_id)
+        if not opening.cancelled() and opening.exception() is None and opening.result().get("session_alive"):
+            zygote.send({"op": "close", "id": next_id(), "session": open_id})
 
     def session_info(self, session_id: str) -> SessionInfo:
         session = self._live(session_id)
@@ -514,7 +556,7 @@ class Executor:
                 "grace": self.config.session_interrupt_grace_s, "limits": limits}
         await session.busy.acquire()
         try:
-            self._admit()
+            self._admit(session.memory_mb, session)
         except Overloaded:
             session.busy.release()  # refused: the session's next call must not wait for this one
             raise

@@ -172,6 +172,14 @@ PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCO
 SECCOMP_MODE_FILTER = 2
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 SYS_OPENAT2 = 437
+SCMP_ERROR = -1  # __NR_SCMP_ERROR: libseccomp does not know the name
+# System calls added since 5.1 have one number on every architecture; these are the ones an
+# older libseccomp may not resolve.  Everything from FIRST_UNKNOWN_SYSCALL on is refused.
+NEW_SYSCALLS = {"memfd_secret": 447, "cachestat": 451, "fchmodat2": 452, "map_shadow_stack": 453,
+                "futex_wake": 454, "futex_wait": 455, "futex_requeue": 456, "statmount": 457, "listmount": 458,
+                "lsm_get_self_attr": 459, "lsm_set_self_attr": 460, "lsm_list_modules": 461, "mseal": 462}
+FIRST_UNKNOWN_SYSCALL = 463
+UNKNOWN_SYSCALLS_REFUSED = 128
 READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 READ_CHUNK = 1 << 16
@@ -316,23 +324,35 @@ def _seccomp_program(config):
         raise OSError("seccomp_init failed")
     lib.seccomp_attr_set(ctypes.c_void_p(ctx), 8, 2)  # SCMP_FLTATR_CTL_OPTIMIZE: a binary tree, not a list
     try:
-        def rule(action, name, *compares):
+        def number_of(name):
             number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number == SCMP_ERROR:  # newer than this libseccomp: the number every architecture shares
+                number = NEW_SYSCALLS.get(name)
+                if number is None:
+                    raise OSError(errno.EINVAL, f"seccomp: cannot resolve the system call {name!r}")
+            return number
+
+        def rule(action, number, *compares):
             if number < 0:
-                return  # not a system call on this architecture
+                return  # a pseudo-number: not a system call on this architecture
             array = (_ArgCmp * max(1, len(compares)))(*compares)
             result = lib.seccomp_rule_add_array(ctx, action, number, len(compares), array)
             if result != 0:
-                raise OSError(-result, f"seccomp rule for {name}: {os.strerror(-result)}")
+                raise OSError(-result, f"seccomp rule for system call {number}: {os.strerror(-result)}")
 
-        for name in config["seccomp"]:
-            rule(eperm, name)
-        rule(enosys, "clone3")  # its flags live in memory a filter cannot read; libc falls back to clone
+        refused = {number_of(name) for name in config["seccomp"]}
+        for number in refused:
+            rule(eperm, number)
+        rule(enosys, number_of("clone3"))  # its flags live in memory a filter cannot read; libc falls back to clone
+        # Calls newer than this table: unknown, so refused as missing (runtimes fall back), never allowed.
+        for number in range(FIRST_UNKNOWN_SYSCALL, FIRST_UNKNOWN_SYSCALL + UNKNOWN_SYSCALLS_REFUSED):
+            if number not in refused:
+                rule(enosys, number)
         equal, masked_eq = 4, 7  # SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ
         for family in config["seccomp_socket_families"]:
-            rule(eperm, "socket", _ArgCmp(0, equal, family, 0))
+            rule(eperm, number_of("socket"), _ArgCmp(0, equal, family, 0))
         for flag in NAMESPACE_FLAGS:
-            rule(eperm, "clone", _ArgCmp(0, masked_eq, flag, flag))
+            rule(eperm, number_of("clone"), _ArgCmp(0, masked_eq, flag, flag))
         exported = os.memfd_create("seccomp")
         try:
             result = lib.seccomp_export_bpf(ctx, exported)

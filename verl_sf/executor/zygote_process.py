@@ -23,7 +23,8 @@ from verl_sf.executor.sandbox import SandboxLauncher
 from verl_sf.executor.zygote import Head, Reply
 
 log = logging.getLogger(__name__)
-MAX_REPLY_BYTES = 512 << 20  # stdout+stderr caps plus fetched files, base64
+MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
+PARSE_IN_THREAD_BYTES = 1 << 20  # replies this large are parsed off the event loop
 _ids = itertools.count(1)
 
 
@@ -49,6 +50,7 @@ class ZygoteProcess:
         self._reader: Optional[asyncio.Task[None]] = None
         self._closed = False  # stopped for good: a late request must not start it again
         self._starting: Optional[asyncio.Task[None]] = None
+        self.fault = ""  # why the last reader failed, until a restarted zygote answers again
 
     @property
     def load(self) -> int:
@@ -86,12 +88,27 @@ class ZygoteProcess:
         self._reader = asyncio.create_task(self._read_replies(self.process))
 
     async def _read_replies(self, process: asyncio.subprocess.Process) -> None:
+        """Replies until the zygote exits.  A reader that fails (a reply it cannot take) kills its
+        zygote: what was in flight fails as a sandbox error and the next request starts a new one."""
+        try:
+            await self._take_replies(process)
+        except Exception as exc:  # noqa: BLE001 - any failure here must end in a restart, never a hang
+            self.fault = f"sandbox {self.name} ({self.flavor}): its reply reader failed ({exc!r}); restarting it"
+            log.error("verl-sf: %s", self.fault)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGKILL)
+        code = await process.wait()
+        self._fail_all(f"sandbox {self.name} ({self.flavor}) exited (code {code})")
+
+    async def _take_replies(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         while True:
             line = await process.stdout.readline()
             if not line:
-                break
-            reply: Reply = json.loads(line)
+                return
+            self.fault = ""
+            reply: Reply = (await asyncio.to_thread(json.loads, line) if len(line) > PARSE_IN_THREAD_BYTES
+                            else json.loads(line))
             future = self.pending.pop(reply.get("id", -1), None)
             if future is not None:
                 if not future.done():
@@ -99,8 +116,6 @@ class ZygoteProcess:
             elif "session_end" in reply and reply.get("id") in self.sessions:
                 self.sessions.discard(reply["id"])
                 self.on_session_end(reply["id"], reply["session_end"])
-        code = await process.wait()
-        self._fail_all(f"sandbox {self.name} ({self.flavor}) exited (code {code})")
 
     def _fail_all(self, why: str) -> None:
         pending, self.pending = self.pending, {}

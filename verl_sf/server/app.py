@@ -165,8 +165,10 @@ async def ping(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     executor = get_executor(request)
-    return web.json_response({
-        "status": "ok",
+    faults = executor.faults()  # a sandbox whose reader failed is not ok until it answers again
+    return web.json_response(status=503 if faults else 200, data={
+        "status": "unhealthy" if faults else "ok",
+        "faults": faults,
         "version": __version__,
         "isolation": executor.isolation,
         "cgroups": executor.cgroups_status(),
