@@ -891,6 +891,7 @@ class Run:
         cells = [r for r in self.records if r.get("kind") == "cell"]
         if cells:
             reply["cells"] = cells
+            reply["truncated"] = reply["truncated"] or any(cell.get("truncated") is True for cell in cells)
         if self.end_reason == "cancelled":
             reply["error"] = "cancelled"
         self._note_memory(zygote, reply)
@@ -987,6 +988,7 @@ class Run:
             reply["files"] = {path: data for path, data in fetched if data is not None}
         if self.records:
             reply["cells"] = [r for r in self.records if r.get("kind") == "cell"]
+            reply["truncated"] = self.dropped > 0 or any(cell.get("truncated") is True for cell in reply["cells"])
         self.current_call = None
         self.interrupted_at = None
         # What a call left running in the background drops to the lowest CPU priority.
@@ -1824,6 +1826,7 @@ def _run_cells(cells, cell_timeout, output_limit, namespace, finish=True):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         texts = []
+        cut = False
         for which, (stream, fd) in enumerate(((sys.stdout, captures[0]), (sys.stderr, captures[1]))):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -1833,10 +1836,12 @@ def _run_cells(cells, cell_timeout, output_limit, namespace, finish=True):
             text = data.decode("utf-8", "replace")
             if size > len(data):
                 text += TRUNCATION_MARKER.format(dropped=size - len(data))
+                cut = True
             texts.append(text)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        _report({"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": display, "error": error})
+        _report({"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": display, "error": error,
+                 "truncated": cut})
     os.dup2(saved[0], 1)
     os.dup2(saved[1], 2)
     for fd in (*captures, saved[0], saved[1]):
