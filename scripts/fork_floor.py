@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import gc
 import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -85,11 +84,12 @@ def cow_fault_us(pages: int = 4000) -> float:
 def _zygote_import_context() -> contextlib.AbstractContextManager:
     """The zygote's own import wrapper, loaded from its file: the zygote is standard library
     only, so this keeps the package (and its dependencies) out of the measured process."""
-    path = Path(__file__).resolve().parents[1] / "verl_sf" / "executor" / "zygote.py"
-    spec = importlib.util.spec_from_file_location("verl_sf_zygote", path)
-    zygote = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zygote)
-    return zygote._threading_stand_in()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "verl_sf" / "executor"))
+    try:
+        warmup = importlib.import_module("zygote.warmup")
+    finally:
+        del sys.path[0]
+    return warmup.threading_stand_in()
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from verl_sf.executor.languages import (
 )
 from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
 from verl_sf.executor.slots import CpuSlots
-from verl_sf.executor.zygote import Limits, Reply, StageResult
+from verl_sf.executor.zygote.messages import Limits, Reply, StageResult
 from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, encode_body, next_id
 from verl_sf.models import (
     CellRunResult,

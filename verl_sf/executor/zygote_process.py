@@ -20,7 +20,7 @@ from typing import Any, Optional
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
 from verl_sf.executor.sandbox import SandboxLauncher
-from verl_sf.executor.zygote import Head, Reply
+from verl_sf.executor.zygote.messages import Head, Reply
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
