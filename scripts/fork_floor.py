@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The floor under any fresh-process-per-run fast path on this machine.
 
-Imports what the lean warm interpreter imports, freezes the heap as the zygote does, then
+Imports what the stdlib warm interpreter imports, freezes the heap as the zygote does, then
 forks, lets the child do nothing (or only the per-run namespaces), and reaps it, N times.
 The CPU per iteration (parent and children, from os.times) is what one run costs before it
 executes a single line of user code: the fork's page-table and VMA copy, copy-on-write
@@ -95,7 +95,7 @@ def _zygote_import_context() -> contextlib.AbstractContextManager:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--modules", help="comma-separated modules to import instead of the lean interpreter's list "
+    parser.add_argument("--modules", help="comma-separated modules to import instead of the stdlib interpreter's list "
                                           "(run with `python -I`), e.g. to see what a module's fork hooks cost")
     parser.add_argument("--as-zygote", action="store_true",
                         help="import --modules as the zygote does (numpy.random without the real `threading`)")
@@ -104,10 +104,10 @@ def main() -> None:
         # Measure in a clean interpreter (-I, like the zygote), not in one holding this package.
         import subprocess  # only here: it imports `threading`, whose fork hook would be measured
 
-        from verl_sf.executor.config import LEAN_PRELOAD
+        from verl_sf.executor.config import STDLIB_PRELOAD
 
         command = [sys.executable, "-I", __file__, "--iterations", str(args.iterations),
-                   "--modules", ",".join(LEAN_PRELOAD)]
+                   "--modules", ",".join(STDLIB_PRELOAD)]
         raise SystemExit(subprocess.run(command).returncode)
     with _zygote_import_context() if args.as_zygote else contextlib.nullcontext():
         for name in filter(None, args.modules.split(",")):

@@ -273,4 +273,4 @@ def test_session_scenarios_run_where_sessions_exist_and_are_skipped_elsewhere(tm
     assert (memory["sessions"], memory["measured"]) == (2, 2)
     assert memory["pss_mib_median"] > 0 and memory["processes_per_session"] >= 1
     assert memory["server_memory_bytes_mib_median"] > 0
-    assert "idle lean session: Pss median" in result.stdout
+    assert "idle stdlib session: Pss median" in result.stdout

@@ -33,7 +33,7 @@ from typing import Optional
 from verl_sf.errors import VerlSfError
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
-from verl_sf.executor.config import LEAN_PRELOAD, ExecutorConfig, IsolationMode
+from verl_sf.executor.config import STDLIB_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import Toolchains
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED, SECCOMP_DENIED_SOCKET_FAMILIES
 from verl_sf.executor.zygote.linux import CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC
@@ -180,8 +180,8 @@ class SandboxLauncher:
             os.chmod(path, 0o644)
 
     def heavy_preload(self, flavor: str) -> list[str]:
-        """A flavor is `lean` (stdlib only), one preloaded library by name, or `full` (all of them)."""
-        if flavor == "lean":
+        """A flavor is `stdlib` (the standard library only), one preloaded library by name, or `full` (all of them)."""
+        if flavor == "stdlib":
             return []
         if flavor == "full":
             return list(self.config.preload)
@@ -211,7 +211,7 @@ class SandboxLauncher:
             "uid": cfg.sandbox_uid,
             "gid": cfg.sandbox_uid,
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": workdir},
-            "preload": list(LEAN_PRELOAD) + self.heavy_preload(flavor),
+            "preload": list(STDLIB_PRELOAD) + self.heavy_preload(flavor),
             "fetch_limit": cfg.fetch_file_limit_bytes,
             "cgroups": cgroup_fds,
             "cgroup_v2": cgroup_v2,

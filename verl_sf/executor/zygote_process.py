@@ -9,31 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
 import signal
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional, Union
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
+from verl_sf.executor.jobs import next_id
 from verl_sf.executor.sandbox import SandboxLauncher
-from verl_sf.executor.zygote.messages import Head, Reply
+from verl_sf.executor.zygote.messages import Head, Reply, RunBody, SessionCallBody, SessionOpenHead
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
 PARSE_IN_THREAD_BYTES = 1 << 20  # replies this large are parsed off the event loop
-_ids = itertools.count(1)
 
 
 class SandboxCrashed(VerlSfError, RuntimeError):
     """A zygote died with jobs in flight (e.g. killed from outside); it is restarted."""
-
-
-def next_id() -> int:
-    return next(_ids)
 
 
 class ZygoteProcess:
@@ -142,6 +137,19 @@ class ZygoteProcess:
                 self.send({"op": "cancel", "id": job_id})
             raise
 
+    async def open_session(self, head: SessionOpenHead, body: RunBody) -> Reply:
+        """Open a session; until its reply it is this zygote's already (a sandbox crash ends it too)."""
+        self.sessions.add(head["id"])
+        reply = await self.request(head, encode_body(body))
+        if not reply.get("session_alive"):
+            self.sessions.discard(head["id"])
+        return reply
+
+    def close_session(self, open_id: int) -> None:
+        if open_id in self.sessions:
+            self.sessions.discard(open_id)
+            self.send({"op": "close", "id": next_id(), "session": open_id})
+
     def send(self, head: Head) -> None:
         """A request that has no reply (cancel, close)."""
         if self.process is not None and self.process.returncode is None:
@@ -163,6 +171,6 @@ class ZygoteProcess:
         self._fail_all("the server is shutting down")
 
 
-def encode_body(body: dict[str, Any]) -> bytes:
+def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:
     """A body as one line of JSON (json.dumps escapes every newline and tab)."""
     return json.dumps(body).encode()
