@@ -34,7 +34,7 @@ def test_every_tool_yaml_loads_through_verls_registry(path: Path) -> None:
     function = tool.tool_schema.function
     assert tool.name == function.name == "code_interpreter"
     assert function.parameters.required == ["code"] and function.parameters.properties["code"].type == "string"
-    assert tool._pool is None  # nothing started until the first call
+    assert tool._dispatcher is None  # nothing started until the first call
 
 
 def test_default_yaml_points_at_the_local_server() -> None:
