@@ -19,8 +19,8 @@ def test_options_map_to_executor_config() -> None:
     assert isinstance(config, LocalBackendConfig) and isinstance(config.build(), LocalSandboxBackend)
     executor = config.executor
     assert (executor.slots, executor.isolation, executor.preload) == (3, IsolationMode.none, ("math",))
-    assert hash(config) == hash(LocalBackendConfig(executor=ExecutorConfig(slots=3, isolation=IsolationMode.none,
-                                                                           preload=("math",))))
+    assert config.key() == LocalBackendConfig(executor=ExecutorConfig(slots=3, isolation=IsolationMode.none,
+                                                                      preload=("math",))).key()
     with pytest.raises(ValueError, match=r"executor\.bogus\n  Unexpected keyword argument"):
         parse_backend_config({"type": "local", "executor": {"bogus": 2}})
     with pytest.raises(ValueError, match=r"executor\.isolation\n  Input should be 'sandbox' or 'none'"):

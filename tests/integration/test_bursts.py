@@ -103,7 +103,7 @@ def test_a_loop_burst_larger_than_the_slots_is_all_answered_as_time_outs_in_time
     # Real starved replies (if this burst produced any) read as the server's fault in verl-sf's own tool.
     for body in starved:
         response = RunCodeResponse.model_validate(body)
-        assert reply.outcome_of(response) == reply.Outcome.sandbox_error
+        assert reply.status_of(response) == reply.CallStatus.sandbox_error
         assert reply.reply_text(response, 2, 1000)[0].startswith("Sandbox error:")
 
 

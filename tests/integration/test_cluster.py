@@ -239,7 +239,9 @@ def test_sessions_stay_on_their_server(fleet: Any) -> None:
     assert result["first"] == "Success"
     assert result["second"] == "42\n"
     assert list(result["served"]) == [result["session_url"]], "every call of the session went to its server"
-    assert result["lost"] and ("died" in result["lost"] or "does not know" in result["lost"]), result["lost"]
+    assert result["same_session"], "both calls of the key ran in one server session"
+    assert result["gone"] and ("died" in result["gone"] or "does not know" in result["gone"]), result["gone"]
+    assert result["fresh"] == "False\n" and result["fresh_session"], "after SessionGone the key starts afresh"
 
 
 def test_node_leaving_and_joining(fleet: Any) -> None:

@@ -28,7 +28,7 @@ from verl_sf.tools import SandboxFusionTool, ToolConfigError
 from verl_sf.tools.backend_calls import backend_for
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
-INPROCESS = {"pool": "inprocess"}  # the pool is not what these tests are about; tests/unit/test_tool_verl.py covers Ray
+INPROCESS = {"pool": "inprocess"}  # the dispatcher is not what these tests are about; tests/integration/test_verl_code_interpreter_tool.py covers Ray
 
 
 @pytest.fixture(scope="module")

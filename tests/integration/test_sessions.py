@@ -21,8 +21,8 @@ import pytest
 import requests
 
 from tests.server_fixtures import SERVER_SECRET, ServerHandle, start_server, stop_server
-from verl_sf.backends.base import SessionEnded
 from verl_sf.backends.http import HttpSandboxBackend
+from verl_sf.errors import SessionGone
 from verl_sf.models import RunCodeRequest
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -380,7 +380,7 @@ def test_http_backend_keys_sessions_and_reports_their_end(server: ServerHandle) 
         stateless = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"))
         assert stateless.session_id is None and stateless.run_result.stdout == "False\n"
         requests.delete(f"{server.url}/sessions/{first.session_id}", timeout=60)
-        with pytest.raises(SessionEnded, match="ended by DELETE"):
+        with pytest.raises(SessionGone, match="ended by DELETE"):
             await backend.run_code(RunCodeRequest(code="print(x)", language="python"), session="traj")
         fresh = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"),
                                        session="traj")

@@ -107,7 +107,7 @@ class ToolConfig(BaseModel):
 def _where(loc: tuple[Any, ...], backend: str) -> str:
     """A yaml path: with `backend: local`, `backend_config.executor.slots` is the `local:` block's `slots`."""
     if loc[:1] == ("backend_config",):
-        rest = loc[1:]
+        rest = loc[2:] if loc[1:2] == (backend,) else loc[1:]  # the union names the member by its tag
         config_class = BACKEND_CONFIGS.get(backend)
         if config_class is not None and config_class.tool_block_field is not None \
                 and rest[:1] == (config_class.tool_block_field,):

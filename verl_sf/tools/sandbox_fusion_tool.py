@@ -102,14 +102,14 @@ class SandboxFusionTool(BaseTool):
             request = self._request(parameters)
         except ToolArgumentError as exc:
             return ToolResponse(text=f"Invalid arguments: {exc}"), None, reply.metrics(
-                None, self.backend_name, truncated=False, outcome=reply.Outcome.invalid_arguments)
+                None, self.backend_name, truncated=False, status=reply.CallStatus.invalid_arguments)
         session = self._session(instance_id, kwargs.get("agent_data"))
         submitted = time.time()
         try:
             execution = await self.dispatcher.run(run_request, self.backend_config, request, session)
         except SessionGone as exc:
             return ToolResponse(text=reply.session_ended_text(exc.reason)), None, reply.metrics(
-                None, self.backend_name, truncated=False, outcome=reply.Outcome.session_ended)
+                None, self.backend_name, truncated=False, status=reply.CallStatus.session_ended)
         except SandboxUnavailable as exc:
             log.warning("code_interpreter: sandbox unavailable: %s", exc)
             return ToolResponse(text=reply.unavailable_text(exc)), None, reply.metrics(

@@ -170,7 +170,8 @@ async def test_backend_is_built_once_per_tool_not_per_call(http_tool: VerlHarnes
     for i in range(3):
         response, _, _ = await http_tool.call(f"print({i})")
         assert response.text == str(i)
-    identities = {await http_tool.tool.dispatcher.run(backend_identity, http_tool.tool.backend_config) for _ in range(3)}
+    tool = http_tool.tool
+    identities = {await tool.dispatcher.run(backend_identity, tool.backend_config) for _ in range(3)}
     assert len(identities) == 1 and identities.pop()[0] == os.getpid()  # the default dispatcher runs here
 
 

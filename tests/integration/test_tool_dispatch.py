@@ -1,4 +1,4 @@
-"""The tool's default Ray pool (`RayLimiterDispatcher`): calls run in this process under permits of
+"""The tool's default dispatcher (`RayLimiterDispatcher`): calls run in this process under permits of
 the cluster-wide limiter, on a real local Ray cluster against a real `verl-sf serve`.
 
 The cap is measured from timestamps the sandboxed code takes itself; "the permit came back"
