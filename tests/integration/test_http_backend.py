@@ -13,8 +13,7 @@ from aiohttp import web
 
 from tests.server_fixtures import ServerHandle
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.backends.config import normalize_base_url
-from verl_sf.backends.http import HttpSandboxBackend, SandboxRequestRejected
+from verl_sf.backends.http import HttpSandboxBackend, SandboxRequestRejected, normalize_base_url
 from verl_sf.models import RunCodeRequest, RunJupyterRequest, RunStatus
 
 OK_BODY = {"status": "Success", "message": "", "compile_result": None,

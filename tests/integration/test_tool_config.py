@@ -122,5 +122,4 @@ def test_the_session_key_defaults_per_backend_and_is_checked() -> None:
     assert unchecked.settings.session_mode == "trajectory" and unchecked._sessions_checked is False
     with pytest.raises(ToolConfigError, match="session: Input should be 'none' or 'trajectory'"):
         SandboxFusionTool({"sandbox_fusion_url": url, "session": "episode"})
-    with pytest.raises(ToolConfigError, match="needs a backend that keeps sessions; 'cluster'"):
-        SandboxFusionTool({"backend": "cluster", "session": "trajectory"})
+    assert SandboxFusionTool({"backend": "cluster", "session": "trajectory"}).settings.session_mode == "trajectory"

@@ -148,8 +148,8 @@ _SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aioh
 
 
 def _close_sessions_at_exit() -> None:
-    """Close sessions nobody closed (pool actors never call close()), so that exiting
-    processes do not log aiohttp's "Unclosed client session" warnings."""
+    """Close sessions nobody closed (verl and pool actors never call close()), so that exiting
+    processes do not log aiohttp's "Unclosed client session" / "Unclosed connector" errors."""
     for loop, sessions in list(_SESSIONS.items()):
         for session in list(sessions.values()):
             if session.closed:
@@ -159,8 +159,8 @@ def _close_sessions_at_exit() -> None:
                     asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=2)
                 elif not loop.is_closed():
                     loop.run_until_complete(session.close())
-                else:
-                    session.detach()
+                else:  # `asyncio.run` ended it: the connector needs no loop of its own to be marked closed
+                    asyncio.run(session.close())
             except Exception:  # exiting anyway; never turn a clean exit into a traceback
                 session.detach()
 
