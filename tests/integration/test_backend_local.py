@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tests.waiting import wait_until_async
 from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.backends.config import LocalBackendConfig, parse_backend_config
 from verl_sf.backends.local import LocalSandboxBackend
@@ -53,8 +54,8 @@ async def test_overload_is_sandbox_unavailable() -> None:
     try:
         slow = asyncio.ensure_future(backend.run_code(
             RunCodeRequest(code="import time; time.sleep(2)", language="python")))
-        while backend._executor is None or backend._executor.stats.in_flight == 0:
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: backend._executor is not None and backend._executor.stats.in_flight > 0, 60,
+                               "the slow run is in flight")
         with pytest.raises(SandboxUnavailable, match="local executor overloaded"):
             await backend.run_code(RunCodeRequest(code="print(1)", language="python"))
         assert (await slow).status == RunStatus.Success

@@ -8,9 +8,8 @@ is shown by the next call running under `rate_limit=1` (it would wait forever ot
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ import ray
 from tests.intervals import max_overlap
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle
+from tests.waiting import wait_until_async
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import shutdown_global_limiter
@@ -41,15 +41,6 @@ def limiter_name(ray_local: RayCluster) -> Iterator[str]:
 
 async def limiter_stats(name: str) -> dict[str, Any]:
     return await ray.get_actor(name).stats.remote()
-
-
-async def eventually(condition: Callable[[], Awaitable[Any]], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := await condition():
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def sandbox_overlap(pool: Any, server: ServerHandle, calls: int) -> int:
@@ -108,7 +99,7 @@ async def test_cancellation_returns_the_permit(limiter_name: str) -> None:
         async def queued_at_limiter() -> bool:
             return (await limiter_stats(limiter_name))["queue_length"] == 1
 
-        await eventually(queued_at_limiter, "the second call to queue")
+        await wait_until_async(queued_at_limiter, 30, "the second call queues at the limiter")
         queued.cancel()  # withdrawn while waiting
         running.cancel()  # cancelled while running: its permit goes back
         for task in (queued, running):
@@ -141,7 +132,7 @@ async def test_a_closed_event_loop_gives_its_permits_back(limiter_name: str) -> 
         async def one_lease() -> bool:
             return (await limiter_stats(limiter_name))["leases"] == 1
 
-        await eventually(one_lease, "the closed loop's lease to go")
+        await wait_until_async(one_lease, 30, "the closed loop's lease is gone")
     finally:
         await pool.close()
 

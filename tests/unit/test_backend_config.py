@@ -17,7 +17,7 @@ from verl_sf.backends.config import (
     parse_backend_config,
 )
 from verl_sf.backends.daytona import DaytonaSandboxBackend
-from verl_sf.backends.http import HttpSandboxBackend
+from verl_sf.backends.http import HttpSandboxBackend, normalize_base_url
 from verl_sf.backends.local import LocalSandboxBackend
 from verl_sf.executor import ExecutorConfig
 from verl_sf.tools import ToolConfig
@@ -87,3 +87,20 @@ def test_http_backend_takes_its_config_or_the_url_shorthand() -> None:
     assert HttpSandboxBackend("http://127.0.0.1:8080", max_retries=2).config == config
     with pytest.raises(TypeError, match="go into the HttpBackendConfig"):
         HttpSandboxBackend(config, max_retries=3)
+
+
+@pytest.mark.parametrize("url", ["", "127.0.0.1:8080", "ftp://127.0.0.1/run_code", None])
+def test_bad_urls_are_rejected(url) -> None:
+    with pytest.raises(ValueError, match="sandbox URL"):
+        normalize_base_url(url)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_retries": -1}, r"max_retries\n  Input should be greater than or equal to 0"),
+    ({"connection_limit": 0}, r"connection_limit\n  Input should be greater than or equal to 1"),
+    ({"backoff_base_s": "fast"}, r"backoff_base_s\n  Input should be a valid number"),
+    ({"retries": 3}, r"retries\n  Extra inputs are not permitted"),
+])
+def test_bad_settings_are_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        HttpSandboxBackend("http://127.0.0.1:1", **kwargs)
