@@ -14,11 +14,11 @@ import json
 import os
 import signal
 import sys
-import time
-from typing import Any
+from typing import Any, Optional
 
 import ray
 
+from tests.waiting import wait_until
 from verl_sf.backends.cluster import ClusterSandboxBackend, SandboxCallInterrupted
 from verl_sf.errors import SessionGone
 from verl_sf.models import RunCodeRequest
@@ -126,14 +126,12 @@ def crash_actor(namespace: str, node_id: str) -> dict[str, Any]:
 
     before = next(i for i in fleet.server_infos(namespace) if i["node_id"] == node_id)
     ray.kill(ray.get_actor(server_name(node_id), namespace=namespace), no_restart=False)
-    deadline = time.monotonic() + 120
-    after = None
-    while time.monotonic() < deadline:
+
+    def restarted() -> Optional[dict[str, Any]]:
         infos = [i for i in fleet.server_infos(namespace, timeout_s=5) if i["node_id"] == node_id]
-        if infos and infos[0]["url"] and infos[0]["pid"] != before["pid"]:
-            after = infos[0]
-            break
-        time.sleep(1)
+        return infos[0] if infos and infos[0]["url"] and infos[0]["pid"] != before["pid"] else None
+
+    after = wait_until(restarted, 120, "Ray restarted the actor and its new server listens", every=1)
     return {"before": before, "after": after}
 
 
