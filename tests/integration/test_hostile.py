@@ -473,6 +473,7 @@ def test_an_idle_sessions_memory_bomb_ends_it_and_says_why(server: ServerHandle)
             "    for i in range(0, 1 << 30, 4096):\n        m[i] = 1\n    time.sleep(60)\n"
             "threading.Thread(target=grow, daemon=True).start()\nprint('started')\n")
     assert run_code(server, bomb, session_id=session_id)["run_result"]["stdout"] == "started\n"
-    status = wait_until(lambda: (answer := requests.get(f"{server.url}/sessions/{session_id}", timeout=10)
-                                 ).status_code != 200 and answer, 30, "the session is killed", every=0.2)
+    wait_until(lambda: requests.get(f"{server.url}/sessions/{session_id}", timeout=10).status_code != 200, 30,
+               "the session is killed", every=0.2)
+    status = requests.get(f"{server.url}/sessions/{session_id}", timeout=10)
     assert status.status_code == 404 and "memory" in status.text, status.text
