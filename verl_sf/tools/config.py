@@ -3,7 +3,7 @@
 verl hands the tool the `config:` mapping of the tool yaml as a plain dict.  A typo or a
 wrong type there would otherwise surface hours into a run (or never), so every key is
 checked here and a bad one raises `ToolConfigError` naming it.  The backend keys
-(`backend`, `sandbox_fusion_url`, and the `http:` / `local:` / `daytona:` block of the chosen
+(`backend`, `sandbox_fusion_url`, and the `http:` / `local:` / `daytona:` / `cluster:` block of the chosen
 backend) become one typed `BackendConfig` (`ToolConfig.backend_config`).
 """
 
