@@ -10,6 +10,7 @@ from tests.waiting import wait_until_async
 from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.backends.config import LocalBackendConfig, parse_backend_config
 from verl_sf.backends.local import LocalSandboxBackend
+from verl_sf.errors import SessionGone
 from verl_sf.executor import ExecutorConfig, IsolationMode
 from verl_sf.models import CommandRunStatus, RunCodeRequest, RunJupyterRequest, RunStatus
 
@@ -59,5 +60,21 @@ async def test_overload_is_sandbox_unavailable() -> None:
         with pytest.raises(SandboxUnavailable, match="local executor overloaded"):
             await backend.run_code(RunCodeRequest(code="print(1)", language="python"))
         assert (await slow).status == RunStatus.Success
+    finally:
+        await backend.close()
+
+
+async def test_a_session_the_executor_ended_is_session_gone_then_starts_afresh() -> None:
+    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(slots=1, sandboxes=1, preload=())))
+    try:
+        first = await backend.run_code(RunCodeRequest(code="x = 1", language="python"), session="traj")
+        assert backend._executor is not None and first.session_id is not None
+        backend._executor.end_session(first.session_id)  # as the idle TTL or the session cap would
+        with pytest.raises(SessionGone) as gone:
+            await backend.run_code(RunCodeRequest(code="print(x)", language="python"), session="traj")
+        assert gone.value.session_id == first.session_id and gone.value.reason
+        fresh = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"),
+                                       session="traj")
+        assert fresh.session_id != first.session_id and fresh.run_result.stdout == "False\n"
     finally:
         await backend.close()
