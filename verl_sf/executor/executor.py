@@ -18,14 +18,14 @@ import re
 import time
 from typing import Optional, Union
 
-from verl_sf.errors import VerlSfError
+from verl_sf.errors import SessionGone, VerlSfError
 from verl_sf.executor import jobs
 from verl_sf.executor.cgroups import CgroupManager, SandboxCgroup
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains, etc_paths
 from verl_sf.executor.responses import ResponseContext, jupyter_response, note_session_end, run_response
 from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
-from verl_sf.executor.session_table import Session, SessionNotFound, SessionTable
+from verl_sf.executor.session_table import Session, SessionTable
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.zygote.messages import Reply, SessionCallBody, SessionCallHead
 from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, encode_body
@@ -44,7 +44,7 @@ from verl_sf.models import (
 log = logging.getLogger(__name__)
 STDLIB, FULL = "stdlib", "full"  # interpreter flavors beside one per preloaded library
 
-__all__ = ["Executor", "ExecutorStats", "InvalidRequest", "Overloaded", "SessionNotFound"]
+__all__ = ["Executor", "ExecutorStats", "InvalidRequest", "Overloaded"]
 
 
 class Overloaded(VerlSfError, RuntimeError):
@@ -416,7 +416,7 @@ class Executor:
             raise
         except SandboxCrashed as exc:
             session.busy.release()
-            raise SessionNotFound(session.id, f"its sandbox crashed: {exc}") from exc
+            raise SessionGone(session.id, f"its sandbox crashed: {exc}") from exc
         finally:
             self.stats.in_flight -= 1
         session.busy.release()

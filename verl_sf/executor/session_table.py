@@ -13,20 +13,11 @@ import secrets
 import time
 from typing import Optional
 
-from verl_sf.errors import VerlSfError
+from verl_sf.errors import SessionGone
 from verl_sf.executor.zygote_process import ZygoteProcess
 
 ENDED_SESSIONS_KEPT = 100_000  # ended sessions whose reason a late call can still be told
 _SESSION_ID = re.compile(r"[0-9a-f]{6}-[0-9a-f]{16}")
-
-
-class SessionNotFound(VerlSfError, LookupError):
-    """No live session by that id; `reason` says why (unknown, ended, expired, killed, restarted)."""
-
-    def __init__(self, session_id: str, reason: str):
-        super().__init__(f"session {session_id!r}: {reason}")
-        self.session_id = session_id
-        self.reason = reason
 
 
 @dataclasses.dataclass
@@ -72,7 +63,7 @@ class SessionTable:
                 reason = "the server restarted since it was created: sessions do not survive a restart"
             else:
                 reason = "no such session"
-        raise SessionNotFound(session_id, reason)
+        raise SessionGone(session_id, reason)
 
     def by_open_id(self, open_id: int) -> Optional[Session]:
         return self._by_open_id.get(open_id)

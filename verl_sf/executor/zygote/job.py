@@ -14,7 +14,8 @@ import os
 import select
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Optional, Union
+from collections.abc import Iterable
+from typing import Any, Optional, Protocol, Union
 
 from . import linux, procfs
 from .messages import (
@@ -25,12 +26,10 @@ from .messages import (
     RunHead,
     SessionOpenHead,
     StageResult,
+    ZygoteConfig,
 )
-from .run_groups import Groups
+from .run_groups import Groups, RunGroups
 from .wire import READ_CHUNK, Lines, loads, write_all
-
-if TYPE_CHECKING:
-    from .supervisor import Zygote
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
@@ -39,6 +38,22 @@ MEMORY_KILLS: dict[MemoryScope, str] = {
     "shared": "killed for memory: the runs and sessions of this server together reached its memory cap "
               "(--runs-memory-mb), not this one's own limit",
 }
+
+
+class Zygote(Protocol):
+    """What a job needs of the zygote that holds it (supervisor.Zygote)."""
+
+    cfg: ZygoteConfig
+    isolated: bool
+    groups: RunGroups
+    runs: dict[int, Any]
+    sessions: dict[int, Any]
+
+    def take_ready(self) -> tuple[int, int, int, int, int, Groups]: ...
+    def watch(self, job: Job, fds: Iterable[int]) -> None: ...
+    def unwatch(self, fd: int) -> None: ...
+    def reply(self, reply: Union[Reply, dict[str, Any]]) -> None: ...
+    def retire(self, job: Job) -> None: ...
 
 
 class Job:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-from .job import Job
+from .job import Job, Zygote
 from .messages import Reply, RunHead, StageResult
-
-if TYPE_CHECKING:
-    from .supervisor import Zygote
 
 
 class Run(Job):

@@ -6,15 +6,12 @@ import contextlib
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from . import procfs
-from .job import Job
+from .job import Job, Zygote
 from .messages import Reply, SessionCallBody, SessionCallHead, SessionOpenHead
 from .wire import loads, write_all
-
-if TYPE_CHECKING:
-    from .supervisor import Zygote
 
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
 
