@@ -11,7 +11,15 @@ from typing import Optional
 
 from verl_sf import executor as executor_api
 from verl_sf import models
-from verl_sf.verl_tool.state import SessionGone
+from verl_sf.errors import VerlSfError
+
+
+class SessionGone(VerlSfError):
+    """The trajectory's session has ended (idle, killed, or the server restarted)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True)
