@@ -31,14 +31,15 @@ SLOW_CLIENTS = 1100
 
 @pytest.fixture(scope="module")
 def strict_server() -> Iterator[ServerHandle]:
-    """Short time-outs (2 s for a header, 2 s for a body) and a 1 MB body limit."""
-    handle = start_server("--slots", "2", "--timeout-keep-alive", "2", "--timeout-body", "2", "--max-body-mb", "1")
+    """Short time-outs: 2 s for a header, 2 s for a body."""
+    handle = start_server("--slots", "2", "--timeout-keep-alive", "2", "--timeout-body", "2")
     yield handle
     stop_server(handle.process)
 
 
 @pytest.fixture(scope="module")
 def fronts_server() -> Iterator[ServerHandle]:
+    """Two fronts (session calls forwarded between them) and a 1 MB body limit."""
     handle = start_server("--slots", "2", "--fronts", "2", "--max-body-mb", "1")
     yield handle
     stop_server(handle.process)
@@ -46,7 +47,7 @@ def fronts_server() -> Iterator[ServerHandle]:
 
 def connect(server: ServerHandle, sent: bytes = b"") -> socket.socket:
     address = urlsplit(server.url)
-    sock = socket.create_connection((address.hostname, address.port), timeout=10)
+    sock = socket.create_connection((address.hostname, address.port or 80), timeout=10)
     if sent:
         sock.sendall(sent)
     return sock
@@ -140,6 +141,16 @@ def metric(server: ServerHandle, name: str) -> float:
 
 
 # --- slow clients ---------------------------------------------------------------------------------
+
+def test_by_default_a_slow_header_is_cut_at_20_s_and_a_slow_body_gets_408_at_30_s(sf_server: ServerHandle) -> None:
+    slow_header = connect(sf_server, b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    slow_body = connect(sf_server, header("/run_code", content_length=1000) + b'{"code": "')
+    _, header_closed = read_until_closed(slow_header, within=40)
+    received, body_closed = read_until_closed(slow_body, within=40)
+    assert 18 < header_closed < 25, header_closed
+    assert received.startswith(b"HTTP/1.1 408") and b"not received within 30 s" in received, received[:200]
+    assert 28 < header_closed + body_closed < 35, body_closed
+
 
 def test_a_header_that_trickles_is_cut_at_the_keep_alive_time_out(strict_server: ServerHandle) -> None:
     sock = connect(strict_server, b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -283,31 +294,35 @@ def test_deep_json_in_a_session_call_through_the_fronts_is_a_400(fronts_server: 
 
 # --- bodies too large or undecodable --------------------------------------------------------------
 
-def test_a_body_declared_too_large_is_a_413_before_it_is_sent(strict_server: ServerHandle) -> None:
-    sock = connect(strict_server, header("/run_code", content_length=10 ** 10) + b'{"code": ')
+def test_a_body_declared_too_large_is_a_413_before_it_is_sent(fronts_server: ServerHandle) -> None:
+    sock = connect(fronts_server, header("/run_code", content_length=10 ** 10) + b'{"code": ')
     received = read_response(sock, within=5)
     sock.close()
     assert received.startswith(b"HTTP/1.1 413"), received[:200]
     assert b"request body larger than 1048576 bytes" in received
 
 
-@pytest.mark.parametrize("endpoint", JSON_ENDPOINTS)
-def test_oversize_bodies_are_a_413_in_the_servers_shape(strict_server: ServerHandle, endpoint: str) -> None:
-    chunked = requests.post(strict_server.url + endpoint, data=iter([b"x" * (1 << 19)] * 3), timeout=30)
-    gzipped = requests.post(strict_server.url + endpoint, data=gzip.compress(b" " * (4 << 20)), timeout=30,
-                            headers={"Content-Encoding": "gzip"})
-    for answer in (chunked, gzipped):
-        assert answer.status_code == 413
-        assert answer.json() == {"detail": "request body larger than 1048576 bytes"}
+@pytest.mark.parametrize("method, path", [*(("POST", endpoint) for endpoint in JSON_ENDPOINTS),
+                                          ("GET", "/sessions/f0-x"), ("DELETE", "/sessions/f1-x")])
+def test_oversize_bodies_are_a_413_in_the_servers_shape_on_every_route(fronts_server: ServerHandle, method: str,
+                                                                       path: str) -> None:
+    """Declared, chunked or compressed; the fronts' forwarded session calls included."""
+    bodies = {"declared": (b"x" * (3 << 19), {}), "chunked": (iter([b"x" * (1 << 19)] * 3), {}),
+              "gzip": (gzip.compress(b" " * (4 << 20)), {"Content-Encoding": "gzip"})}
+    for kind, (data, headers) in bodies.items():
+        with requests.Session() as client:  # a fresh connection: either front
+            answer = client.request(method, fronts_server.url + path, data=data, headers=headers, timeout=30)
+        assert answer.status_code == 413, (kind, answer.text[:200])
+        assert answer.json() == {"detail": "request body larger than 1048576 bytes"}, kind
 
 
 @pytest.mark.parametrize("endpoint", JSON_ENDPOINTS)
-def test_an_undecodable_body_is_a_400_naming_it(strict_server: ServerHandle, endpoint: str) -> None:
-    answer = requests.post(strict_server.url + endpoint, data=b"not gzip", headers={"Content-Encoding": "gzip"},
+def test_an_undecodable_body_is_a_400_naming_it(fronts_server: ServerHandle, endpoint: str) -> None:
+    answer = requests.post(fronts_server.url + endpoint, data=b"not gzip", headers={"Content-Encoding": "gzip"},
                            timeout=30)
     assert answer.status_code == 400, answer.text[:300]
     assert answer.json()["detail"] == "request body cannot be read: Can not decode content-encoding: gzip"
-    assert requests.get(strict_server.url + "/v1/ping", timeout=10).json() == "pong"
+    assert requests.get(fronts_server.url + "/v1/ping", timeout=10).json() == "pong"
 
 
 # --- verl-tool trajectory ids scoped per client ---------------------------------------------------

@@ -201,7 +201,7 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     may add middlewares and startup steps to the app before it starts (the fronts' routing)."""
     _protect_from_oom_killer()
     connections = ConnectionLimit(connection_cap(config.max_connections, raise_open_files_limit()),
-                                  config.retry_after_s)
+                                  config.retry_after_s, config.timeout_keep_alive)
     executor = Executor(config.executor)
     await executor.start()
     # Long-lived objects (modules, the app) leave the collector's view: full collections

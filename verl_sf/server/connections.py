@@ -6,8 +6,11 @@ hard limit allows, and connections are capped below it, leaving room for the san
 At the cap the connection that has waited longest for its request (an idle keep-alive one, or a
 header or body still coming) is closed to let the new one in, as nginx reuses idle keep-alive
 connections: slow clients cannot crowd out fast ones.  Only when every connection is inside a
-handler is the newcomer answered 503 with Retry-After.  How long a connection may wait is the
-keep-alive (header) and body time-outs' business (`ServerConfig`).
+handler is the newcomer answered 503 with Retry-After.
+
+A connection has `header_timeout_s` to deliver its first request's header (aiohttp's keep-alive
+time-out covers the later ones, counted from each reply, but not the first before aiohttp 3.14);
+its bodies are the body middleware's business (`verl_sf.server.requests`).
 """
 
 from __future__ import annotations
@@ -59,11 +62,12 @@ def connection_cap(requested: Optional[int], open_files: int) -> int:
 class ConnectionLimit:
     """The open connections of one server process (every site of it), at most `maximum`."""
 
-    def __init__(self, maximum: int, retry_after_s: int):
+    def __init__(self, maximum: int, retry_after_s: int, header_timeout_s: float):
         if maximum < 1:
             raise ValueError(f"the connection limit must be at least 1, got {maximum}")
         self.maximum = maximum
         self.retry_after_s = retry_after_s
+        self.header_timeout_s = header_timeout_s
         self.evicted = 0
         """Connections closed at the cap to let a new one in."""
         self.refused = 0
@@ -110,12 +114,20 @@ class TrackedConnection(asyncio.Protocol):
         self._server = server
         self._handler: Optional[web.RequestHandler] = None
         self._transport: Optional[asyncio.Transport] = None
+        self._header_deadline: Optional[asyncio.TimerHandle] = None
         self._closed = False
 
     @classmethod
     def of(cls, request: web.BaseRequest) -> Optional[TrackedConnection]:
         protocol = request.transport.get_protocol() if request.transport is not None else None
         return protocol if isinstance(protocol, cls) else None
+
+    def request_started(self) -> None:
+        """A request's header is in: it waits for its body now."""
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+        self.waiting()
 
     def waiting(self) -> None:
         """Between requests, or reading one's body: the connection may be evicted."""
@@ -135,6 +147,7 @@ class TrackedConnection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         if self._limit.admit(self):
+            self._header_deadline = asyncio.get_running_loop().call_later(self._limit.header_timeout_s, self.evict)
             self._handler = self._server()
             self._handler.connection_made(transport)
             return
@@ -149,6 +162,8 @@ class TrackedConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._closed = True
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
         self._limit.forget(self)
         if self._handler is not None:
             self._handler.connection_lost(exc)

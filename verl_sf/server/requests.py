@@ -105,7 +105,7 @@ def body_middleware(timeout_s: float) -> Middleware:
     async def read_body(request: web.Request, handler: Handler) -> web.StreamResponse:
         connection = TrackedConnection.of(request)
         if connection is not None:
-            connection.waiting()  # its header is in: from now it waits for its body
+            connection.request_started()
         if request.body_exists:
             refused = await _read_body(request, timeout_s)
             if refused is not None:
