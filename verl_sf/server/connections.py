@@ -25,24 +25,18 @@ from typing import Optional
 from aiohttp import web
 
 log = logging.getLogger(__name__)
-NR_OPEN = "/proc/sys/fs/nr_open"
 REFUSED_LINGER_S = 2.0
 
 
 def raise_open_files_limit() -> int:
-    """RLIMIT_NOFILE's soft limit raised to the hard limit (the kernel's maximum if that is
-    unlimited); the soft limit in effect is returned."""
+    """RLIMIT_NOFILE's soft limit raised to the hard limit; the soft limit in effect is returned."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard
-    if hard == resource.RLIM_INFINITY:
-        with open(NR_OPEN) as fh:
-            target = int(fh.read())
-    if soft != resource.RLIM_INFINITY and soft < target:
+    if soft < hard != resource.RLIM_INFINITY:  # Linux caps both at fs.nr_open: infinity is never set
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
         except (ValueError, OSError) as exc:
-            log.warning("verl-sf: cannot raise the open-files limit from %d to %d: %s", soft, target, exc)
+            log.warning("verl-sf: cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
     return soft
 
 
