@@ -224,9 +224,9 @@ def test_at_the_connection_cap_the_longest_waiting_connection_goes() -> None:
     try:
         busy: dict[str, str] = {}
         runner = threading.Thread(target=lambda: busy.update(
-            out=run_code(server, "import time; time.sleep(4); print('done')")["run_result"]["stdout"]))
+            out=run_code(server, "import time; time.sleep(6); print('done')")["run_result"]["stdout"]))
         runner.start()
-        time.sleep(1)  # its handler runs: a busy connection, never evicted
+        time.sleep(2)  # its handler runs: a busy connection, never evicted
         slow = [connect(server, b"POST /run_code HTTP/1.1\r\n") for _ in range(200)]
         assert requests.get(server.url + "/v1/ping", timeout=10).json() == "pong"
         health = requests.get(server.url + "/health", timeout=10).json()
@@ -249,10 +249,10 @@ def test_when_every_connection_is_busy_a_new_one_gets_503() -> None:
     try:
         outputs: list[str] = []
         runners = [threading.Thread(target=lambda: outputs.append(
-            run_code(server, "import time; time.sleep(3); print('done')")["run_result"]["stdout"])) for _ in range(3)]
+            run_code(server, "import time; time.sleep(5); print('done')")["run_result"]["stdout"])) for _ in range(3)]
         for runner in runners:
             runner.start()
-        time.sleep(1)
+        time.sleep(2)  # all three handlers run
         refused = requests.get(server.url + "/v1/ping", timeout=10)
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert "all 3 connections are busy" in refused.json()["detail"]

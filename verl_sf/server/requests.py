@@ -124,15 +124,16 @@ def body_middleware(timeout_s: float) -> Middleware:
 async def _read_body(request: web.Request, timeout_s: float) -> web.StreamResponse | None:
     limit = request.app["max_body_bytes"]
     metrics = get_metrics(request)
+    too_large = f"request body larger than {limit} bytes"
     if (request.content_length or 0) > limit:  # refused before a byte of it is read
         metrics.rejections.labels("body_too_large").inc()
-        return error(413, f"request body larger than {limit} bytes")
+        return error(413, too_large)
     try:
         async with deadline(timeout_s):  # not wait_for: its own task turns a client's leaving into an error
             await request.read()  # aiohttp keeps the bytes for the handler
     except web.HTTPRequestEntityTooLarge:  # chunked, or compressed: its size shows as it arrives
         metrics.rejections.labels("body_too_large").inc()
-        return error(413, f"request body larger than {limit} bytes")
+        return error(413, too_large)
     except web.RequestPayloadError as exc:  # a broken chunked framing or content encoding
         metrics.rejections.labels("malformed").inc()
         reason = getattr(exc.__cause__, "message", None) or str(exc)
