@@ -49,7 +49,18 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir-size-mb", type=int, default=defaults.workdir_size_mb)
     p.add_argument("--max-processes", type=int, default=defaults.max_processes,
                    help="processes+threads per run")
-    p.add_argument("--max-body-mb", type=int, default=64, help="larger request bodies get HTTP 413")
+    from verl_sf.server.app import ServerConfig
+
+    p.add_argument("--max-body-mb", type=int, default=ServerConfig.max_body_mb,
+                   help="larger request bodies get HTTP 413")
+    p.add_argument("--timeout-keep-alive", type=float, default=ServerConfig.timeout_keep_alive,
+                   help="seconds a connection may take, from its opening or its last reply, to send a whole "
+                        "request header; then it is closed (idle keep-alive and slow headers alike)")
+    p.add_argument("--timeout-body", type=float, default=ServerConfig.timeout_body,
+                   help="seconds a request body may take to arrive after its header; a slower one gets HTTP 408")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open connections per server process (default: as many as the open-files limit, raised "
+                        "to its hard limit at start, leaves room for); at the cap the longest-waiting one is closed")
     p.add_argument("--python", default=defaults.python, help="runtime interpreter the code runs with")
     p.add_argument("--verl-tool-state", choices=[s.value for s in VerlToolState], default=VerlToolState.session.value,
                    help="/get_observation: a live interpreter per trajectory, or verl-tool's replay of earlier code")
@@ -79,8 +90,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
-    config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb, executor=executor,
-                          verl_tool=verl_tool)
+    config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
+                          timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
+                          max_connections=args.max_connections, executor=executor, verl_tool=verl_tool)
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",

@@ -1,7 +1,7 @@
-"""aiohttp application: /run_code, /run_jupyter, /v1/ping, /sessions, /health, /metrics.
+"""aiohttp application: /run_code, /run_jupyter, /v1/ping, /sessions, /health, /metrics, and
+verl-tool's /get_observation; `serve` runs it behind the connection limit.
 
-Error bodies follow FastAPI's shape (`{"detail": ...}`) because Sandbox Fusion is a
-FastAPI app and its users' tooling already parses that.
+Error bodies follow FastAPI's shape (`{"detail": ...}`); see `verl_sf.server.requests`.
 """
 
 from __future__ import annotations
@@ -9,27 +9,35 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
-import json
 import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Optional, TypeVar
+from typing import Optional, Union
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
 from verl_sf import __version__
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded
-from verl_sf.models import RunCodeRequest, RunJupyterRequest, SessionCreateRequest
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
+from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.metrics import ServerMetrics
+from verl_sf.server.requests import (
+    EXECUTOR_KEY,
+    METRICS_KEY,
+    RequestT,
+    body_middleware,
+    error,
+    get_executor,
+    get_metrics,
+    parse,
+)
+from verl_sf.server.verl_tool_routes import add_verl_tool_routes
 from verl_sf.verl_tool import VerlToolConfig
 
 log = logging.getLogger(__name__)
-EXECUTOR_KEY = web.AppKey("executor", Executor)
-METRICS_KEY = web.AppKey("metrics", ServerMetrics)
-RequestT = TypeVar("RequestT", bound=BaseModel)
+CONNECTIONS_KEY = web.AppKey("connections", ConnectionLimit)
 
 
 @dataclasses.dataclass
@@ -38,56 +46,33 @@ class ServerConfig:
     port: int = 8080
     max_body_mb: int = 64
     """Larger request bodies get 413 before any of them is parsed."""
+    timeout_keep_alive: float = 20.0
+    """Seconds a connection may take, from its opening or its last reply, to deliver a whole request
+    header: idle keep-alive connections and slow headers are closed after it (longer than the 15 s
+    for which aiohttp's and most clients' pools keep an idle connection, so the client lets go first)."""
+    timeout_body: float = 30.0
+    """Seconds a request body may take to arrive after its header; a slower one gets 408."""
+    max_connections: Optional[int] = None
+    """Open connections per server process; None: as many as the open-files limit leaves room for."""
     retry_after_s: int = 1
     reuse_port: bool = False
     """Share the port with other processes (SO_REUSEPORT): `verl-sf serve --fronts N` runs N."""
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
     verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
 
-
-def _error(status: int, detail: Any) -> web.Response:
-    return web.json_response({"detail": detail}, status=status)
-
-
-def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
-    return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in exc.errors()]
-
-
-async def _parse(request: web.Request, model: type[RequestT]) -> RequestT | web.Response:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        get_metrics(request).rejections.labels("body_too_large").inc()
-        return _error(413, f"request body larger than {request.app['max_body_bytes']} bytes")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        get_metrics(request).rejections.labels("malformed").inc()
-        return _error(400, f"request body is not valid JSON: {exc}")
-    if not isinstance(body, dict):
-        get_metrics(request).rejections.labels("malformed").inc()
-        return _error(422, [{"loc": ["body"], "msg": "request body must be a JSON object", "type": "type_error"}])
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        get_metrics(request).rejections.labels("invalid").inc()
-        return _error(422, _validation_detail(exc))
-
-
-def get_executor(request: web.Request) -> Executor:
-    return request.app[EXECUTOR_KEY]
-
-
-def get_metrics(request: web.Request) -> ServerMetrics:
-    return request.app[METRICS_KEY]
+    def __post_init__(self) -> None:
+        for name in ("timeout_keep_alive", "timeout_body"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {self.max_connections!r}")
 
 
 async def _execute(request: web.Request, model: type[RequestT], endpoint: str, language: Callable[[RequestT], str],
-                   run: Callable[[RequestT], Awaitable[BaseModel]]) -> web.Response:
-    parsed = await _parse(request, model)
+                   run: Callable[[RequestT], Awaitable[Union[RunCodeResponse, RunJupyterResponse]]]) -> web.Response:
+    parsed = await parse(request, model)
     if isinstance(parsed, web.Response):
         return parsed
-    metrics = get_metrics(request)
     started = time.monotonic()
     try:
         response = await run(parsed)
@@ -97,12 +82,8 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
         return _session_not_found(request, exc)
     except InvalidRequest as exc:
         return _invalid(request, exc)
-    lang = language(parsed)
-    metrics.runs.labels(endpoint, lang, response.status.value).inc()  # type: ignore[attr-defined]
-    metrics.latency.labels(endpoint, lang).observe(time.monotonic() - started)
-    queue_wait = getattr(response, "queue_wait", None)
-    if queue_wait is not None:
-        metrics.queue_wait.observe(queue_wait)
+    get_metrics(request).record_run(endpoint, language(parsed), response.status, response.queue_wait,
+                                    time.monotonic() - started)
     return web.Response(body=response.model_dump_json(), content_type="application/json")
 
 
@@ -114,16 +95,16 @@ def _overloaded(request: web.Request, exc: Overloaded) -> web.Response:
 
 def _session_not_found(request: web.Request, exc: SessionGone) -> web.Response:
     get_metrics(request).rejections.labels("session_not_found").inc()
-    return _error(404, f"session {exc.session_id!r} not found: {exc.reason}")
+    return error(404, f"session {exc.session_id!r} not found: {exc.reason}")
 
 
 def _invalid(request: web.Request, exc: InvalidRequest) -> web.Response:
     get_metrics(request).rejections.labels("invalid").inc()
-    return _error(400, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}])
+    return error(400, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}])
 
 
 async def create_session(request: web.Request) -> web.Response:
-    parsed = await _parse(request, SessionCreateRequest)
+    parsed = await parse(request, SessionCreateRequest)
     if isinstance(parsed, web.Response):
         return parsed
     try:
@@ -186,6 +167,8 @@ async def health(request: web.Request) -> web.Response:
         "max_in_flight": executor.config.max_in_flight,
         "sessions": len(executor.sessions),
         "max_sessions": executor.config.max_sessions,
+        "connections": request.app[CONNECTIONS_KEY].open,
+        "max_connections": request.app[CONNECTIONS_KEY].maximum,
     })
 
 
@@ -194,11 +177,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=registry.render(), headers={"Content-Type": registry.content_type})
 
 
-def build_app(config: ServerConfig, executor: Executor) -> web.Application:
-    """The app around a started executor (the caller owns the executor's lifecycle)."""
-    app = web.Application(client_max_size=config.max_body_mb << 20)
+def build_app(config: ServerConfig, executor: Executor, connections: ConnectionLimit) -> web.Application:
+    """The app around a started executor (the caller owns the executor's lifecycle); `connections`
+    is the limit of the process the app's sites count their connections in (`LimitedSite`)."""
+    app = web.Application(client_max_size=config.max_body_mb << 20, middlewares=[body_middleware(config.timeout_body)])
     app[EXECUTOR_KEY] = executor
-    app[METRICS_KEY] = ServerMetrics(executor)
+    app[CONNECTIONS_KEY] = connections
+    app[METRICS_KEY] = ServerMetrics(executor, connections)
     app["retry_after_s"] = config.retry_after_s
     app["max_body_bytes"] = config.max_body_mb << 20
     app.router.add_post("/run_code", run_code)
@@ -209,8 +194,6 @@ def build_app(config: ServerConfig, executor: Executor) -> web.Application:
     app.router.add_delete("/sessions/{session_id}", delete_session)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    from verl_sf.verl_tool.routes import add_verl_tool_routes  # imported here: it imports this module's helpers
-
     add_verl_tool_routes(app, config.verl_tool)
     return app
 
@@ -220,6 +203,8 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     """Run until SIGTERM/SIGINT; `ready` gets the base URL once the port is bound; `app_hook`
     may add middlewares and startup steps to the app before it starts (the fronts' routing)."""
     _protect_from_oom_killer()
+    connections = ConnectionLimit(connection_cap(config.max_connections, raise_open_files_limit()),
+                                  config.retry_after_s, config.timeout_keep_alive)
     executor = Executor(config.executor)
     await executor.start()
     # Long-lived objects (modules, the app) leave the collector's view: full collections
@@ -227,16 +212,16 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     gc.collect()
     gc.freeze()
     # A client that disconnects cancels its handler: its queued run is dropped, its running one killed.
-    app = build_app(config, executor)
+    app = build_app(config, executor, connections)
     if app_hook:
         app_hook(app)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
+                           keepalive_timeout=config.timeout_keep_alive)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_port=config.reuse_port or None)
+        site = LimitedSite(runner, config.host, config.port, connections, backlog=4096, reuse_port=config.reuse_port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        url = f"http://{config.host}:{port}"
+        url = f"http://{config.host}:{site.port}"
         if ready:
             ready(url)
         stop = asyncio.Event()

@@ -30,12 +30,15 @@ import aiohttp.payload
 from aiohttp import web
 
 from verl_sf.errors import VerlSfError
-from verl_sf.server.app import EXECUTOR_KEY, ServerConfig, build_app, serve
+from verl_sf.server.app import CONNECTIONS_KEY, ServerConfig, build_app, serve
+from verl_sf.server.connections import LimitedSite
 from verl_sf.server.process import die_with_parent
+from verl_sf.server.requests import EXECUTOR_KEY, JsonBodyError, load_json
 
 log = logging.getLogger(__name__)
 SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")
-SUMMED_HEALTH_FIELDS = ("slots", "sandboxes", "in_flight", "queued", "max_in_flight", "sessions", "max_sessions")
+SUMMED_HEALTH_FIELDS = ("slots", "sandboxes", "in_flight", "queued", "max_in_flight", "sessions", "max_sessions",
+                        "connections", "max_connections")
 PEERS_KEY = web.AppKey("front_peers", list[int])
 CLIENT_KEY = web.AppKey("front_client", aiohttp.ClientSession)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -70,12 +73,13 @@ class FrontRouting:
 
     async def _start_private(self, app: web.Application) -> None:
         """The loopback port peers forward to, then the peer list (the public port opens after this)."""
-        self._private = web.AppRunner(build_app(self.config, app[EXECUTOR_KEY]), access_log=None,
-                                      handle_signals=False)
+        connections = app[CONNECTIONS_KEY]  # the process's one limit: peers' connections take files too
+        self._private = web.AppRunner(build_app(self.config, app[EXECUTOR_KEY], connections), access_log=None,
+                                      handle_signals=False, keepalive_timeout=self.config.timeout_keep_alive)
         await self._private.setup()
-        site = web.TCPSite(self._private, "127.0.0.1", 0)
+        site = LimitedSite(self._private, "127.0.0.1", 0, connections)
         await site.start()
-        self.parent.send(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        self.parent.send(site.port)
         app[PEERS_KEY] = await asyncio.to_thread(self.parent.recv)
         app[CLIENT_KEY] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
                                                 connector=aiohttp.TCPConnector(limit=0))
@@ -106,8 +110,8 @@ class FrontRouting:
     async def _forward(self, request: web.Request, owner: int, session_id: str, local_id: str) -> web.Response:
         """Send the call, with the owner's own id, to the owner's loopback port; give the answer the public id."""
         body = await request.read()
-        if body:
-            payload = json.loads(body)
+        if request.path == "/run_code":  # `_session_of` found the id in this body, a JSON object
+            payload = load_json(body)
             payload["session_id"] = local_id
             body = json.dumps(payload).encode()
         path = request.path.replace(session_id, local_id)
@@ -156,20 +160,12 @@ async def _session_of(request: web.Request) -> Optional[str]:
     if request.path.startswith("/sessions/"):
         return request.path.split("/")[2] or None
     if request.method == "POST" and request.path == "/run_code":
-        if (request.content_length or 0) > request.app["max_body_bytes"]:
-            return None  # the handler answers 413 without reading it
-        try:
-            raw = await request.read()  # aiohttp keeps it: the handler reads the same bytes
-        except web.HTTPRequestEntityTooLarge:
-            raise web.HTTPRequestEntityTooLarge(  # a chunked body: FastAPI's error shape, as the handler's
-                max_size=request.app["max_body_bytes"], actual_size=0,
-                text=json.dumps({"detail": f"request body larger than {request.app['max_body_bytes']} bytes"}),
-                content_type="application/json") from None
+        raw = await request.read()  # read already, within its size and time limits (`body_middleware`)
         if b'"session_id"' in raw:
             try:
-                body = json.loads(raw)
-            except ValueError:
-                return None  # the handler answers 400 with the parse error
+                body = load_json(raw)
+            except JsonBodyError:
+                return None  # the handler answers 400 naming the problem
             session_id = body.get("session_id") if isinstance(body, dict) else None
             return session_id if isinstance(session_id, str) else None
     return None

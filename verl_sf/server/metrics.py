@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -10,6 +11,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from verl_sf.executor import Executor
+from verl_sf.models import RunStatus
+from verl_sf.server.connections import ConnectionLimit
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -17,7 +20,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, executor: Executor):
+    def __init__(self, executor: Executor, connections: ConnectionLimit):
         self.registry = CollectorRegistry()
         self.runs = Counter("verl_sf_runs", "Finished requests by endpoint, language and status",
                             ["endpoint", "language", "status"], registry=self.registry)
@@ -32,6 +35,7 @@ class ServerMetrics:
             "verl_sf_queue_depth": ("Runs waiting for a CPU slot", lambda: executor.slots.waiting),
             "verl_sf_slots": ("CPU slots: runs in their first CPU slice at once", lambda: executor.config.slots),
             "verl_sf_sessions_live": ("Live sessions", lambda: len(executor.sessions)),
+            "verl_sf_connections_open": ("Open client connections", lambda: connections.open),
         }
         for name, (doc, read) in gauges.items():
             Gauge(name, doc, registry=self.registry).set_function(read)
@@ -44,9 +48,21 @@ class ServerMetrics:
                                          lambda: executor.stats.sessions_expired),
             "verl_sf_sessions_killed": ("Sessions that died (memory, exit, time-out kill)",
                                         lambda: executor.stats.sessions_killed),
+            "verl_sf_connections_evicted": ("Waiting connections closed at --max-connections to let a new one in",
+                                            lambda: connections.evicted),
+            "verl_sf_connections_refused": ("New connections answered 503: every open one was busy",
+                                            lambda: connections.refused),
         }
         for name, (doc, read) in counters.items():
             _FunctionCounter(name, doc, read, self.registry)
+
+    def record_run(self, endpoint: str, language: str, status: RunStatus, queue_wait: Optional[float],
+                   seconds: float) -> None:
+        """A finished request: its outcome, its latency and its wait for a slot."""
+        self.runs.labels(endpoint, language, status.value).inc()
+        self.latency.labels(endpoint, language).observe(seconds)
+        if queue_wait is not None:
+            self.queue_wait.observe(queue_wait)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

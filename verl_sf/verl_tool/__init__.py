@@ -1,7 +1,7 @@
 """verl-tool's tool-server protocol (`POST /get_observation`) for its `python_code` tool.
 
-Only the configuration is imported here: the server module imports it, and the routes
-(`verl_sf.verl_tool.routes`) import the server's request helpers in turn.
+This package is the tool (protocol, parsing, trajectory state) and knows nothing of HTTP: the
+server installs the route (`verl_sf.server.verl_tool_routes`).
 """
 
 from verl_sf.verl_tool.config import VerlToolConfig, VerlToolState

@@ -14,16 +14,15 @@ import asyncio
 import collections
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.verl_tool.config import VerlToolConfig
 from verl_sf.verl_tool.programs import build_program
-
-if TYPE_CHECKING:
-    from verl_sf.verl_tool.sessions import ExecutorSessions, SessionCall
+from verl_sf.verl_tool.protocol import TrajectoryKey
+from verl_sf.verl_tool.sessions import ExecutorSessions, SessionCall
 
 
 @dataclasses.dataclass
@@ -48,58 +47,58 @@ class Turn:
 
 
 class Trajectories(abc.ABC):
-    """The live trajectories by id, least recently used first, and the ids that expired lately."""
+    """The live trajectories by key (namespace, id), least recently used first, and the keys that expired lately."""
 
     def __init__(self, executor: Executor, config: VerlToolConfig):
         self.executor = executor
         self.config = config
-        self._live: collections.OrderedDict[str, Trajectory] = collections.OrderedDict()  # least recently used first
-        self._expired: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> when it expired
+        self._live: collections.OrderedDict[TrajectoryKey, Trajectory] = collections.OrderedDict()  # LRU first
+        self._expired: collections.OrderedDict[TrajectoryKey, float] = collections.OrderedDict()  # -> when it expired
 
-    async def run_turn(self, trajectory_id: str, code: str, stdin: Optional[str]) -> Turn:
+    async def run_turn(self, key: TrajectoryKey, code: str, stdin: Optional[str]) -> Turn:
         while True:
-            trajectory, lost_state = self._get(trajectory_id)
+            trajectory, lost_state = self._get(key)
             async with trajectory.lock:
-                if self._live.get(trajectory_id) is not trajectory:
+                if self._live.get(key) is not trajectory:
                     continue  # it finished while this turn waited: the turn starts a new one
                 try:
                     return await self._run(trajectory, code, stdin, lost_state)
                 finally:
                     trajectory.last_used = time.monotonic()
 
-    async def end(self, trajectory_id: str) -> None:
+    async def end(self, key: TrajectoryKey) -> None:
         """The finish signal: the trajectory's state goes (after a turn of it that is running)."""
-        self._expired.pop(trajectory_id, None)  # a later turn with this id starts a new trajectory
-        trajectory = self._live.get(trajectory_id)
+        self._expired.pop(key, None)  # a later turn with this id starts a new trajectory
+        trajectory = self._live.get(key)
         if trajectory is None:
             return
         async with trajectory.lock:
-            if self._live.get(trajectory_id) is trajectory:
-                del self._live[trajectory_id]
+            if self._live.get(key) is trajectory:
+                del self._live[key]
                 self._release(trajectory)
 
-    def _get(self, trajectory_id: str) -> tuple[Trajectory, Optional[str]]:
+    def _get(self, key: TrajectoryKey) -> tuple[Trajectory, Optional[str]]:
         self._expire(time.monotonic())
-        trajectory = self._live.get(trajectory_id)
+        trajectory = self._live.get(key)
         if trajectory is not None:
-            self._live.move_to_end(trajectory_id)
+            self._live.move_to_end(key)
             return trajectory, None
-        trajectory = self._live[trajectory_id] = Trajectory()
-        if self._expired.pop(trajectory_id, None) is None:
+        trajectory = self._live[key] = Trajectory()
+        if self._expired.pop(key, None) is None:
             return trajectory, None
         return trajectory, f"it had been idle for more than {self.config.idle_ttl_s:g} s"
 
     def _expire(self, now: float) -> None:
         ttl = self.config.idle_ttl_s
         idle = []
-        for trajectory_id, trajectory in self._live.items():
+        for key, trajectory in self._live.items():
             if now - trajectory.last_used <= ttl:
                 break
             if not trajectory.lock.locked():  # a turn running now keeps its trajectory
-                idle.append(trajectory_id)
-        for trajectory_id in idle:
-            self._release(self._live.pop(trajectory_id))
-            self._expired[trajectory_id] = now
+                idle.append(key)
+        for key in idle:
+            self._release(self._live.pop(key))
+            self._expired[key] = now
         while self._expired and now - next(iter(self._expired.values())) > ttl:
             self._expired.popitem(last=False)  # remembered for one more TTL, to explain a late turn
 

@@ -1,0 +1,155 @@
+"""What every route of the server shares: the app's keys, FastAPI-shaped errors, a JSON body read
+in time and parsed to a bounded depth, then validated.
+
+Error bodies follow FastAPI's shape (`{"detail": ...}`) because Sandbox Fusion is a FastAPI app and
+its users' tooling already parses that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any, TypeVar
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from pydantic import BaseModel, ValidationError
+
+from verl_sf.executor import Executor
+from verl_sf.server.connections import TrackedConnection
+from verl_sf.server.metrics import ServerMetrics
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as deadline
+else:  # aiohttp depends on async-timeout below 3.11
+    from async_timeout import timeout as deadline
+
+EXECUTOR_KEY = web.AppKey("executor", Executor)
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+RequestT = TypeVar("RequestT", bound=BaseModel)
+MAX_JSON_DEPTH = 100
+"""Nesting a request body may have (Ruby's JSON default): the wire formats need 4, and past it the
+parsers' recursion, not the request, would decide what happens."""
+
+
+class JsonBodyError(ValueError):
+    """A request body that is not JSON, or JSON nested past MAX_JSON_DEPTH."""
+
+
+def error(status: int, detail: Any) -> web.Response:
+    return web.json_response({"detail": detail}, status=status)
+
+
+def validation_detail(exc: ValidationError, where: str = "body") -> list[dict[str, Any]]:
+    """FastAPI's 422 entries: `where` is the part of the request (body, query) the fields are in."""
+    return [{"loc": [where, *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in exc.errors()]
+
+
+def get_executor(request: web.Request) -> Executor:
+    return request.app[EXECUTOR_KEY]
+
+
+def get_metrics(request: web.Request) -> ServerMetrics:
+    return request.app[METRICS_KEY]
+
+
+def load_json(raw: bytes) -> Any:
+    """`json.loads`, with a body nested past MAX_JSON_DEPTH refused rather than recursed into."""
+    too_deep = JsonBodyError(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise JsonBodyError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # deeper than the interpreter's stack, so far past the limit
+        raise too_deep from None
+    if _deeper_than(body, MAX_JSON_DEPTH):
+        raise too_deep
+    return body
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Level by level, containers only, without recursion: the check itself cannot overflow."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+    return bool(level)
+
+
+async def parse(request: web.Request, model: type[RequestT]) -> RequestT | web.Response:
+    """The body as `model`, or the 400/422 answer naming what is wrong (the body middleware read it)."""
+    try:
+        body = load_json(await request.read())
+    except JsonBodyError as exc:
+        get_metrics(request).rejections.labels("malformed").inc()
+        return error(400, str(exc))
+    if not isinstance(body, dict):
+        get_metrics(request).rejections.labels("malformed").inc()
+        return error(422, [{"loc": ["body"], "msg": "request body must be a JSON object", "type": "type_error"}])
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        get_metrics(request).rejections.labels("invalid").inc()
+        return error(422, validation_detail(exc))
+
+
+def body_middleware(timeout_s: float) -> Middleware:
+    """Read every request's whole body before its handler runs: within `timeout_s` of its header
+    (else 408 and the connection closes), within the app's size limit (else 413), decodable
+    (else 400).  Until its body is in, a connection counts as waiting, and may be evicted."""
+
+    @web.middleware
+    async def read_body(request: web.Request, handler: Handler) -> web.StreamResponse:
+        connection = TrackedConnection.of(request)
+        if connection is not None:
+            connection.request_started()
+        if request.body_exists:
+            refused = await _read_body(request, timeout_s)
+            if refused is not None:
+                return refused
+        if connection is None:
+            return await handler(request)
+        connection.working()
+        try:
+            return await handler(request)
+        finally:
+            connection.waiting()
+
+    return read_body
+
+
+async def _read_body(request: web.Request, timeout_s: float) -> web.StreamResponse | None:
+    limit = request.app["max_body_bytes"]
+    metrics = get_metrics(request)
+    too_large = f"request body larger than {limit} bytes"
+    if (request.content_length or 0) > limit:  # refused before a byte of it is read
+        metrics.rejections.labels("body_too_large").inc()
+        return error(413, too_large)
+    try:
+        async with deadline(timeout_s):  # not wait_for: its own task turns a client's leaving into an error
+            await request.read()  # aiohttp keeps the bytes for the handler
+    except web.HTTPRequestEntityTooLarge:  # chunked, or compressed: its size shows as it arrives
+        metrics.rejections.labels("body_too_large").inc()
+        return error(413, too_large)
+    except web.RequestPayloadError as exc:  # a broken chunked framing or content encoding
+        metrics.rejections.labels("malformed").inc()
+        reason = getattr(exc.__cause__, "message", None) or str(exc)
+        return await _answer_and_close(request, error(400, f"request body cannot be read: {reason}"))
+    except asyncio.TimeoutError:
+        metrics.rejections.labels("body_timeout").inc()
+        return await _answer_and_close(request, error(408, f"request body not received within {timeout_s:g} s "
+                                                           "of its header"))
+    return None
+
+
+async def _answer_and_close(request: web.Request, answer: web.Response) -> web.Response:
+    """Send `answer`, then close the connection: the rest of this body is not worth aiohttp's
+    lingering read (a slow client's, or one that cannot be decoded)."""
+    answer.force_close()
+    await answer.prepare(request)
+    await answer.write_eof()
+    request.protocol.force_close()  # what is written still goes out: the transport closes once flushed
+    return answer

@@ -1,0 +1,52 @@
+"""POST /get_observation: verl-tool's tool-server protocol, answered by `verl_sf.verl_tool`'s tool."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from verl_sf.server.requests import EXECUTOR_KEY, error, get_metrics, parse, validation_detail
+from verl_sf.verl_tool.config import VerlToolConfig
+from verl_sf.verl_tool.protocol import GetObservationRequest, GetObservationResponse, ObservationQuery
+from verl_sf.verl_tool.tool import PythonCodeTool, build_tool
+
+ENDPOINT = "get_observation"
+VERL_TOOL_KEY = web.AppKey("verl_tool", PythonCodeTool)
+
+
+async def get_observation(request: web.Request) -> web.Response:
+    try:
+        query = ObservationQuery.model_validate(dict(request.query))
+    except ValidationError as exc:
+        get_metrics(request).rejections.labels("invalid").inc()
+        return error(422, validation_detail(exc, "query"))
+    parsed = await parse(request, GetObservationRequest)
+    if isinstance(parsed, web.Response):
+        return parsed
+    started = time.monotonic()
+    outcomes = await request.app[VERL_TOOL_KEY].observe(parsed, query.namespace)
+    metrics = get_metrics(request)
+    for outcome in outcomes:
+        if outcome.refused:
+            metrics.rejections.labels("overloaded").inc()
+        if outcome.response is not None:
+            metrics.record_run(ENDPOINT, "python", outcome.response.status, outcome.response.queue_wait,
+                               outcome.seconds)
+    if any(outcome.refused for outcome in outcomes) and not any(outcome.ran for outcome in outcomes):
+        # Nothing ran, so verl-tool's client may simply send the batch again.
+        retry_after = str(request.app["retry_after_s"])
+        return web.json_response({"detail": "server overloaded: no sandbox slot could be queued for this batch"},
+                                 status=503, headers={"Retry-After": retry_after})
+    body = GetObservationResponse(observations=[outcome.observation for outcome in outcomes],
+                                  dones=[outcome.done for outcome in outcomes],
+                                  valids=[outcome.valid for outcome in outcomes],
+                                  processing_time_ms=(time.monotonic() - started) * 1000)
+    return web.Response(body=body.model_dump_json(), content_type="application/json")
+
+
+def add_verl_tool_routes(app: web.Application, config: VerlToolConfig) -> None:
+    """POST /get_observation on an app that has its executor and metrics."""
+    app[VERL_TOOL_KEY] = build_tool(config, app[EXECUTOR_KEY])
+    app.router.add_post("/get_observation", get_observation)
