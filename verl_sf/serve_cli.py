@@ -34,8 +34,10 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--session-max-lifetime", type=float, default=defaults.session_max_lifetime_s)
     p.add_argument("--host-uid-base", type=int, default=defaults.host_uid_base,
                    help="as root: the host uid of a sandbox's root (its runs get this + 1000); never host root")
-    p.add_argument("--isolation", choices=[m.value for m in IsolationMode], default=IsolationMode.sandbox.value,
-                   help="'none' runs code without any isolation: only for machines without namespaces")
+    p.add_argument("--isolation", choices=[*(m.value for m in IsolationMode), "sandbox"],  # namespaces' old name
+                   default=IsolationMode.auto.value,
+                   help="auto: the strongest rung this host allows (`verl-sf doctor` says which and why); "
+                        "namespaces or landlock: that rung or a refusal to start; none: no isolation at all")
     p.add_argument("--no-fast-path", dest="fast_path", action="store_false",
                    help="run python as `python main.py` per call instead of forking a warm interpreter")
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD),
@@ -75,7 +77,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from verl_sf.executor.sandbox import IsolationUnavailable
+    from verl_sf.executor.rungs import IsolationUnavailable
     from verl_sf.server import ServerConfig, serve
 
     executor = ExecutorConfig(

@@ -2,6 +2,6 @@
 
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
 from verl_sf.executor.executor import Executor, InvalidRequest, Overloaded
-from verl_sf.executor.sandbox import IsolationUnavailable
+from verl_sf.executor.rungs import IsolationUnavailable
 
 __all__ = ["Executor", "ExecutorConfig", "InvalidRequest", "IsolationMode", "IsolationUnavailable", "Overloaded"]

@@ -44,10 +44,19 @@ CONFIG_ALIASES = {"workers": "slots", "max_queue": "max_in_flight"}
 
 
 class IsolationMode(str, enum.Enum):
-    """`sandbox`: bubblewrap + namespaces + cgroups + seccomp.  `none`: plain child processes (unsafe)."""
+    """The isolation rung (rungs.py): `auto` (the strongest this host allows), `namespaces`
+    (bubblewrap + namespaces + cgroups + seccomp), `landlock` (Landlock + seccomp + a uid per run +
+    rlimits: no namespaces needed), `none` (plain child processes, unsafe).  `sandbox` is the
+    earlier name of `namespaces`."""
 
-    sandbox = "sandbox"
+    auto = "auto"
+    namespaces = "namespaces"
+    landlock = "landlock"
     none = "none"
+
+    @classmethod
+    def _missing_(cls, value: object) -> IsolationMode | None:
+        return cls.namespaces if value == "sandbox" else None
 
 
 @dataclasses.dataclass
@@ -60,7 +69,7 @@ class ExecutorConfig:
     """Runs admitted (waiting for a slot or running); beyond that the server answers 503."""
     sandboxes: int = max(1, os.cpu_count() or 1)
     """Warm interpreters per flavor, each in its own sandbox; runs are spread over them."""
-    isolation: IsolationMode = IsolationMode.sandbox
+    isolation: IsolationMode = IsolationMode.auto
     fast_path: bool = True
     """Serve `python` from the pre-warmed interpreter (fork per run) instead of `python3 main.py`."""
     preload: tuple[str, ...] = DEFAULT_PRELOAD

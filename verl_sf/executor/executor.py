@@ -19,12 +19,12 @@ import time
 from typing import Optional, Union
 
 from verl_sf.errors import SessionGone, VerlSfError
-from verl_sf.executor import jobs
+from verl_sf.executor import jobs, rungs
 from verl_sf.executor.cgroups import CgroupManager, SandboxCgroup
-from verl_sf.executor.config import ExecutorConfig, IsolationMode
+from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains, etc_paths
 from verl_sf.executor.responses import ResponseContext, jupyter_response, note_session_end, run_response
-from verl_sf.executor.sandbox import SandboxLauncher, check_isolation_support, describe
+from verl_sf.executor.sandbox import SandboxLauncher, describe
 from verl_sf.executor.session_table import Session, SessionTable
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.zygote.messages import Reply, SessionCallBody, SessionCallHead
@@ -83,6 +83,7 @@ class Executor:
         self._heavy_names: Optional[re.Pattern[str]] = None
         self._table = SessionTable()
         self._reaper: Optional[asyncio.Task[None]] = None
+        self.rung, self.rung_reason = "", ""  # chosen at start
 
     @property
     def sessions(self) -> dict[str, Session]:
@@ -91,11 +92,13 @@ class Executor:
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        warning = describe(self.config)
+        self.rung, self.rung_reason = await asyncio.to_thread(rungs.choose, self.config.isolation)
+        warning = describe(self.rung)
         if warning:
             log.warning(warning)
-        if self.config.isolation == IsolationMode.sandbox:
-            check_isolation_support()
+        else:
+            log.info("verl-sf: isolation %s: %s", self.rung, self.rung_reason)
+        if self.rung != "none":
             self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}", self.config.runs_memory_mb << 20)
             if not self.cgroups.available:
                 log.warning("verl-sf: without cgroups, runs are capped by rlimits (RLIMIT_DATA, RLIMIT_NPROC) and a "
@@ -103,7 +106,7 @@ class Executor:
         self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload,
                                                   self.config.runtime_dir)
         extra_etc = tuple(etc_paths(self.toolchains.available_languages())) + self._extra_etc
-        self._launcher = SandboxLauncher(self.config, self.toolchains, extra_etc)
+        self._launcher = SandboxLauncher(self.config, self.toolchains, extra_etc, self.rung)
         heavy = self.preloaded()
         if self.config.fast_path and heavy:
             self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, heavy)) + r")\b")
@@ -151,7 +154,8 @@ class Executor:
     # ---- introspection ---------------------------------------------------------------------
     @property
     def isolation(self) -> str:
-        return self.config.isolation.value
+        """The rung runs are isolated with (rungs.py); `rung_reason` says why it was chosen."""
+        return self.rung
 
     def languages(self) -> list[str]:
         return self.toolchains.available_languages() if self.toolchains else []
@@ -179,18 +183,31 @@ class Executor:
 
     def limits_status(self) -> dict[str, str]:
         """How each cap is enforced here, for /health: nothing is silently missing."""
-        if self.config.isolation == IsolationMode.none:
+        if self.rung == "none":
             return {"memory": "none (isolation none)", "processes": "RLIMIT_NPROC", "uid": "the server's"}
         cgroups = self.cgroups is not None and self.cgroups.available
-        single = self._launcher is not None and self._launcher.single_uid
-        return {
+        assert self._launcher is not None
+        status = {
             "memory": "cgroup per run" if cgroups else
                       "RLIMIT_DATA per process and a watchdog that kills a run past its cap (no writable cgroup)",
             "processes": "pids cgroup per run" if cgroups else "RLIMIT_NPROC, shared by runs of one uid",
-            "uid": "the server's own uid, no capabilities (single-uid user namespace)" if single else
-                   f"host uid {self.config.host_uid_base + self.config.sandbox_uid}, not root",
             "seccomp": "on",
         }
+        if self.rung == "landlock":
+            first, count = self._launcher.run_uid_range()
+            status["uid"] = (f"a host uid of its own per run ({first}-{first + count - 1})" if count else
+                             "the server's own uid, no capabilities; Landlock scopes signals and tracing to the run")
+            status["landlock"] = f"ABI {rungs.landlock_abi()}: filesystem allow-list, no TCP, scoped signals and " \
+                                 "abstract unix sockets"
+            status["network"] = "none: socket() refused (socketpair works)"
+            if not count and not cgroups:
+                status["processes"] = "counted per run by the zygote's watchdog (the uid is shared)"
+        else:
+            status["uid"] = ("the server's own uid, no capabilities (single-uid user namespace)"
+                             if self._launcher.single_uid else
+                             f"host uid {self.config.host_uid_base + self.config.sandbox_uid}, not root")
+            status["network"] = "a network namespace per run (its own loopback)"
+        return status
 
     # ---- admission -------------------------------------------------------------------------
     def _admit(self, memory_mb: int, caller: Optional[Session] = None) -> None:

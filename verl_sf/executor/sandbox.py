@@ -23,63 +23,36 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from verl_sf.errors import VerlSfError
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
-from verl_sf.executor.config import STDLIB_PRELOAD, ExecutorConfig, IsolationMode
+from verl_sf.executor.config import STDLIB_PRELOAD, ExecutorConfig
 from verl_sf.executor.languages import Toolchains
+from verl_sf.executor.rungs import can_change_uids, landlock_abi, libseccomp_path
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED, SECCOMP_DENIED_SOCKET_FAMILIES
 from verl_sf.executor.zygote.linux import CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC
 from verl_sf.executor.zygote.linux import libc as _libc
-from verl_sf.executor.zygote.messages import ZygoteConfig
+from verl_sf.executor.zygote.messages import LandlockConfig, ZygoteConfig
 
 STAGE_DIR = "/tmp/verl-sf-stage"
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_TMP = "/tmp"
 SANDBOX_DATA = "/mnt"  # writable anywhere below, as in Sandbox Fusion; /mnt/data is made in every run
 SANDBOX_DATA_DIRS = ("/mnt/data",)
+RUN_UIDS_OFFSET, RUN_UIDS = 10000, 50000  # the landlock rung as root: a uid of its own per run, above the base
+# Without a mount namespace /etc cannot be synthetic: these host entries are read as they are.
+LANDLOCK_HOST_ETC = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "hostname")
 ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
 ZYGOTE_PACKAGE = os.path.dirname(zygote.__file__)
 ZYGOTE_MOUNT = "/verl-sf/zygote"  # where the sandbox sees the zygote package, read-only
 # Imports the package from the directory above it, then runs it (argv: config, that directory).
 ZYGOTE_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[2]); from zygote.main import main; "
                     "main(sys.argv[1], sys.argv[2])")
-
-
-class IsolationUnavailable(VerlSfError, RuntimeError):
-    """The machine cannot build the sandbox; the message says what is missing."""
-
-
-def check_isolation_support() -> None:
-    """Fail early, with the fix, rather than on the first request."""
-    if shutil.which("bwrap") is None:
-        raise IsolationUnavailable(
-            "bubblewrap (bwrap) is not installed: install it (e.g. `apt-get install bubblewrap`), "
-            "or start with `--isolation none` to run code without isolation (unsafe)")
-    if os.geteuid() != 0:
-        probe = subprocess.run(["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"],
-                               capture_output=True, text=True)
-        if probe.returncode != 0:
-            raise IsolationUnavailable(
-                "this user cannot create user namespaces, which an isolated server without root needs "
-                f"({probe.stderr.strip()}); ask an administrator to enable unprivileged user namespaces "
-                "(sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; on Ubuntu "
-                "kernel.apparmor_restrict_unprivileged_userns=0), or start with `--isolation none` (unsafe)")
-    if libseccomp_path() is None:
-        raise IsolationUnavailable("libseccomp (libseccomp.so.2) is not installed: install it "
-                                   "(e.g. `apt-get install libseccomp2`)")
-
-
-def libseccomp_path() -> Optional[str]:
-    name = ctypes.util.find_library("seccomp")
-    return name
 
 
 def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str]:
@@ -119,11 +92,13 @@ def _ancestors(path: str) -> list[str]:
 class SandboxLauncher:
     """Builds the argv for a sandbox and spawns it; one per executor."""
 
-    def __init__(self, config: ExecutorConfig, toolchains: Toolchains, extra_etc: tuple[str, ...] = ()):
+    def __init__(self, config: ExecutorConfig, toolchains: Toolchains, extra_etc: tuple[str, ...] = (),
+                 rung: str = "namespaces"):
         self.config = config
         self.toolchains = toolchains
-        self.isolated = config.isolation == IsolationMode.sandbox
-        self.single_uid = os.geteuid() != 0
+        self.rung = rung
+        self.isolated = rung == "namespaces"
+        self.single_uid = os.geteuid() != 0 or not self.isolated
         self.env = sandbox_env(config, toolchains)
         self.extra_etc = extra_etc
         self._state_dir = tempfile.mkdtemp(prefix="verl-sf-")
@@ -137,6 +112,12 @@ class SandboxLauncher:
         self._staged = {d: (f"{STAGE_DIR}/bind{i}" if staging else d)
                         for i, d in enumerate([self._etc_dir, ZYGOTE_PACKAGE, *self.bound_dirs()])
                         } if self.isolated else {}
+
+    def run_uid_range(self) -> tuple[int, int]:
+        """(first, count) of the uids runs get one of each on the landlock rung; count 0: they keep ours."""
+        if self.rung == "landlock" and can_change_uids():
+            return self.config.host_uid_base + RUN_UIDS_OFFSET, RUN_UIDS
+        return 0, 0
 
     @property
     def run_uid(self) -> int:
@@ -199,6 +180,8 @@ class SandboxLauncher:
             tmpdir = datadir = workdir
         return {
             "isolated": self.isolated,
+            "landlock": self._landlock() if self.rung == "landlock" else None,
+            "run_uids": list(self.run_uid_range()),
             "single_uid": self.single_uid,
             "workdir": workdir,
             "tmpdir": tmpdir,
@@ -215,11 +198,26 @@ class SandboxLauncher:
             "fetch_limit": cfg.fetch_file_limit_bytes,
             "cgroups": cgroup_fds,
             "cgroup_v2": cgroup_v2,
-            "seccomp": list(SECCOMP_DENIED) if self.isolated else [],
+            "seccomp": self._seccomp_denied(),
             "seccomp_socket_families": list(SECCOMP_DENIED_SOCKET_FAMILIES) if self.isolated else [],
-            "libseccomp": libseccomp_path() or "" if self.isolated else "",
+            "libseccomp": libseccomp_path() or "" if self.rung != "none" else "",
             "demote_after": cfg.cpu_slice_s,
         }
+
+    def _seccomp_denied(self) -> list[str]:
+        if self.rung == "namespaces":
+            return list(SECCOMP_DENIED)
+        if self.rung == "landlock":  # no network namespace: no socket at all (socketpair still works)
+            return [*SECCOMP_DENIED, "socket"]
+        return []
+
+    def _landlock(self) -> LandlockConfig:
+        """What a run may read (and execute) on the landlock rung: the system, the runtimes, the
+        /etc entries runtimes read; nothing of homes, the server's files or other runs."""
+        system = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc"]
+        etc = [os.path.join("/etc", e) for e in (*ETC_ENTRIES, *self.extra_etc, *LANDLOCK_HOST_ETC)]
+        return {"abi": landlock_abi(), "read": [*system, *etc, *self.bound_dirs()],
+                "devices": ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]}
 
     def bound_dirs(self) -> list[str]:
         return _runtime_dirs(self.config.python) + list(self.toolchains.extra_dirs)
@@ -389,9 +387,9 @@ def _copy_readable(source: str, target: str) -> None:
         os.chmod(target, 0o644)
 
 
-def describe(config: ExecutorConfig) -> Optional[str]:
+def describe(rung: str) -> Optional[str]:
     """A loud one-line warning for unsafe modes, None when isolated."""
-    if config.isolation == IsolationMode.none:
+    if rung == "none":
         return ("WARNING: --isolation none: code runs as plain child processes of this server, with its "
                 "network, files and user. Use only on a throwaway machine.")
     return None

@@ -16,7 +16,7 @@ import resource
 import signal
 from typing import NoReturn, Optional
 
-from . import linux
+from . import landlock, linux
 from .interactive import BASH_SESSION, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
@@ -55,11 +55,13 @@ class Blueprint:
 
 
 class Child:
-    def __init__(self, blueprint: Blueprint, groups: Groups):
+    def __init__(self, blueprint: Blueprint, groups: Groups, sequence: int):
         self.blueprint = blueprint
         self.cfg = blueprint.cfg
         self.groups = groups
         self.workdir = self.cfg["workdir"]
+        first, count = self.cfg["run_uids"] or (0, 0)
+        self.run_uid: Optional[int] = first + sequence % count if count else None  # the landlock rung as root
 
     def setup(self, job_r: int, out_w: int, err_w: int, meta_w: int) -> NoReturn:
         linux.set_name(READY_NAME)
@@ -68,11 +70,16 @@ class Child:
         else:
             self.workdir = f"{self.cfg['workdir']}/run-{os.getpid()}"
             os.makedirs(self.workdir + "/.tmp", exist_ok=True)
+            if self.run_uid is not None:
+                for directory in (self.workdir, self.workdir + "/.tmp"):
+                    os.chown(directory, self.run_uid, self.run_uid)
             os.environ["TMPDIR"] = self.workdir + "/.tmp"
             os.environ["HOME"] = self.workdir
         for group in set(self.groups.values()):
             write(group, "cgroup.procs", "0")
         os.setsid()
+        if not self.blueprint.isolated:
+            linux.become_subreaper()  # without a PID namespace, what the run leaves behind stays below us
         # Everything that does not depend on the job is done while waiting for it, off the
         # request's path: the job pipe sits on fd 9 until the job is read.
         moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_r, out_w, err_w, meta_w)]  # above every target
@@ -87,6 +94,8 @@ class Child:
         stdin_fd = os.memfd_create("stdin", 0)
         if self.blueprint.isolated:
             self._drop_privileges()
+        elif self.cfg["landlock"] is not None:
+            self._restrict()
         namespace = main_namespace(self.blueprint.cwd if self.blueprint.isolated else self.workdir)
         job = _read_job()
         linux.set_name(self.blueprint.comm)
@@ -157,6 +166,20 @@ class Child:
             os.setgroups([])
             os.setresgid(self.cfg["gid"], self.cfg["gid"], self.cfg["gid"])
             os.setresuid(self.cfg["uid"], self.cfg["uid"], self.cfg["uid"])
+        linux.no_new_privs()
+        self.blueprint.seccomp.load()
+
+    def _restrict(self) -> None:
+        """The landlock rung, in nsjail's order: a uid of the run's own where we may change uids (which
+        clears every capability), no_new_privs, the Landlock domain, then seccomp."""
+        assert self.cfg["landlock"] is not None
+        rules = landlock.ruleset(self.cfg["landlock"], self.workdir)
+        if self.run_uid is not None:
+            os.setgroups([])
+            os.setresgid(self.run_uid, self.run_uid, self.run_uid)
+            os.setresuid(self.run_uid, self.run_uid, self.run_uid)
+        linux.no_new_privs()
+        landlock.restrict(rules)
         self.blueprint.seccomp.load()
 
     def _limit(self, job: RunBody) -> None:
@@ -165,10 +188,11 @@ class Child:
             resource.RLIMIT_NOFILE: job["nofile"],
             resource.RLIMIT_CORE: 0,
         }
-        if not self.groups:
-            limits[resource.RLIMIT_NPROC] = job["nproc"]  # per uid, so shared: only when no pids cgroup
-            if job.get("memory"):
-                limits[resource.RLIMIT_DATA] = job["memory"]  # the best cap without a memory cgroup
+        if not self.groups and (self.blueprint.isolated or self.run_uid is not None):
+            # Per uid: with no pids cgroup, and only where the uid is the run's (or its namespace's) alone.
+            limits[resource.RLIMIT_NPROC] = job["nproc"]
+        if not self.groups and job.get("memory"):
+            limits[resource.RLIMIT_DATA] = job["memory"]  # the best cap without a memory cgroup
         for which, value in limits.items():
             resource.setrlimit(which, (value, value))
 

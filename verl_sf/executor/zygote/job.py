@@ -54,6 +54,7 @@ class Zygote(Protocol):
     def unwatch(self, fd: int) -> None: ...
     def reply(self, reply: Union[Reply, dict[str, Any]]) -> None: ...
     def retire(self, job: Job) -> None: ...
+    def reap_orphans(self) -> None: ...
 
 
 class Job:
@@ -83,6 +84,10 @@ class Job:
         self.watch_memory = bool(self.limits["memory"]) and not zygote.cfg["cgroups"]
         self.memory_killed = False
         self.memory_checked = 0.0
+        # Without a pids cgroup or a uid of its own (RLIMIT_NPROC counts a uid's every process), the
+        # zygote counts a job's processes every tick and ends it past its cap.
+        own_uid = bool(zygote.cfg["run_uids"] and zygote.cfg["run_uids"][1])
+        self.watch_processes = not zygote.cfg["cgroups"] and not zygote.cfg["isolated"] and not own_uid
         self.demote_after = zygote.cfg["demote_after"]
 
     # -- start and stages ------------------------------------------------------------------------
@@ -197,6 +202,9 @@ class Job:
             self.memory_killed = True
             self.kill(zygote, MEMORY_KILLS["own"])
             return
+        if self.watch_processes and self.alive and self._over_processes():
+            self.kill(zygote, f"killed: more than {self.limits['nproc']} processes")
+            return
         self.on_tick(zygote, now)
 
     def on_tick(self, zygote: Zygote, now: float) -> None:
@@ -214,6 +222,9 @@ class Job:
     def sample_base(self, cpu: float, wait: float) -> tuple[float, float]:
         return 0.0, 0.0
 
+    def _over_processes(self) -> bool:
+        return sum(1 for _ in procfs.tree(self.pid, self.limits["nproc"] + 1)) > self.limits["nproc"]
+
     def _over_memory(self, now: float) -> bool:
         """Sampled at most once a tick (on_time runs after every event of the zygote)."""
         if now - self.memory_checked < TICK / 2:
@@ -227,7 +238,10 @@ class Job:
         self.alive = False
         if self.killed_at is None and not self.exited:
             self.killed_at = time.monotonic()
-        linux.kill(self.pid, zygote.isolated)
+        if zygote.isolated:
+            linux.kill(self.pid, True)  # PID 1 of its namespace: the kernel kills the rest
+        elif not self.exited:
+            procfs.kill_tree(self.pid)
 
     def _exited(self, zygote: Zygote) -> None:
         """PID 1 is gone, and with it (its PID namespace ended) every process of the job: collect
@@ -235,10 +249,10 @@ class Job:
         if self.exited:
             return
         self.exited = True
-        if not zygote.isolated:
-            linux.kill(self.pid, False)  # no PID namespace: take the whole process group down
         _, self.status, usage = os.wait4(self.pid, 0)
         self.collected = True
+        if not zygote.isolated:
+            zygote.reap_orphans()  # no PID namespace ended them: its reaper does
         self.cpu_used = usage.ru_utime + usage.ru_stime
         self.drain(zygote)
         self.on_exit(zygote)

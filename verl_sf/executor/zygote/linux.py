@@ -21,6 +21,7 @@ NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLO
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME = 1024, 2048, 1 << 18, 1 << 21
 PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 4, 15, 24, 38, 22
+PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 SYS_OPENAT2, SYS_MOUNT_SETATTR = 437, 442  # one number on every architecture (added after 5.1)
@@ -121,6 +122,16 @@ def loopback_up() -> None:
     """A new network namespace starts with its loopback down: bring it up (SIOCSIFFLAGS)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+
+
+def no_new_privs() -> None:
+    """No exec from here on gains privileges (setuid bits, file capabilities)."""
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def become_subreaper() -> None:
+    """Orphans below this process come to it rather than escaping to init: the reaper without a PID namespace."""
+    check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
 
 
 def set_name(name: bytes) -> None:

@@ -16,8 +16,16 @@ SessionLanguage = Literal["python", "bash"]
 MemoryScope = Literal["own", "shared"]  # whose cap a memory kill was for: the job's own, or all jobs' together
 
 
+class LandlockConfig(TypedDict):
+    abi: int
+    read: list[str]  # read and execute beneath these
+    devices: list[str]  # read and write these device files (/dev/null, ...)
+
+
 class ZygoteConfig(TypedDict):
-    isolated: bool
+    isolated: bool  # the namespaces rung: each job is PID 1 of its own namespaces
+    landlock: Optional[LandlockConfig]  # the landlock rung: each job in a Landlock domain of its own
+    run_uids: list[int]  # [first, count]: a uid of its own per job (the landlock rung, with CAP_SETUID); [] keeps ours
     single_uid: bool  # no second uid is mapped: runs keep uid 0 of the namespace, without capabilities
     workdir: str
     tmpdir: str

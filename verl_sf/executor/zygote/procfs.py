@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterator
 
 
@@ -15,12 +16,28 @@ def tree(pid: int, limit: int = 1024) -> Iterator[int]:
         current = stack.pop()
         seen += 1
         yield current
-        try:
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children", "rb") as fh:
-                    stack.extend(int(child) for child in fh.read().split())
-        except (OSError, ValueError):
-            continue
+        stack.extend(children(current))
+
+
+def children(pid: int) -> list[int]:
+    """`pid`'s children, of every thread."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as fh:
+                found.extend(int(child) for child in fh.read().split())
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every descendant (stopped first, so none forks past the walk)."""
+    members = list(tree(pid, 1 << 16))
+    for signal_number in (signal.SIGSTOP, signal.SIGKILL):
+        for member in members:
+            with contextlib.suppress(OSError):
+                os.kill(member, signal_number)
 
 
 def demote_tree(pid: int) -> tuple[float, float]:

