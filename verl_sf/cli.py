@@ -10,6 +10,7 @@ from typing import Optional
 
 from verl_sf import __version__
 from verl_sf.cluster import cli as cluster_cli
+from verl_sf.e2b import E2BConfig
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.verl_tool import VerlToolConfig, VerlToolState
@@ -59,6 +60,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="/get_observation: seconds one turn's code may run")
     p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
                    help="/get_observation: seconds a trajectory keeps its state without a turn")
+    p.add_argument("--e2b-api-key", default=None,
+                   help="the API key E2B SDK clients must send (E2B_API_KEY); by default any non-empty key")
     p.add_argument("--fronts", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
     p.add_argument("--log-level", default="INFO")
@@ -82,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb, executor=executor,
-                          verl_tool=verl_tool)
+                          verl_tool=verl_tool, e2b=E2BConfig(api_key=args.e2b_api_key))
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",

@@ -20,6 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from verl_sf import __version__
+from verl_sf.e2b import E2BConfig, install_e2b
 from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded, SessionNotFound
 from verl_sf.models import RunCodeRequest, RunJupyterRequest, SessionCreateRequest
 from verl_sf.server.metrics import ServerMetrics
@@ -42,6 +43,7 @@ class ServerConfig:
     """Share the port with other processes (SO_REUSEPORT): `verl-sf serve --fronts N` runs N."""
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
     verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
+    e2b: E2BConfig = dataclasses.field(default_factory=E2BConfig)
 
 
 def _error(status: int, detail: Any) -> web.Response:
@@ -209,6 +211,7 @@ def build_app(config: ServerConfig, executor: Executor) -> web.Application:
     from verl_sf.verl_tool.routes import add_verl_tool_routes  # imported here: it imports this module's helpers
 
     add_verl_tool_routes(app, config.verl_tool)
+    install_e2b(app, executor, config.e2b)
     return app
 
 
