@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""E2B API latency on `verl-sf serve`: the unmodified `e2b-code-interpreter` SDK's
+`AsyncSandbox.create` + one `run_code` + `kill` (a sandbox's whole life, as open-r1 uses it),
+beside the Sandbox Fusion API's `/run_code` for the same code on the same server.
+
+At concurrency C, each iteration starts C operations together and waits for all of them;
+--iterations measured batches follow --warmup unmeasured ones.  Printed (and written with
+--output): p50/p99 latency and throughput per level and API, and the server's configuration.
+
+Examples:
+  python scripts/benchmark_e2b.py                      # starts a server, levels 1 and 64
+  python scripts/benchmark_e2b.py --url http://127.0.0.1:8080 --concurrency 1 8 64 --iterations 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional
+
+import aiohttp
+
+CODE = "print(sum(i * i for i in range(1000)))"
+EXPECTED = f"{sum(i * i for i in range(1000))}\n"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a running verl-sf server (else the script starts one)")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="extra `verl-sf serve` argument for the server the script starts; repeat")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 64], metavar="C")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured batches per level")
+    parser.add_argument("--iterations", type=int, default=5, help="measured batches per level")
+    parser.add_argument("--output", help="also write the results as JSON here")
+    return parser.parse_args(argv)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def e2b_lifecycle() -> None:
+    from e2b_code_interpreter import AsyncSandbox
+
+    sandbox = await AsyncSandbox.create(timeout=60)
+    try:
+        execution = await sandbox.run_code(CODE)
+        if "".join(execution.logs.stdout) != EXPECTED:
+            raise RuntimeError(f"wrong output from run_code: {execution}")
+    finally:
+        await sandbox.kill()
+
+
+def sandbox_fusion_call(session: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[None]]:
+    async def call() -> None:
+        async with session.post(url + "/run_code", json={"code": CODE, "language": "python"}) as response:
+            body = await response.json()
+        if body.get("status") != "Success" or body["run_result"]["stdout"] != EXPECTED:
+            raise RuntimeError(f"wrong answer from /run_code: {body}")
+    return call
+
+
+async def measure(operation: Callable[[], Awaitable[None]], concurrency: int, warmup: int,
+                  iterations: int) -> dict[str, Any]:
+    async def timed() -> float:
+        started = time.perf_counter()
+        await operation()
+        return time.perf_counter() - started
+
+    latencies: list[float] = []
+    wall = 0.0
+    for batch in range(warmup + iterations):
+        started = time.perf_counter()
+        results = await asyncio.gather(*[timed() for _ in range(concurrency)])
+        if batch >= warmup:
+            wall += time.perf_counter() - started
+            latencies.extend(results)
+    return {"concurrency": concurrency, "calls": len(latencies), "p50_ms": 1000 * statistics.median(latencies),
+            "p99_ms": 1000 * percentile(latencies, 0.99), "throughput_per_s": len(latencies) / wall}
+
+
+async def run(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
+    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=os.environ.get("E2B_API_KEY") or "bench")
+    rows = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for concurrency in args.concurrency:
+            for api, operation in (("e2b create+run_code+kill", e2b_lifecycle),
+                                   ("sandbox-fusion /run_code", sandbox_fusion_call(session, url))):
+                row = {"api": api, **await measure(operation, concurrency, args.warmup, args.iterations)}
+                print(f"{api:28s} C={concurrency:<4d} p50 {row['p50_ms']:8.1f} ms  p99 {row['p99_ms']:8.1f} ms  "
+                      f"{row['throughput_per_s']:7.1f}/s  ({row['calls']} calls)", flush=True)
+                rows.append(row)
+    return rows
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    process = None
+    url = args.url
+    if url is None:
+        from verl_sf.server.process import start_server_process
+
+        process, url = start_server_process(*args.server_arg)
+    try:
+        rows = asyncio.run(run(args, url.rstrip("/")))
+    finally:
+        if process is not None:
+            from verl_sf.server.process import stop_server_process
+
+            stop_server_process(process)
+    if args.output:
+        with open(args.output, "w") as fh:
+            json.dump({"code": CODE, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                       "server_args": args.server_arg, "warmup": args.warmup, "iterations": args.iterations,
+                       "results": rows}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
