@@ -243,10 +243,19 @@ class Envd:
 
     async def start(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
         """process.Process/Start: a server stream of start, data, keepalive and end events."""
+        # The request is read before the answer starts: an HTTP/1.1 client that sees the answer
+        # while its body is still on the way stops sending it.
+        message: dict[str, Any] | ConnectError
+        try:
+            message = await connect.stream_message(request)
+        except ConnectError as exc:
+            message = exc
         response = web.StreamResponse(headers={"Content-Type": connect.STREAM_CONTENT_TYPE})
         await response.prepare(request)
         try:
-            await self._run_command(request, response, sandbox)
+            if isinstance(message, ConnectError):
+                raise message
+            await self._run_command(request, message, response, sandbox)
         except ConnectError as exc:
             await response.write(connect.end_frame(exc))
         except GuestError as exc:
@@ -257,8 +266,9 @@ class Envd:
             await response.write(connect.end_frame())
         return response
 
-    async def _run_command(self, request: web.Request, response: web.StreamResponse, sandbox: Sandbox) -> None:
-        start = _parse(StartRequest, await connect.stream_message(request))
+    async def _run_command(self, request: web.Request, message: dict[str, Any], response: web.StreamResponse,
+                           sandbox: Sandbox) -> None:
+        start = _parse(StartRequest, message)
         if start.pty is not None:
             raise ConnectError("unimplemented", "PTY processes are not implemented by verl-sf")
         if start.stdin:
