@@ -344,3 +344,22 @@ def test_open_r1_code_reward_pattern(server: ServerHandle) -> None:
     rewards = asyncio.run(main())
     assert rewards == [1.0, 0.5, 0.0] * 8
     assert Sandbox.list().next_items() == []  # every sandbox was killed
+
+
+def test_async_calls_on_one_sandbox_take_turns(server: ServerHandle) -> None:
+    async def main() -> tuple[list[str], str]:
+        sandbox = await AsyncSandbox.create(timeout=60)
+        try:
+            context = await sandbox.create_code_context()
+            executions = await asyncio.gather(
+                sandbox.run_code("import time\ntime.sleep(1)\norder = ['default']\n'slow'"),
+                sandbox.run_code("'fast'", context=context),
+                sandbox.files.write("/home/user/f.txt", "x"),
+                sandbox.commands.run("echo ran"))
+            assert executions[2].path == "/home/user/f.txt"
+            return [executions[0].text, executions[1].text], executions[3].stdout
+        finally:
+            await sandbox.kill()
+
+    texts, stdout = asyncio.run(main())
+    assert texts == ["slow", "fast"] and stdout == "ran\n"  # all four answered, each in its turn
