@@ -5,7 +5,9 @@ beside the Sandbox Fusion API's `/run_code` for the same code on the same server
 
 At concurrency C, each iteration starts C operations together and waits for all of them;
 --iterations measured batches follow --warmup unmeasured ones.  Printed (and written with
---output): p50/p99 latency and throughput per level and API, and the server's configuration.
+--output): p50/p99 latency and throughput per level and API, and, for a server the script
+started, what an idle sandbox holds (Pss over its processes, after one run_code) and how many
+idle sandboxes fit in the default memory budget (`runs_memory_mb`, all runs' cap).
 
 Examples:
   python scripts/benchmark_e2b.py                      # starts a server, levels 1 and 64
@@ -26,6 +28,9 @@ from typing import Any, Optional
 
 import aiohttp
 
+from bench.memory import process_kb
+from bench.session_memory import WHO_AM_I, _session_pids
+
 CODE = "print(sum(i * i for i in range(1000)))"
 EXPECTED = f"{sum(i * i for i in range(1000))}\n"
 
@@ -38,6 +43,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 64], metavar="C")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured batches per level")
     parser.add_argument("--iterations", type=int, default=5, help="measured batches per level")
+    parser.add_argument("--idle", type=int, default=32, help="idle sandboxes to measure the memory of (0: none)")
     parser.add_argument("--output", help="also write the results as JSON here")
     return parser.parse_args(argv)
 
@@ -87,7 +93,31 @@ async def measure(operation: Callable[[], Awaitable[None]], concurrency: int, wa
             "p99_ms": 1000 * percentile(latencies, 0.99), "throughput_per_s": len(latencies) / wall}
 
 
-async def run(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
+async def idle_memory(count: int, server_pid: int) -> dict[str, Any]:
+    """Open `count` sandboxes, one run_code each, let them idle, and sum each one's Pss (MiB)."""
+    from e2b_code_interpreter import AsyncSandbox
+
+    from verl_sf.executor.config import default_runs_memory_mb
+
+    sandboxes = await asyncio.gather(*[AsyncSandbox.create(timeout=120) for _ in range(count)])
+    try:
+        executions = await asyncio.gather(*[sandbox.run_code(WHO_AM_I) for sandbox in sandboxes])
+        await asyncio.sleep(1.0)
+        pss = []
+        for execution in executions:
+            namespace, group = "".join(execution.logs.stdout).split()
+            pids = _session_pids(server_pid, int(namespace), group)
+            if pids:
+                pss.append(sum(process_kb(pid) for pid in pids) / 1024)
+    finally:
+        await asyncio.gather(*[sandbox.kill() for sandbox in sandboxes])
+    budget = default_runs_memory_mb()
+    median = statistics.median(pss) if pss else None
+    return {"sandboxes": count, "measured": len(pss), "pss_mib_median": median, "pss_mib_max": max(pss, default=None),
+            "runs_memory_mb": budget, "idle_sandboxes_in_budget": int(budget / median) if median else None}
+
+
+async def run(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> dict[str, Any]:
     os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=os.environ.get("E2B_API_KEY") or "bench")
     rows = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -99,7 +129,13 @@ async def run(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
                 print(f"{api:28s} C={concurrency:<4d} p50 {row['p50_ms']:8.1f} ms  p99 {row['p99_ms']:8.1f} ms  "
                       f"{row['throughput_per_s']:7.1f}/s  ({row['calls']} calls)", flush=True)
                 rows.append(row)
-    return rows
+    memory = None
+    if args.idle and server_pid is not None:
+        memory = await idle_memory(args.idle, server_pid)
+        print(f"idle sandbox: Pss median {memory['pss_mib_median']:.1f} MiB (max {memory['pss_mib_max']:.1f}, "
+              f"{memory['measured']}/{memory['sandboxes']} measured); {memory['idle_sandboxes_in_budget']} fit in "
+              f"runs_memory_mb={memory['runs_memory_mb']}", flush=True)
+    return {"results": rows, "idle_memory": memory}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -111,7 +147,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         process, url = start_server_process(*args.server_arg)
     try:
-        rows = asyncio.run(run(args, url.rstrip("/")))
+        measured = asyncio.run(run(args, url.rstrip("/"), process.pid if process is not None else None))
     finally:
         if process is not None:
             from verl_sf.server.process import stop_server_process
@@ -121,7 +157,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(args.output, "w") as fh:
             json.dump({"code": CODE, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                        "server_args": args.server_arg, "warmup": args.warmup, "iterations": args.iterations,
-                       "results": rows}, fh, indent=2)
+                       **measured}, fh, indent=2)
     return 0
 
 
