@@ -132,6 +132,7 @@ async def run(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> 
     memory = None
     if args.idle and server_pid is not None:
         memory = await idle_memory(args.idle, server_pid)
+    if memory is not None and memory["measured"]:
         print(f"idle sandbox: Pss median {memory['pss_mib_median']:.1f} MiB (max {memory['pss_mib_max']:.1f}, "
               f"{memory['measured']}/{memory['sandboxes']} measured); {memory['idle_sandboxes_in_budget']} fit in "
               f"runs_memory_mb={memory['runs_memory_mb']}", flush=True)

@@ -62,6 +62,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="/get_observation: seconds a trajectory keeps its state without a turn")
     p.add_argument("--e2b-api-key", default=None,
                    help="the API key E2B SDK clients must send (E2B_API_KEY); by default any non-empty key")
+    p.add_argument("--e2b-max-sandboxes", type=int, default=E2BConfig.max_sandboxes,
+                   help="live E2B sandboxes at once (each is a session); past it, creation answers 429")
     p.add_argument("--fronts", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
     p.add_argument("--log-level", default="INFO")
@@ -84,8 +86,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
+    e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb, executor=executor,
-                          verl_tool=verl_tool, e2b=E2BConfig(api_key=args.e2b_api_key))
+                          verl_tool=verl_tool, e2b=e2b)
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",

@@ -21,6 +21,7 @@ from e2b import (
     FileNotFoundException,
     FileType,
     NotFoundException,
+    RateLimitException,
     SandboxException,
     SandboxNotFoundException,
     TimeoutException,
@@ -363,3 +364,43 @@ def test_async_calls_on_one_sandbox_take_turns(server: ServerHandle) -> None:
 
     texts, stdout = asyncio.run(main())
     assert texts == ["slow", "fast"] and stdout == "ran\n"  # all four answered, each in its turn
+
+
+def test_kill_during_an_execution_ends_it(server: ServerHandle) -> None:
+    async def main() -> tuple[object, float]:
+        sandbox = await AsyncSandbox.create(timeout=60)
+        execution = asyncio.create_task(sandbox.run_code("while True:\n    pass"))
+        await asyncio.sleep(1.0)
+        killed_at = time.monotonic()
+        await sandbox.kill()
+        try:
+            outcome: object = await asyncio.wait_for(execution, timeout=30)
+        except Exception as exc:  # noqa: BLE001 - which error the SDK raises is what is checked below
+            outcome = exc
+        return outcome, time.monotonic() - killed_at
+
+    outcome, waited = asyncio.run(main())
+    assert waited < 10  # answered at once, never a hang
+    if isinstance(outcome, Exception):
+        assert isinstance(outcome, SandboxException), outcome
+    else:
+        assert outcome.error is not None and "killed" in outcome.error.value  # type: ignore[attr-defined]
+
+
+def test_default_key_policy_and_sandbox_cap() -> None:
+    """Without --e2b-api-key any non-empty key is accepted; past --e2b-max-sandboxes creation is 429."""
+    handle = start_server("--slots", "2", "--preload", "", "--e2b-max-sandboxes", "2")
+    try:
+        opts = {"api_url": handle.url, "sandbox_url": handle.url}
+        first = Sandbox.create(timeout=30, api_key="any-key-at-all", **opts)
+        second = Sandbox.create(timeout=30, api_key="another-one", **opts)
+        with pytest.raises(RateLimitException, match="max_sandboxes"):
+            Sandbox.create(timeout=30, api_key="k", retries=0, **opts)
+        first.kill()
+        third = Sandbox.create(timeout=30, api_key="k", **opts)  # a place is free again
+        assert third.run_code("1 + 1").text == "2"
+        second.kill()
+        third.kill()
+        assert requests.get(handle.url + "/v2/sandboxes", headers={"X-API-Key": ""}, timeout=30).status_code == 401
+    finally:
+        stop_server(handle.process)

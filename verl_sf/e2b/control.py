@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import hmac
+import time
 import urllib.parse
 from typing import Any, Optional
 
@@ -91,10 +92,12 @@ class ControlPlane:
             field = ".".join(str(part) for part in first["loc"])
             return error(400, f"{field}: {first['msg']}")
 
-    def _check_timeout(self, timeout: int) -> Optional[web.Response]:
-        if timeout > self.sandboxes.max_timeout_s:
-            return error(400, f"timeout: {timeout} s is longer than this server's maximum sandbox lifetime of "
-                              f"{self.sandboxes.max_timeout_s:g} s (--session-max-lifetime)")
+    def _check_timeout(self, timeout: int, sandbox: Optional[Sandbox] = None) -> Optional[web.Response]:
+        """A sandbox may not outlive the server's session lifetime, counted from its creation."""
+        lived = time.time() - sandbox.started_at if sandbox is not None else 0.0
+        if lived + timeout > self.sandboxes.max_timeout_s:
+            return error(400, f"timeout: {timeout} s would take the sandbox past this server's maximum sandbox "
+                              f"lifetime of {self.sandboxes.max_timeout_s:g} s (--session-max-lifetime)")
         return None
 
     def _sandbox(self, request: web.Request) -> Sandbox | web.Response:
@@ -180,7 +183,7 @@ class ControlPlane:
         body = await self._body(request, TimeoutBody)
         if isinstance(body, web.Response):
             return body
-        refused = self._check_timeout(body.timeout)
+        refused = self._check_timeout(body.timeout, sandbox)
         if refused:
             return refused
         self.sandboxes.set_timeout(sandbox, body.timeout)
@@ -197,7 +200,7 @@ class ControlPlane:
             duration = int(body.get("duration", self.config.default_timeout_s))
         except (ValueError, TypeError, AttributeError):
             return error(400, "duration: must be an integer number of seconds")
-        refused = self._check_timeout(duration)
+        refused = self._check_timeout(duration, sandbox)
         if refused:
             return refused
         self.sandboxes.extend(sandbox, duration)
@@ -213,7 +216,7 @@ class ControlPlane:
         if isinstance(body, web.Response):
             return body
         if body.timeout is not None:
-            refused = self._check_timeout(body.timeout)
+            refused = self._check_timeout(body.timeout, sandbox)
             if refused:
                 return refused
             self.sandboxes.extend(sandbox, body.timeout)

@@ -171,7 +171,10 @@ class Interpreter:
         response = await self.sandboxes.run_cells(sandbox, cells, self.config.execute_timeout_s)
         events = execution_events(response.cells, response.message)
         if response.session_alive is False:
-            events.append({"type": "error", "name": "SandboxEnded", "value": response.message, "traceback": ""})
+            reason = self.sandboxes.end_reason(sandbox.id) or response.message
+            events = [e for e in events if e["type"] != "error"]
+            events.append({"type": "error", "name": "SandboxEnded", "value": f"the sandbox ended: {reason}",
+                           "traceback": ""})
         stream = web.StreamResponse(headers={"Content-Type": "application/json"})
         await stream.prepare(request)
         for event in events:

@@ -168,6 +168,9 @@ class Sandboxes:
             raise SandboxGone(sandbox_id, self._ended[sandbox_id])
         return sandbox
 
+    def end_reason(self, sandbox_id: str) -> Optional[str]:
+        return self._ended.get(sandbox_id)
+
     def listing(self) -> list[Sandbox]:
         self._prune()
         return list(self.live.values())
