@@ -70,6 +70,7 @@ def test_run_code_keeps_state_and_shows_results_and_errors(sandbox: Sandbox) -> 
     assert "<cell-" not in failed.error.traceback and "verl-sf-e2b" not in failed.error.traceback
     syntax = sandbox.run_code("def (:")
     assert syntax.error is not None and syntax.error.name == "SyntaxError"
+    assert syntax.error.traceback.startswith('  File "<execution-') and "def (:" in syntax.error.traceback
     assert sandbox.run_code("x").text == "41"  # an error leaves the state alone
 
 

@@ -74,8 +74,9 @@ def result_event(data: dict[str, Any], main: bool) -> dict[str, Any]:
 
 def error_event(error: dict[str, Any]) -> dict[str, Any]:
     frames = [line for line in error.get("traceback", []) if not OWN_FRAME.match(line)]
-    if frames and frames[0].startswith("Traceback") and (len(frames) < 2 or not frames[1].startswith("  File")):
-        frames = frames[1:]  # the error was in the code's syntax: no frame of it ran
+    ran = any(line.startswith('  File "') and ", in " in line.split("\n", 1)[0] for line in frames)
+    if frames and frames[0].startswith("Traceback") and not ran:
+        frames = frames[1:]  # the code did not compile: no frame of it ran, as `python main.py` shows it
     return {"type": "error", "name": str(error.get("ename", "Error")), "value": str(error.get("evalue", "")),
             "traceback": "".join(frames)}
 
