@@ -10,7 +10,7 @@ Two measurements, both on a local Ray instance this script starts (and stops):
                direct     `HttpSandboxBackend.run_code` from this process (no pool);
                ray        the tool's default under Ray (`pool: ray`): the same call in this
                           process, under a permit of the cluster-wide limiter
-                          (`verl_sf.tools.dispatch.RayLimiterPool`, num_workers=rate_limit=C);
+                          (`verl_sf.tools.dispatch.RayLimiterDispatcher`, num_workers=rate_limit=C);
                ray_actor  `pool: ray_actor`: through an ExecutionWorker actor
                           (`init_execution_pool(num_workers=C, rate_limit=C)`).
              The pooled paths send what the tool sends (`run_request` + a BackendConfig).
@@ -52,7 +52,7 @@ from verl_sf.pool import LimiterClient, init_execution_pool, shutdown_global_lim
 from verl_sf.server.process import start_server_process
 from verl_sf.server.process import stop_server_process as stop_server
 from verl_sf.tools.backend_calls import backend_for, close_backend, run_request
-from verl_sf.tools.dispatch import RayLimiterPool
+from verl_sf.tools.dispatch import RayLimiterDispatcher
 
 BENCH_LIMITER = "verl-sf-benchmark-limiter"
 WORKLOADS = {
@@ -235,7 +235,7 @@ async def bench_e2e(args: argparse.Namespace, url: str, server_pid: Optional[int
     # small BackendConfig; the process that runs it keeps one HttpSandboxBackend per loop.
     spec = HttpBackendConfig(url=url)
     direct_backend = backend_for(spec)
-    limiter_pool = RayLimiterPool(args.concurrency, args.concurrency, limiter_name=E2E_LIMITERS["ray"])
+    limiter_pool = RayLimiterDispatcher(args.concurrency, args.concurrency, limiter_name=E2E_LIMITERS["ray"])
     actor = init_execution_pool(args.concurrency, rate_limit=args.concurrency, limiter_name=E2E_LIMITERS["ray_actor"])
     await actor.start.remote()
     await limiter_pool.run(run_request, spec, RunCodeRequest(code="print(1)", language="python"))

@@ -219,7 +219,7 @@ def sessions_table(sessions: dict) -> str:
                      f"{fmt(r['ping_p50_s'] and 1000 * r['ping_p50_s'], '>9.3f')} "
                      f"{fmt(r['p50_over_ping_ms'], '>6.3f')}")
     memory = sessions["idle_memory"]
-    lines.append(f"idle lean session: Pss median {fmt(memory['pss_mib_median'], '.2f')} MiB, "
+    lines.append(f"idle stdlib session: Pss median {fmt(memory['pss_mib_median'], '.2f')} MiB, "
                  f"max {fmt(memory['pss_mib_max'], '.2f')} MiB over {memory['measured']}/{memory['sessions']} "
                  f"sessions (server's memory_bytes median {fmt(memory['server_memory_bytes_mib_median'], '.2f')} MiB)")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The floor under any fresh-process-per-run fast path on this machine.
 
-Imports what the lean warm interpreter imports, freezes the heap as the zygote does, then
+Imports what the stdlib warm interpreter imports, freezes the heap as the zygote does, then
 forks, lets the child do nothing (or only the per-run namespaces), and reaps it, N times.
 The CPU per iteration (parent and children, from os.times) is what one run costs before it
 executes a single line of user code: the fork's page-table and VMA copy, copy-on-write
@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import gc
 import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -85,17 +84,18 @@ def cow_fault_us(pages: int = 4000) -> float:
 def _zygote_import_context() -> contextlib.AbstractContextManager:
     """The zygote's own import wrapper, loaded from its file: the zygote is standard library
     only, so this keeps the package (and its dependencies) out of the measured process."""
-    path = Path(__file__).resolve().parents[1] / "verl_sf" / "executor" / "zygote.py"
-    spec = importlib.util.spec_from_file_location("verl_sf_zygote", path)
-    zygote = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zygote)
-    return zygote._threading_stand_in()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "verl_sf" / "executor"))
+    try:
+        warmup = importlib.import_module("zygote.warmup")
+    finally:
+        del sys.path[0]
+    return warmup.threading_stand_in()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--modules", help="comma-separated modules to import instead of the lean interpreter's list "
+    parser.add_argument("--modules", help="comma-separated modules to import instead of the stdlib interpreter's list "
                                           "(run with `python -I`), e.g. to see what a module's fork hooks cost")
     parser.add_argument("--as-zygote", action="store_true",
                         help="import --modules as the zygote does (numpy.random without the real `threading`)")
@@ -104,10 +104,10 @@ def main() -> None:
         # Measure in a clean interpreter (-I, like the zygote), not in one holding this package.
         import subprocess  # only here: it imports `threading`, whose fork hook would be measured
 
-        from verl_sf.executor.config import LEAN_PRELOAD
+        from verl_sf.executor.config import STDLIB_PRELOAD
 
         command = [sys.executable, "-I", __file__, "--iterations", str(args.iterations),
-                   "--modules", ",".join(LEAN_PRELOAD)]
+                   "--modules", ",".join(STDLIB_PRELOAD)]
         raise SystemExit(subprocess.run(command).returncode)
     with _zygote_import_context() if args.as_zygote else contextlib.nullcontext():
         for name in filter(None, args.modules.split(",")):

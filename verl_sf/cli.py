@@ -1,112 +1,14 @@
-"""`verl-sf`: one entry point, one subcommand per job (serve, rollout)."""
+"""`verl-sf`: one entry point, one subcommand per job (serve, rollout, languages, cluster)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from typing import Optional
 
-from verl_sf import __version__
+from verl_sf import __version__, serve_cli
 from verl_sf.cluster import cli as cluster_cli
-from verl_sf.e2b import E2BConfig
-from verl_sf.errors import VerlSfError
-from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
-from verl_sf.verl_tool import VerlToolConfig, VerlToolState
-
-
-def _add_serve(sub: argparse._SubParsersAction) -> None:
-    defaults = ExecutorConfig()
-    p = sub.add_parser("serve", help="run the Sandbox Fusion compatible execution server",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed on start)")
-    p.add_argument("--slots", "--workers", dest="slots", type=int, default=defaults.slots,
-                   help="CPU slots: runs in their first CPU slice at once (--workers is the old name)")
-    p.add_argument("--cpu-slice", type=float, default=defaults.cpu_slice_s,
-                   help="seconds after which a run gives its slot up and goes on at the lowest CPU priority")
-    p.add_argument("--max-in-flight", "--max-queue", dest="max_in_flight", type=int, default=defaults.max_in_flight,
-                   help="runs admitted at once (sized from this machine's memory); more get HTTP 503 with Retry-After")
-    p.add_argument("--sandboxes", type=int, default=defaults.sandboxes,
-                   help="warm interpreters (each in its own sandbox) per library flavor")
-    p.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
-                   help="live sessions; at the cap the longest-idle one is ended (its next call gets 404)")
-    p.add_argument("--session-idle-ttl", type=float, default=defaults.session_idle_ttl_s,
-                   help="seconds without a call after which a session ends")
-    p.add_argument("--session-max-lifetime", type=float, default=defaults.session_max_lifetime_s)
-    p.add_argument("--host-uid-base", type=int, default=defaults.host_uid_base,
-                   help="as root: the host uid of a sandbox's root (its runs get this + 1000); never host root")
-    p.add_argument("--isolation", choices=[m.value for m in IsolationMode], default=IsolationMode.sandbox.value,
-                   help="'none' runs code without any isolation: only for machines without namespaces")
-    p.add_argument("--no-fast-path", dest="fast_path", action="store_false",
-                   help="run python as `python main.py` per call instead of forking a warm interpreter")
-    p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD),
-                   help="modules the warm interpreters import up front (missing ones are skipped)")
-    p.add_argument("--default-memory-mb", type=int, default=defaults.default_memory_mb,
-                   help="memory cap when a request says memory_limit_MB=-1")
-    p.add_argument("--output-limit-kb", type=int, default=defaults.output_limit_bytes >> 10,
-                   help="stdout and stderr kept per run (each); the rest is cut with a marker")
-    p.add_argument("--runs-memory-mb", type=int, default=defaults.runs_memory_mb,
-                   help="cap on all runs' memory together (this machine's memory less a reserve)")
-    p.add_argument("--workdir-size-mb", type=int, default=defaults.workdir_size_mb)
-    p.add_argument("--max-processes", type=int, default=defaults.max_processes,
-                   help="processes+threads per run")
-    p.add_argument("--max-body-mb", type=int, default=64, help="larger request bodies get HTTP 413")
-    p.add_argument("--python", default=defaults.python, help="runtime interpreter the code runs with")
-    p.add_argument("--verl-tool-state", choices=[s.value for s in VerlToolState], default=VerlToolState.session.value,
-                   help="/get_observation: a live interpreter per trajectory, or verl-tool's replay of earlier code")
-    p.add_argument("--verl-tool-timeout", type=float, default=VerlToolConfig.run_timeout,
-                   help="/get_observation: seconds one turn's code may run")
-    p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
-                   help="/get_observation: seconds a trajectory keeps its state without a turn")
-    p.add_argument("--e2b-api-key", default=None,
-                   help="the API key E2B SDK clients must send (E2B_API_KEY); by default any non-empty key")
-    p.add_argument("--e2b-max-sandboxes", type=int, default=E2BConfig.max_sandboxes,
-                   help="live E2B sandboxes at once (each is a session); past it, creation answers 429")
-    p.add_argument("--fronts", type=int, default=1,
-                   help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
-    p.add_argument("--log-level", default="INFO")
-    p.set_defaults(func=_serve)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from verl_sf.executor.sandbox import IsolationUnavailable
-    from verl_sf.server import ServerConfig, serve
-
-    executor = ExecutorConfig(
-        slots=args.slots, cpu_slice_s=args.cpu_slice, max_in_flight=args.max_in_flight, sandboxes=args.sandboxes,
-        max_sessions=args.max_sessions, session_idle_ttl_s=args.session_idle_ttl,
-        session_max_lifetime_s=args.session_max_lifetime, host_uid_base=args.host_uid_base,
-        isolation=IsolationMode(args.isolation),
-        fast_path=args.fast_path, preload=tuple(m for m in args.preload.split(",") if m),
-        default_memory_mb=args.default_memory_mb, runs_memory_mb=args.runs_memory_mb,
-        output_limit_bytes=args.output_limit_kb << 10,
-        workdir_size_mb=args.workdir_size_mb, max_processes=args.max_processes, python=args.python,
-    )
-    verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
-                               idle_ttl_s=args.verl_tool_idle_ttl)
-    e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes)
-    config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb, executor=executor,
-                          verl_tool=verl_tool, e2b=e2b)
-
-    def ready(url: str) -> None:
-        print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",
-              flush=True)
-
-    try:
-        if args.fronts != 1:
-            from verl_sf.server.fronts import run_fronts
-
-            return run_fronts(config, args.fronts, ready, args.log_level)
-        asyncio.run(serve(config, ready))
-    except IsolationUnavailable as exc:
-        print(f"verl-sf: cannot isolate runs: {exc}", file=sys.stderr)
-        return 2
-    except VerlSfError as exc:  # FrontsError: a bad --fronts, or a front that could not start
-        print(f"verl-sf serve: {exc}", file=sys.stderr)
-        return 2
-    return 0
 
 
 def _add_rollout(sub: argparse._SubParsersAction) -> None:
@@ -127,7 +29,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="verl-sf", description=__doc__)
     parser.add_argument("--version", action="version", version=f"verl-sf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_serve(sub)
+    serve_cli.add_arguments(sub)
     _add_rollout(sub)
     _add_languages(sub)
     cluster_cli.add_arguments(sub)

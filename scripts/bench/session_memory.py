@@ -62,7 +62,7 @@ async def _server_figure(base_url: Optional[str], session_id: Optional[str]) -> 
 
 
 async def idle_session_memory(backend: BenchBackend, count: int, settle_s: float = 1.0) -> dict[str, Any]:
-    """Open `count` lean python sessions, let them idle, and measure each one's Pss (MiB)."""
+    """Open `count` stdlib python sessions, let them idle, and measure each one's Pss (MiB)."""
     keys = [f"bench-idle-{i}" for i in range(count)]
     request = RunCodeRequest(code=WHO_AM_I, language="python")
     try:

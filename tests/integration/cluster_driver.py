@@ -14,12 +14,13 @@ import json
 import os
 import signal
 import sys
-import time
-from typing import Any
+from typing import Any, Optional
 
 import ray
 
-from verl_sf.backends.cluster import ClusterSandboxBackend, SandboxCallInterrupted, SessionLost
+from tests.waiting import wait_until
+from verl_sf.backends.cluster import ClusterSandboxBackend, SandboxCallInterrupted
+from verl_sf.errors import SessionGone
 from verl_sf.models import RunCodeRequest
 
 
@@ -90,29 +91,30 @@ def load_and_kill_local_server(namespace: str, n: int, concurrency: int, kill_af
 
 @ray.remote(num_cpus=0)
 def session_on_its_server(namespace: str) -> dict[str, Any]:
-    """A session keeps its state across calls on its server; after that server is killed: SessionLost."""
+    """A session keeps its state across calls on its server; after that server is killed: SessionGone,
+    and the same key's next call starts a fresh session."""
     from verl_sf.cluster import fleet
 
     async def run() -> dict[str, Any]:
         async with _backend(namespace) as backend:
-            info = await backend.create_session(language="python")
-            session_id = info["session_id"]
-            first = await backend.run_code(RunCodeRequest(code="x = 41", language="python",
-                                                          session_id=session_id))  # type: ignore[call-arg]
-            second = await backend.run_code(RunCodeRequest(code="print(x + 1)", language="python",
-                                                           session_id=session_id))  # type: ignore[call-arg]
+            first = await backend.run_code(RunCodeRequest(code="x = 41", language="python"), session="traj")
+            second = await backend.run_code(RunCodeRequest(code="print(x + 1)", language="python"), session="traj")
             served = {url: s["served"] for url, s in backend.stats().items() if s["served"]}
-            url = backend.session_server(session_id)
+            assert first.session_id is not None
+            url = backend.session_server(first.session_id)
             pid = next(i["pid"] for i in fleet.server_infos(namespace) if i["url"] == url)
             os.kill(pid, signal.SIGKILL)
             try:
-                await backend.run_code(RunCodeRequest(code="print(x)", language="python",
-                                                      session_id=session_id))  # type: ignore[call-arg]
-                lost = None
-            except SessionLost as exc:
-                lost = exc.reason
+                await backend.run_code(RunCodeRequest(code="print(x)", language="python"), session="traj")
+                gone = None
+            except SessionGone as exc:
+                gone = exc.reason
+            fresh = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"),
+                                           session="traj")
             return {"first": first.status.value, "second": second.run_result.stdout if second.run_result else None,
-                    "served": served, "session_url": url, "lost": lost}
+                    "served": served, "session_url": url, "gone": gone, "same_session": second.session_id ==
+                    first.session_id, "fresh": fresh.run_result.stdout if fresh.run_result else None,
+                    "fresh_session": fresh.session_id not in (None, first.session_id)}
 
     return asyncio.run(run())
 
@@ -124,14 +126,12 @@ def crash_actor(namespace: str, node_id: str) -> dict[str, Any]:
 
     before = next(i for i in fleet.server_infos(namespace) if i["node_id"] == node_id)
     ray.kill(ray.get_actor(server_name(node_id), namespace=namespace), no_restart=False)
-    deadline = time.monotonic() + 120
-    after = None
-    while time.monotonic() < deadline:
+
+    def restarted() -> Optional[dict[str, Any]]:
         infos = [i for i in fleet.server_infos(namespace, timeout_s=5) if i["node_id"] == node_id]
-        if infos and infos[0]["url"] and infos[0]["pid"] != before["pid"]:
-            after = infos[0]
-            break
-        time.sleep(1)
+        return infos[0] if infos and infos[0]["url"] and infos[0]["pid"] != before["pid"] else None
+
+    after = wait_until(restarted, 120, "Ray restarted the actor and its new server listens", every=1)
     return {"before": before, "after": after}
 
 

@@ -35,6 +35,7 @@ from daytona._async.filesystem import AsyncFileSystem
 from daytona._async.process import AsyncProcess
 from daytona._async.sandbox import AsyncPaginatedSandboxes
 
+from tests.waiting import wait_until_async
 from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.backends.config import DaytonaBackendConfig
 from verl_sf.backends.daytona import (
@@ -311,11 +312,8 @@ async def test_tool_keys_sandboxes_on_the_trajectory_and_deletes_them_when_it_en
     assert response.text == "False" and fake.created == 2
     del trajectory, twin
     gc.collect()
-    for _ in range(100):
-        if not fake.live():
-            break
-        await asyncio.sleep(0.02)
-    assert fake.live() == []
+    await wait_until_async(lambda: fake.live() == [], 2, "the collected trajectories' sandboxes are deleted",
+                           every=0.02)
 
     # Without a trajectory, the instance is the session: release ends it.
     instance_id, _ = await tool.create(ground_truth="4")

@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 
+from tests.waiting import wait_until_async
 from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.backends.config import LocalBackendConfig, parse_backend_config
 from verl_sf.backends.local import LocalSandboxBackend
+from verl_sf.errors import SessionGone
 from verl_sf.executor import ExecutorConfig, IsolationMode
 from verl_sf.models import CommandRunStatus, RunCodeRequest, RunJupyterRequest, RunStatus
 
@@ -19,8 +21,8 @@ def test_options_map_to_executor_config() -> None:
     assert isinstance(config, LocalBackendConfig) and isinstance(config.build(), LocalSandboxBackend)
     executor = config.executor
     assert (executor.slots, executor.isolation, executor.preload) == (3, IsolationMode.none, ("math",))
-    assert hash(config) == hash(LocalBackendConfig(executor=ExecutorConfig(slots=3, isolation=IsolationMode.none,
-                                                                           preload=("math",))))
+    assert config.key() == LocalBackendConfig(executor=ExecutorConfig(slots=3, isolation=IsolationMode.none,
+                                                                      preload=("math",))).key()
     with pytest.raises(ValueError, match=r"executor\.bogus\n  Unexpected keyword argument"):
         parse_backend_config({"type": "local", "executor": {"bogus": 2}})
     with pytest.raises(ValueError, match=r"executor\.isolation\n  Input should be 'sandbox' or 'none'"):
@@ -53,10 +55,26 @@ async def test_overload_is_sandbox_unavailable() -> None:
     try:
         slow = asyncio.ensure_future(backend.run_code(
             RunCodeRequest(code="import time; time.sleep(2)", language="python")))
-        while backend._executor is None or backend._executor.stats.in_flight == 0:
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: backend._executor is not None and backend._executor.stats.in_flight > 0, 60,
+                               "the slow run is in flight")
         with pytest.raises(SandboxUnavailable, match="local executor overloaded"):
             await backend.run_code(RunCodeRequest(code="print(1)", language="python"))
         assert (await slow).status == RunStatus.Success
+    finally:
+        await backend.close()
+
+
+async def test_a_session_the_executor_ended_is_session_gone_then_starts_afresh() -> None:
+    backend = LocalSandboxBackend(LocalBackendConfig(executor=ExecutorConfig(slots=1, sandboxes=1, preload=())))
+    try:
+        first = await backend.run_code(RunCodeRequest(code="x = 1", language="python"), session="traj")
+        assert backend._executor is not None and first.session_id is not None
+        backend._executor.end_session(first.session_id)  # as the idle TTL or the session cap would
+        with pytest.raises(SessionGone) as gone:
+            await backend.run_code(RunCodeRequest(code="print(x)", language="python"), session="traj")
+        assert gone.value.session_id == first.session_id and gone.value.reason
+        fresh = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"),
+                                       session="traj")
+        assert fresh.session_id != first.session_id and fresh.run_result.stdout == "False\n"
     finally:
         await backend.close()

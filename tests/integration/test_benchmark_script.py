@@ -14,19 +14,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "benchmark_tool_backends.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
 from bench.report import BURST_COLUMNS, CSV_COLUMNS  # noqa: E402
-from bench.runner import percentile  # noqa: E402
-from bench.scenarios import SCENARIOS, Outcome, classify  # noqa: E402
-from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus  # noqa: E402
 
 GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",
                  "success_count", "failure_count"]
@@ -114,17 +112,13 @@ def test_terminated_run_keeps_its_levels_and_stops_its_server(tmp_path: Path) ->
                              "--iterations", "10", "--warmup", "0", "--scenarios", "simple_stdout", SMALL_SERVER,
                              "--output-root", str(tmp_path / "out")], stdout=log, stderr=log, cwd=ROOT)
     try:
-        summary_path = None
         # Wait until the first level (10 calls) is saved, then stop the run in the second
         # (1,280 calls).  The server start is included in this wait.
-        for _ in range(1200):
-            found = list((tmp_path / "out").glob("verl-sf/*/summary.json"))
-            if found:
-                summary_path = found[0]
-                break
+        def first_level() -> list[Path]:
             assert proc.poll() is None, (tmp_path / "script.log").read_text()
-            time.sleep(0.1)
-        assert summary_path is not None, "no level finished"
+            return list((tmp_path / "out").glob("verl-sf/*/summary.json"))
+
+        summary_path = wait_until(first_level, 120, "the first level's summary is saved", every=0.1)[0]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGINT
     finally:
@@ -227,31 +221,6 @@ def test_unavailable_backends_are_skipped_with_a_reason(tmp_path: Path) -> None:
     assert not any(tmp_path.glob("*/*"))  # no output directories for backends that did not run
 
 
-def test_percentile_interpolates_between_ranks() -> None:
-    assert percentile([3.0], 0.95) == 3.0
-    assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
-    assert percentile([float(v) for v in range(1, 101)], 0.95) == pytest.approx(95.05)
-
-
-def _response(status: RunStatus, run_status: CommandRunStatus, rc: int, stdout: str = "", stderr: str = "") -> RunCodeResponse:
-    return RunCodeResponse(status=status, run_result=CommandRunResult(status=run_status, return_code=rc,
-                                                                      stdout=stdout, stderr=stderr))
-
-
-def test_classify_judges_each_scenario_by_status_and_output() -> None:
-    simple, error = SCENARIOS["simple_stdout"], SCENARIOS["runtime_error"]
-    finished, tle = CommandRunStatus.Finished, CommandRunStatus.TimeLimitExceeded
-    assert classify(simple, _response(RunStatus.Success, finished, 0, "4\n")) == Outcome.ok
-    assert classify(simple, _response(RunStatus.Success, finished, 0, "5\n")) == Outcome.wrong
-    assert classify(simple, _response(RunStatus.Failed, tle, -9)) == Outcome.timeout
-    assert classify(simple, RunCodeResponse(status=RunStatus.SandboxError, message="boom")) == Outcome.error
-    traceback = "Traceback (most recent call last):\nValueError: boom\n"
-    assert classify(error, _response(RunStatus.Failed, finished, 1, "", traceback)) == Outcome.ok
-    # An error that was swallowed (status Success) or another exception is a failure.
-    assert classify(error, _response(RunStatus.Success, finished, 0, "", traceback)) == Outcome.wrong
-    assert classify(error, _response(RunStatus.Failed, finished, 1, "", "KeyError: 1")) == Outcome.wrong
-
-
 def test_session_scenarios_run_where_sessions_exist_and_are_skipped_elsewhere(tmp_path: Path) -> None:
     result = run_script("--backend", "subprocess", "verl-sf", "--concurrency", "1", "3", "--iterations", "2",
                         "--warmup", "1", "--scenarios", "simple_stdout", "session_print", "http_ping",
@@ -273,4 +242,4 @@ def test_session_scenarios_run_where_sessions_exist_and_are_skipped_elsewhere(tm
     assert (memory["sessions"], memory["measured"]) == (2, 2)
     assert memory["pss_mib_median"] > 0 and memory["processes_per_session"] >= 1
     assert memory["server_memory_bytes_mib_median"] > 0
-    assert "idle lean session: Pss median" in result.stdout
+    assert "idle stdlib session: Pss median" in result.stdout

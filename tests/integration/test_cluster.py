@@ -17,12 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -89,15 +90,6 @@ def node_ids(cluster: Any) -> dict[str, str]:
     return tags
 
 
-def wait_for(predicate: Any, timeout: float = 120, every: float = 2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every)
-
-
 def descendants(pid: int) -> set[int]:
     """`pid` and every process below it (read from /proc)."""
     children: dict[int, list[int]] = {}
@@ -148,7 +140,8 @@ def test_one_server_per_node_and_down_leaves_nothing(ray_cluster: Any) -> None:
     assert down.returncode == 0, down.stderr[-3000:]
     assert "stopped 3 sandbox server(s)" in down.stdout
     assert status(ray_cluster, namespace) == []
-    assert wait_for(lambda: not [pid for pid in processes if alive(pid)], timeout=30), \
+    assert wait_until(lambda: not [pid for pid in processes if alive(pid)], 30, "every server process is gone",
+                      every=2), \
         [pid for pid in processes if alive(pid)]
     assert state_dirs() == set()
     cgroups = [p for row in rows for p in Path("/sys/fs/cgroup").glob(f"verl-sf-{row['pid']}-*")]
@@ -217,9 +210,8 @@ def test_sigkill_server_under_load(fleet: Any) -> None:
     assert result["ok"] >= 40 - concurrency
     other = next(row["url"] for row in status(fleet) if row["node_id"] == ids["node_b"])
     assert result["stats"][other]["served"] >= 1, "calls sent while the local server was down went to the other"
-    rows = wait_for(lambda: [r for r in status(fleet) if r["node_id"] == ids["node_a"] and r["health"] == "ok"
-                             and r["pid"] != result["killed_pid"]])
-    assert rows, status(fleet)
+    rows = wait_until(lambda: [r for r in status(fleet) if r["node_id"] == ids["node_a"] and r["health"] == "ok"
+                               and r["pid"] != result["killed_pid"]], 120, "node_a's server is restarted", every=2)
     assert rows[0]["restarts"] >= 1
     assert rows[0]["url"] == result["killed_url"], "the server comes back on its URL"
     assert not alive(result["killed_pid"])
@@ -230,7 +222,7 @@ def test_crashed_server_actor_is_restarted_by_ray(fleet: Any) -> None:
     result = drive(fleet, "crash_actor", node_id=ids["node_a"])
     assert result["after"] is not None, "Ray restarted the actor and it started a server"
     assert result["after"]["pid"] != result["before"]["pid"]
-    assert wait_for(lambda: not alive(result["before"]["pid"]), timeout=30), "the old server died with its actor"
+    wait_until(lambda: not alive(result["before"]["pid"]), 30, "the old server died with its actor", every=2)
     assert drive(fleet, "calls", node="node_a", n=2)["stdout"] == ["1\n"] * 2
 
 
@@ -239,7 +231,9 @@ def test_sessions_stay_on_their_server(fleet: Any) -> None:
     assert result["first"] == "Success"
     assert result["second"] == "42\n"
     assert list(result["served"]) == [result["session_url"]], "every call of the session went to its server"
-    assert result["lost"] and ("died" in result["lost"] or "does not know" in result["lost"]), result["lost"]
+    assert result["same_session"], "both calls of the key ran in one server session"
+    assert result["gone"] and ("died" in result["gone"] or "does not know" in result["gone"]), result["gone"]
+    assert result["fresh"] == "False\n" and result["fresh_session"], "after SessionGone the key starts afresh"
 
 
 def test_node_leaving_and_joining(fleet: Any) -> None:
@@ -247,15 +241,15 @@ def test_node_leaving_and_joining(fleet: Any) -> None:
     node_b = next(node for node in fleet.worker_nodes if node.node_id == ids["node_b"])
     b_pid = next(row["pid"] for row in status(fleet) if row["node_id"] == ids["node_b"])
     fleet.remove_node(node_b)
-    rows = wait_for(lambda: [r["node_id"] for r in status(fleet)] == [ids["node_a"]] or None)
-    assert rows, status(fleet)
-    assert wait_for(lambda: not alive(b_pid), timeout=30), "the server of a node that left is gone"
+    wait_until(lambda: [r["node_id"] for r in status(fleet)] == [ids["node_a"]], 120, "only node_a's server is listed",
+               every=2)
+    wait_until(lambda: not alive(b_pid), 30, "the server of a node that left is gone", every=2)
     result = drive(fleet, "calls", node="node_c", n=2)
     assert result["stdout"] == ["1\n"] * 2
 
     joined = fleet.add_node(**NODE_ARGS, resources={"sandbox": 1, "node_d": 1})
-    rows = wait_for(lambda: [r for r in status(fleet) if r["node_id"] == joined.node_id and r["health"] == "ok"])
-    assert rows, status(fleet)
+    rows = wait_until(lambda: [r for r in status(fleet) if r["node_id"] == joined.node_id and r["health"] == "ok"],
+                      120, "the joined node's server is up", every=2)
     assert drive(fleet, "calls", node="node_d", n=2)["stats"][rows[0]["url"]]["served"] == 2
 
 

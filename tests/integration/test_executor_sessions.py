@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tests.waiting import wait_until_async
 from verl_sf.executor import Executor, ExecutorConfig, Overloaded
 from verl_sf.models import RunCodeRequest, RunStatus, SessionCreateRequest
 
@@ -17,8 +18,7 @@ async def test_a_session_call_refused_for_overload_leaves_the_session_usable() -
         assert (await executor.run_code(call)).status == RunStatus.Success
         slow = asyncio.ensure_future(executor.run_code(RunCodeRequest(code="import time; time.sleep(1)",
                                                                       language="python")))
-        while executor.stats.in_flight == 0:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: executor.stats.in_flight > 0, 60, "the slow run is in flight", every=0.01)
         with pytest.raises(Overloaded):
             await executor.run_code(call.model_copy(update={"code": "x += 1"}))
         assert (await slow).status == RunStatus.Success
@@ -34,8 +34,8 @@ async def test_a_cancelled_call_keeps_its_session_busy_until_it_ends() -> None:
         session = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
         first = asyncio.ensure_future(executor.run_code(RunCodeRequest(
             code="import time\ntime.sleep(1)\nx = 42", language="python", session_id=session)))
-        while not executor.sessions[session].busy.locked():
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: executor.sessions[session].busy.locked(), 60, "the first call holds the session",
+                               every=0.01)
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
@@ -55,8 +55,8 @@ async def test_past_max_sessions_the_longest_idle_session_ends_never_a_busy_one(
                 code="import time\ntime.sleep(1)\nprint('done')", language="python", session_id=session)))
 
         async def until_busy(*sessions: str) -> None:
-            while not all(executor.sessions[session].busy.locked() for session in sessions):
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: all(executor.sessions[session].busy.locked() for session in sessions), 60,
+                                   f"sessions {sessions} are running a call", every=0.01)
 
         first, second = await open_session(), await open_session()
         running = sleep_in(first)

@@ -15,7 +15,7 @@ def test_prints_fault_cost_and_both_floors() -> None:
                             timeout=120)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert float(re.search(r"RSS ([\d.]+) MiB", out).group(1)) < 40  # the lean list, not this package
+    assert float(re.search(r"RSS ([\d.]+) MiB", out).group(1)) < 40  # the stdlib list, not this package
     assert float(re.search(r"copy-on-write fault\s+([\d.]+) us", out).group(1)) > 0
     per_run = [float(x) for x in re.findall(r"([\d.]+) ms CPU per run", out)]
     assert len(per_run) == 2 and all(x > 0 for x in per_run)  # run as root here: namespaces measured too

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 import requests
 
 from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.waiting import wait_until
 
 FRONTS = 2
 
@@ -127,10 +127,7 @@ def test_a_killed_parent_takes_its_fronts_along() -> None:
     assert len(fronts) == 2
     os.kill(handle.process.pid, signal.SIGKILL)
     handle.process.wait()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and [pid for pid in fronts if running(pid)]:
-        time.sleep(0.5)
-    assert [pid for pid in fronts if running(pid)] == []
+    wait_until(lambda: [pid for pid in fronts if running(pid)] == [], 60, "every front is gone", every=0.5)
 
 
 def test_more_fronts_than_slots_is_refused() -> None:

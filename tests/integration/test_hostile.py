@@ -20,14 +20,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import requests
 
+from tests.cgroup_layout import controller_dirs
 from tests.host_view import descendants, host_uid
 from tests.language_cases import DOUBLE
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
+from tests.waiting import wait_until
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.languages import COMMON_ETC, SPECS
 from verl_sf.executor.system_view import ETC_ENTRIES
@@ -203,22 +205,23 @@ def test_host_uids_of_a_runs_processes_are_not_root(server: ServerHandle) -> Non
     thread = threading.Thread(target=run_code, args=(server, f"import subprocess\nsubprocess.run(['sleep', '{marker}'])"),
                               kwargs={"run_timeout": 3}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    sleeper = None
-    while sleeper is None and time.monotonic() < deadline:
+
+    def the_sleeper() -> Optional[int]:
         for pid in descendants(server.process.pid):
             try:
                 if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\0" + marker.encode() + b"\0":
-                    sleeper = pid
+                    return pid
             except OSError:
                 continue
-        time.sleep(0.05)
-    assert sleeper is not None, "the run's process was not found below the server"
+        return None
+
+    sleeper = wait_until(the_sleeper, 20, "the run's process is found below the server")
     sandbox = {pid: host_uid(pid) for pid in descendants(server.process.pid)}
     assert sandbox and 0 not in sandbox.values(), sandbox  # bwrap, zygotes, runs: none is host root
     assert os.stat(f"/proc/{sleeper}").st_uid == host_uid_of_runs(server)
     if server.as_root:  # the sandbox's own cgroups hold only non-root processes too
-        members = [int(p) for procs in Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{server.process.pid}-*/**/cgroup.procs")
+        pids_groups = controller_dirs()["pids"]  # v1: the pids hierarchy; v2: the one tree
+        members = [int(p) for procs in pids_groups.glob(f"verl-sf-{server.process.pid}-*/**/cgroup.procs")
                    for p in procs.read_text().split()]
         assert sleeper in members
         assert all(os.stat(f"/proc/{pid}").st_uid != 0 for pid in members if Path(f"/proc/{pid}").exists())
@@ -470,9 +473,7 @@ def test_an_idle_sessions_memory_bomb_ends_it_and_says_why(server: ServerHandle)
             "    for i in range(0, 1 << 30, 4096):\n        m[i] = 1\n    time.sleep(60)\n"
             "threading.Thread(target=grow, daemon=True).start()\nprint('started')\n")
     assert run_code(server, bomb, session_id=session_id)["run_result"]["stdout"] == "started\n"
-    deadline = time.monotonic() + 30
+    wait_until(lambda: requests.get(f"{server.url}/sessions/{session_id}", timeout=10).status_code != 200, 30,
+               "the session is killed", every=0.2)
     status = requests.get(f"{server.url}/sessions/{session_id}", timeout=10)
-    while status.status_code == 200 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        status = requests.get(f"{server.url}/sessions/{session_id}", timeout=10)
     assert status.status_code == 404 and "memory" in status.text, status.text

@@ -11,12 +11,12 @@ import secrets
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.cgroup_layout import group_bases, server_groups
 from tests.host_view import run_processes
 from tests.server_fixtures import (
     SERVER_MODES,
@@ -28,6 +28,7 @@ from tests.server_fixtures import (
     start_server_as_user,
     stop_server,
 )
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module", params=SERVER_MODES)
@@ -51,10 +52,7 @@ def sandbox_processes(server: ServerHandle) -> list[str]:
 
 def assert_no_sandbox_processes_remain(server: ServerHandle) -> None:
     """The answer may leave before the kernel finishes tearing the run down; allow it a moment."""
-    deadline = time.monotonic() + 5
-    while sandbox_processes(server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sandbox_processes(server) == []
+    wait_until(lambda: sandbox_processes(server) == [], 5, "no sandbox process remains")
 
 
 def assert_alive(server: ServerHandle) -> None:
@@ -73,10 +71,7 @@ def test_runs_leave_no_process_behind_and_the_check_sees_live_ones(server: Serve
     """The host-side process check used below finds a run's processes while it runs."""
     thread = threading.Thread(target=run_code, args=(server, "import time; time.sleep(3)"), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not sandbox_processes(server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sandbox_processes(server), "a running run was not seen from the host"
+    wait_until(lambda: sandbox_processes(server), 20, "a running run is seen from the host")
     thread.join(timeout=30)
     assert_no_sandbox_processes_remain(server)
 
@@ -277,14 +272,11 @@ def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir(tmp_path: Path) ->
     server = start_server("--slots", "2", "--preload", "", env={**os.environ, "TMPDIR": str(tmp_path)})
     pid = server.process.pid
     run_code(server, "import subprocess; subprocess.Popen(['sleep', '100']); print(1)")
-    cgroups = list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
-    assert cgroups, "the server should have made cgroups"
+    assert len(server_groups(pid)) == len(group_bases()), "the server should have made its group in each hierarchy"
     stop_server(server.process)
     assert server.process.returncode == 0
-    time.sleep(0.5)
-    assert list(tmp_path.iterdir()) == []
-    assert not list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
-    assert not list(Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{pid}-*"))
+    wait_until(lambda: list(tmp_path.iterdir()) == [], 5, "the server's temporary directories are removed")
+    assert server_groups(pid) == []
     leftover = subprocess.run(["pgrep", "-f", "bwrap"], capture_output=True, text=True).stdout.split()
     children = [p for p in leftover if Path(f"/proc/{p}/status").exists()
                 and f"PPid:\t{pid}\n" in Path(f"/proc/{p}/status").read_text()]
@@ -297,14 +289,15 @@ def test_a_killed_servers_cgroups_are_swept_by_the_next_server() -> None:
     pid = victim.process.pid
     victim.process.kill()
     victim.process.wait()
-    time.sleep(0.5)  # its sandboxes see their pipes close and exit
-    assert list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*")), "SIGKILL should have left them"
-    live = Path("/sys/fs/cgroup/memory") / f"verl-sf-{os.getpid()}-not-stale"  # a live pid: kept
+    assert server_groups(pid), "SIGKILL should have left them"
+    # Its sandboxes see their pipes close and exit, which leaves the groups empty (sweepable).
+    wait_until(lambda: not any(procs.read_text().strip() for group in server_groups(pid)
+                               for procs in group.rglob("cgroup.procs")), 10, "the dead server's groups are empty")
+    live = group_bases()[0] / f"verl-sf-{os.getpid()}-not-stale"  # a live pid: kept
     live.mkdir()
     try:
         stop_server(start_server("--slots", "1", "--preload", "").process)
-        assert not list(Path("/sys/fs/cgroup/memory").glob(f"verl-sf-{pid}-*"))
-        assert not list(Path("/sys/fs/cgroup/pids").glob(f"verl-sf-{pid}-*"))
+        assert server_groups(pid) == []
         assert live.exists()
     finally:
         live.rmdir()

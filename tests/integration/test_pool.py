@@ -24,6 +24,7 @@ from tests.intervals import max_overlap
 from tests.pool_helpers import timed_request
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle
+from tests.waiting import wait_until_async
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import (
@@ -122,17 +123,6 @@ async def limiter_stats(name: str) -> dict[str, Any]:
     return await ray.get_actor(name).stats.remote()
 
 
-async def eventually(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll an async condition until truthy (state changes, never timing claims)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await condition()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 # ---- the cap ---------------------------------------------------------------------------------
 
 async def test_cap_never_exceeded_measured_inside_the_sandbox(make_pool, limiter_name: str,
@@ -152,7 +142,7 @@ async def test_cap_never_exceeded_measured_inside_the_sandbox(make_pool, limiter
     intervals = [sandbox_interval(r) for r in responses]
     assert max_overlap(intervals) <= 2
     # Permits kept idle by the pools go back within IDLE_RETURN_S once nothing runs.
-    await eventually(lambda: _in_flight_is(limiter_name, 0), "idle permits back at the limiter")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "idle permits back at the limiter")
 
 
 async def test_grants_are_fifo_across_pools(make_pool, limiter_name: str) -> None:
@@ -163,7 +153,7 @@ async def test_grants_are_fifo_across_pools(make_pool, limiter_name: str) -> Non
         refs = []
         for i in range(8):  # alternate pools; each request reaches the queue before the next
             refs.append(pools[i % 2].execute.remote(started_at))
-            await eventually(lambda i=i: _queue_is(limiter_name, i + 1), f"request {i} queued")
+            await wait_until_async(lambda i=i: _queue_is(limiter_name, i + 1), 60, f"request {i} queued")
         holder.release(permit)
         starts = await asyncio.gather(*refs)
     finally:
@@ -191,32 +181,32 @@ async def test_exceptions_reach_the_caller_and_permits_come_back(make_pool, limi
     assert await pool.execute.remote(sorted, [3, 1, 2]) == [1, 2, 3]
     stats = await pool.stats.remote()
     assert stats["failed"] == 2 and stats["succeeded"] == 2 and stats["running"] == 0
-    await eventually(lambda: _in_flight_is(limiter_name, 0), "the permit back at the limiter")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "the permit back at the limiter")
 
 
 async def test_cancellation_returns_the_permit(make_pool, limiter_name: str, tmp_path: Path) -> None:
     pool = make_pool(4, rate_limit=1)
     # An async fn is cancelled at once and its permit returned.
     ref = pool.execute.remote(sleep_async, 300)
-    await eventually(lambda: _in_flight_is(limiter_name, 1), "async call running")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 1), 60, "async call running")
     ray.cancel(ref)
     with pytest.raises(ray.exceptions.TaskCancelledError):
         await ref
-    await eventually(lambda: _in_flight_is(limiter_name, 0), "permit returned after cancel")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "permit returned after cancel")
 
     # A sync fn in a thread cannot be interrupted: the permit is held until the thread
     # really finishes (the cap keeps counting running work); then the call ends cancelled.
     signal_file = tmp_path / "go"
     ref = pool.execute.remote(wait_for_file, str(signal_file))
-    await eventually(lambda: _in_flight_is(limiter_name, 1), "thread call running")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 1), 60, "thread call running")
     ray.cancel(ref)
-    await eventually(lambda: _cancel_seen(pool), "cancellation to reach the worker")
+    await wait_until_async(lambda: _cancel_seen(pool), 60, "cancellation to reach the worker")
     assert (await pool.stats.remote())["running"] == 1
     assert (await limiter_stats(limiter_name))["in_flight"] == 1
     signal_file.touch()
     with pytest.raises(ray.exceptions.TaskCancelledError):
         await ref
-    await eventually(lambda: _in_flight_is(limiter_name, 0), "permit returned when the thread ended")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "permit returned when the thread ended")
     assert await pool.execute.remote(sorted, "ba") == ["a", "b"]
 
 
@@ -262,7 +252,7 @@ async def test_process_mode_runs_in_child_processes_and_survives_crashes(make_po
     pids = stats["process_pids"]
     assert pids
     ray.kill(pool)
-    await eventually(lambda: _all_gone(pids), "pool processes to exit with their actor", timeout=30)
+    await wait_until_async(lambda: _all_gone(pids), 30, "pool processes to exit with their actor")
 
 
 async def _all_gone(pids: list[int]) -> bool:
@@ -295,7 +285,7 @@ async def test_limiter_survives_the_pool_that_created_it(make_pool, limiter_name
     other = make_pool(2, rate_limit=3)
     ray.kill(creator)
     # The dead pool's lease expires; the limiter itself stays.
-    await eventually(lambda: _stat_is(limiter_name, "leases_expired_total", 1), "creator's lease to expire")
+    await wait_until_async(lambda: _stat_is(limiter_name, "leases_expired_total", 1), 60, "creator's lease to expire")
     assert ray.get_actor(limiter_name)._actor_id.hex() == limiter_id
     assert await other.execute.remote(sorted, [2, 1]) == [1, 2]
 
@@ -315,14 +305,14 @@ async def _stat_is(name: str, key: str, value: Any) -> bool:
 async def test_permit_of_a_killed_caller_is_returned(make_pool, limiter_name: str) -> None:
     doomed = make_pool(2, rate_limit=1, lease_ttl_s=2)
     doomed.execute.remote(sleep_async, 600)
-    await eventually(lambda: _in_flight_is(limiter_name, 1), "doomed call to hold the only permit")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 1), 60, "doomed call to hold the only permit")
     survivor = make_pool(2, rate_limit=1, lease_ttl_s=2)
     waiting = survivor.execute.remote(sorted, [3, 2, 1])
-    await eventually(lambda: _queue_is(limiter_name, 1), "survivor to queue behind it")
+    await wait_until_async(lambda: _queue_is(limiter_name, 1), 60, "survivor to queue behind it")
     ray.kill(doomed)
     assert await waiting == [1, 2, 3]
     assert (await limiter_stats(limiter_name))["reclaimed_total"] == 1
-    await eventually(lambda: _in_flight_is(limiter_name, 0), "every permit back")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "every permit back")
 
 
 async def test_limiter_replaced_after_shutdown_is_rejoined(make_pool, limiter_name: str) -> None:
@@ -331,7 +321,7 @@ async def test_limiter_replaced_after_shutdown_is_rejoined(make_pool, limiter_na
     first_id = ray.get_actor(limiter_name)._actor_id.hex()
     assert shutdown_global_limiter(limiter_name)
     # The pool's long-poll fails at once; it registers with a fresh limiter and carries on.
-    await eventually(lambda: _replaced(limiter_name, first_id), "the pool to register with a new limiter")
+    await wait_until_async(lambda: _replaced(limiter_name, first_id), 60, "the pool to register with a new limiter")
     assert await pool.execute.remote(sorted, [5, 4]) == [4, 5]
     assert (await limiter_stats(limiter_name))["granted_total"] == 1
 
@@ -344,7 +334,7 @@ async def test_idle_permits_are_reused_while_nobody_waits(make_pool, limiter_nam
     # One grant served all five calls: the released permit stayed with the pool (no round
     # trips), still counted against the cap, and goes back once unused.
     assert stats["granted_total"] == 1
-    await eventually(lambda: _in_flight_is(limiter_name, 0), "the idle permit to go back")
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "the idle permit to go back")
     assert (await limiter_stats(limiter_name))["released_total"] == 1
 
 
@@ -390,7 +380,7 @@ async def test_metrics_are_exported_to_prometheus(make_pool, limiter_name: str, 
         text = "\n".join(lines)
         return text if "ray_verl_sf_limiter_rate_limit" in text and "ray_verl_sf_limiter_wait_seconds" in text else ""
 
-    text = await eventually(scraped, "limiter metrics on the Prometheus endpoint", timeout=90)
+    text = await wait_until_async(scraped, 90, "limiter metrics on the Prometheus endpoint")
     for metric in ("permits_in_flight", "queue_length", "leases", "grants_total", "wait_seconds_bucket"):
         assert f"ray_verl_sf_limiter_{metric}" in text
     rate_line = next(line for line in text.splitlines() if line.startswith("ray_verl_sf_limiter_rate_limit{"))

@@ -7,7 +7,6 @@ language model (a scripted policy).
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import http.server
 import json
@@ -23,12 +22,13 @@ from tests.rollout_helpers import run_cli
 from tests.server_fixtures import ServerHandle, start_server, stop_server
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
 from tests.verl_harness import TOKENIZER, VerlHarness, agent_data, build_loop, write_tool_config
+from tests.waiting import wait_until_async
 from verl_sf.backends.base import SessionsUnsupported
 from verl_sf.tools import SandboxFusionTool, ToolConfigError
 from verl_sf.tools.backend_calls import backend_for
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
-INPROCESS = {"pool": "inprocess"}  # the pool is not what these tests are about; tests/unit/test_tool_verl.py covers Ray
+INPROCESS = {"pool": "inprocess"}  # the dispatcher is not what these tests are about; tests/integration/test_verl_code_interpreter_tool.py covers Ray
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +87,9 @@ async def test_trajectories_are_isolated_and_end_with_their_agent_data(session_t
     keys = set(backend.sessions())  # type: ignore[attr-defined]
     del first, second
     gc.collect()
-    for _ in range(100):  # the finalizers hand the DELETEs to this loop
-        await asyncio.sleep(0.05)
-        if len(keys - set(backend.sessions())) >= 2:  # type: ignore[attr-defined]
-            break
-    assert len(keys - set(backend.sessions())) >= 2  # type: ignore[attr-defined]
+    # The finalizers hand the DELETEs to this loop.
+    await wait_until_async(lambda: len(keys - set(backend.sessions())) >= 2, 5,  # type: ignore[attr-defined]
+                           "the two collected trajectories' sessions are ended")
     assert live_sessions(session_server) <= before + 1  # only the third trajectory's may linger until collected
 
 
@@ -113,10 +111,7 @@ async def test_an_expired_session_is_told_to_the_model_then_a_fresh_one_starts(t
     try:
         data = agent_data()
         await harness.call("x = 1", data)
-        for _ in range(120):
-            if live_sessions(server) == 0:
-                break
-            await asyncio.sleep(0.5)
+        await wait_until_async(lambda: live_sessions(server) == 0, 60, "the idle session expired", every=0.5)
         lost, _, metrics = await harness.call("print(x)", data)
         assert lost.text.startswith("Session error") and "expired: idle for" in lost.text
         assert metrics["status"] == "session_ended"

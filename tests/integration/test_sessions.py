@@ -11,7 +11,6 @@ import concurrent.futures
 import os
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,12 @@ import aiohttp
 import pytest
 import requests
 
+from tests.cgroup_layout import group_bases, server_groups
 from tests.server_fixtures import SERVER_SECRET, ServerHandle, start_server, stop_server
-from verl_sf.backends.base import SessionEnded
+from tests.waiting import wait_until
 from verl_sf.backends.http import HttpSandboxBackend
+from verl_sf.errors import SessionGone
 from verl_sf.models import RunCodeRequest
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +67,9 @@ def gone(server: ServerHandle, session_id: str, language: str = "python") -> str
 
 
 def wait_until_gone(server: ServerHandle, session_id: str, limit_s: float = 60.0) -> str:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if requests.get(f"{server.url}/sessions/{session_id}", timeout=60).status_code == 404:
-            return gone(server, session_id)
-        time.sleep(0.5)
-    raise AssertionError(f"session {session_id} still alive after {limit_s:g} s")
+    wait_until(lambda: requests.get(f"{server.url}/sessions/{session_id}", timeout=60).status_code == 404, limit_s,
+               f"session {session_id} has ended", every=0.5)
+    return gone(server, session_id)
 
 
 def health(server: ServerHandle) -> dict:
@@ -197,20 +193,14 @@ def test_the_cap_never_evicts_a_session_in_the_middle_of_a_call() -> None:
         running, idle = create(capped), create(capped)  # `running` is the older: idle the longest before its call
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             long_call = pool.submit(call, capped, running, "import time\ntime.sleep(3)\nprint('finished')")
-            deadline = time.monotonic() + 60
-            while requests.get(f"{capped.url}/health", timeout=60).json()["in_flight"] == 0:
-                assert time.monotonic() < deadline, "the long call never started"
-                time.sleep(0.05)
+            wait_until(lambda: health(capped)["in_flight"] > 0, 60, "the long call started")
             create(capped)
             assert stdout(long_call.result()) == "finished\n"
         assert "evicted" in gone(capped, idle)
         only_busy = create(capped)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             calls = [pool.submit(call, capped, sid, "import time\ntime.sleep(3)") for sid in (running, only_busy)]
-            deadline = time.monotonic() + 60
-            while requests.get(f"{capped.url}/health", timeout=60).json()["in_flight"] < 2:
-                assert time.monotonic() < deadline, "the calls never started"
-                time.sleep(0.05)
+            wait_until(lambda: health(capped)["in_flight"] >= 2, 60, "both calls started")
             refused = requests.post(capped.url + "/sessions", json={"language": "python"}, timeout=60)
             assert refused.status_code == 503 and "all running a call" in refused.json()["detail"]
             assert all(c.result()["status"] == "Success" for c in calls)
@@ -319,10 +309,7 @@ def test_processes_a_session_starts_live_only_as_long_as_the_session(server: Ser
     assert stdout(body) == "started\n"
     assert len(host_processes("sleep 4567")) == 2  # alive between calls
     requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
-    deadline = time.monotonic() + 30
-    while host_processes("sleep 4567") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert host_processes("sleep 4567") == []
+    wait_until(lambda: host_processes("sleep 4567") == [], 30, "the session's daemons died with it", every=0.2)
 
 
 def host_processes(command: str) -> list[str]:
@@ -380,7 +367,7 @@ def test_http_backend_keys_sessions_and_reports_their_end(server: ServerHandle) 
         stateless = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"))
         assert stateless.session_id is None and stateless.run_result.stdout == "False\n"
         requests.delete(f"{server.url}/sessions/{first.session_id}", timeout=60)
-        with pytest.raises(SessionEnded, match="ended by DELETE"):
+        with pytest.raises(SessionGone, match="ended by DELETE"):
             await backend.run_code(RunCodeRequest(code="print(x)", language="python"), session="traj")
         fresh = await backend.run_code(RunCodeRequest(code="print('x' in globals())", language="python"),
                                        session="traj")
@@ -425,14 +412,11 @@ def test_server_shutdown_ends_every_session_and_leaves_nothing(tmp_path: Path) -
     python, bash = create(handle), create(handle, "bash")
     call(handle, python, "import subprocess\np = subprocess.Popen(['sleep', '4321'])\nopen('f', 'w').write('x')")
     call(handle, bash, "sleep 4321 &\necho started", language="bash")
-    groups = [path for controller in ("memory", "pids") for path in (CGROUP_ROOT / controller).glob(f"verl-sf-{pid}-*")]
-    assert groups, "the server should have made cgroups"
+    assert len(server_groups(pid)) == len(group_bases()), "the server should have made its group in each hierarchy"
     stop_server(handle.process)
     assert handle.process.returncode == 0
-    time.sleep(0.5)
-    assert list(tmp_path.iterdir()) == []
-    for controller in ("memory", "pids"):
-        assert not list((CGROUP_ROOT / controller).glob(f"verl-sf-{pid}-*"))
+    wait_until(lambda: list(tmp_path.iterdir()) == [], 5, "the server's temporary directories are removed")
+    assert server_groups(pid) == []
     leftover = subprocess.run(["pgrep", "-f", "sleep 4321"], capture_output=True, text=True).stdout.split()
     survivors = [p for p in leftover if Path(f"/proc/{p}/status").exists()
                  and "101000" in Path(f"/proc/{p}/status").read_text()]

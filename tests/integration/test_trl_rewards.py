@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Optional
 
 import pytest
 from prometheus_client import REGISTRY
 
 from tests.server_fixtures import ServerHandle, runs_finished, start_server, stop_server
+from tests.waiting import wait_until
 from verl_sf.rewards import CodeTestReward, Outcome
 from verl_sf.rewards.example_tasks import EXAMPLE_TASKS, MAX_SUBARRAY_PROMPT, SORTING_PROMPT
 
@@ -96,10 +96,7 @@ def test_server_stopped_mid_batch_gives_none_never_a_score() -> None:
         reward([MAX_SUBARRAY_PROMPT] * 8, [slow_correct] * 8, log_metric=lambda k, v: logged.append((k, v)))))
     try:
         batch.start()
-        deadline = time.monotonic() + 120
-        while runs_finished(server) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert runs_finished(server) >= 2
+        wait_until(lambda: runs_finished(server) >= 2, 120, "two runs of the batch finished")
     finally:
         stop_server(server.process)
         batch.join(timeout=120)

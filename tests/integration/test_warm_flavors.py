@@ -31,11 +31,11 @@ def stdout(body: dict) -> str:
 
 
 def test_heavy_interpreters_start_on_first_use(one_slot: ServerHandle) -> None:
-    assert warm(one_slot) == {"lean": 1}
+    assert warm(one_slot) == {"stdlib": 1}
     assert stdout(run_code(one_slot, PROBE)) == "[]"
-    assert warm(one_slot) == {"lean": 1}
+    assert warm(one_slot) == {"stdlib": 1}
     assert stdout(run_code(one_slot, "import numpy\n" + PROBE)) == "['numpy']"
-    assert warm(one_slot) == {"lean": 1, "numpy": 1}
+    assert warm(one_slot) == {"stdlib": 1, "numpy": 1}
 
 
 def test_code_naming_one_library_forks_from_its_interpreter(one_slot: ServerHandle) -> None:
@@ -76,7 +76,7 @@ def test_preload_none_keeps_only_lean_interpreters() -> None:
     server = start_server("--sandboxes", "1", "--preload", "")
     try:
         assert stdout(run_code(server, "import numpy\n" + PROBE)) == "['numpy']"  # imported by the run itself
-        assert warm(server) == {"lean": 1}
+        assert warm(server) == {"stdlib": 1}
     finally:
         stop_server(server.process)
 
@@ -86,6 +86,6 @@ def test_a_trickle_of_numpy_calls_reuses_one_warm_interpreter() -> None:
     try:
         for _ in range(5):
             assert stdout(run_code(server, "import numpy as np\nprint(np.arange(4).sum())")) == "6"
-        assert warm(server) == {"lean": 3, "numpy": 1}
+        assert warm(server) == {"stdlib": 3, "numpy": 1}
     finally:
         stop_server(server.process)

@@ -15,22 +15,25 @@ from typing import Any
 
 import pytest
 
-from verl_sf.executor import zygote
-from verl_sf.executor.sandbox import ZYGOTE_SOURCE
+from verl_sf.executor.sandbox import ZYGOTE_BOOTSTRAP, ZYGOTE_PACKAGE
+from verl_sf.executor.zygote.messages import Limits, ZygoteConfig
 
-LIMITS: zygote.Limits = {"timeout": 5.0, "hard_timeout": 10.0, "output_limit": 1 << 16, "memory": 0, "nproc": 64}
+LIMITS: Limits = {"timeout": 5.0, "hard_timeout": 10.0, "output_limit": 1 << 16, "memory": 0, "nproc": 64}
 BODY_LIMITS = {"fsize": 1 << 20, "nofile": 256, "nproc": 64, "memory": 0, "output_limit": 1 << 16}
 
 
 class Zygote:
     def __init__(self, workdir: str):
-        config: zygote.ZygoteConfig = {
+        config: ZygoteConfig = {
             "isolated": False, "single_uid": True, "workdir": workdir, "tmpdir": workdir, "datadir": workdir,
+            "premade": [],
             "sizes": {}, "keep": {}, "uid": os.getuid(), "gid": os.getgid(),
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "preload": [], "fetch_limit": 1 << 20,
-            "cgroups": {}, "cgroup_v2": False, "seccomp": [], "libseccomp": "", "demote_after": 0.1,
+            "cgroups": {}, "cgroup_v2": False, "seccomp": [], "seccomp_socket_families": [], "libseccomp": "",
+            "demote_after": 0.1,
         }
-        self.process = subprocess.Popen([sys.executable, "-I", "-c", ZYGOTE_SOURCE, json.dumps(config)],
+        command = [sys.executable, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config), os.path.dirname(ZYGOTE_PACKAGE)]
+        self.process = subprocess.Popen(command,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.early: dict[int, dict[str, Any]] = {}
         assert self.read()["ready"] is True
@@ -55,7 +58,8 @@ class Zygote:
         return self.early.pop(job_id)
 
     def run(self, job_id: int, code: str, **body: Any) -> None:
-        head = {"op": "run", "id": job_id, "limits": {**LIMITS, **body.pop("limits", {})}, "compile_timeout": 0}
+        head = {"op": "run", "id": job_id, "limits": {**LIMITS, **body.pop("limits", {})}, "compile_timeout": 0,
+                "exec": False}
         self.send(head, {**BODY_LIMITS, "mode": "python", "code": code, "files": {}, "stdin": None, **body})
 
 
@@ -115,12 +119,3 @@ def test_a_session_keeps_state_and_survives_an_interrupted_call(zyg: Zygote) -> 
     assert ended["session_alive"] is False and ended["session_end"] == "closed"
     zyg.send({**call, "id": 15}, {"code": "print(x)", "output_limit": 1 << 16})
     assert zyg.reply_to(15)["session_alive"] is False
-
-
-def test_paths_are_split_beneath_their_roots() -> None:
-    roots = ["/workdir", "/tmp", "/mnt/data"]
-    assert zygote._split_path("a/b.txt", roots) == ("/workdir", ["a", "b.txt"])
-    assert zygote._split_path("/mnt/data/p.png", roots) == ("/mnt/data", ["p.png"])
-    for bad in ("/etc/passwd", "a/../../etc", "", "/tmp", "x\x00y"):
-        with pytest.raises(ValueError):
-            zygote._split_path(bad, roots)

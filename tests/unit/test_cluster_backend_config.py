@@ -6,7 +6,8 @@ import pickle
 
 import pytest
 
-from verl_sf.backends.cluster import ClusterSandboxBackend, SessionLost
+from verl_sf.backends.cluster import ClusterSandboxBackend
+from verl_sf.errors import SessionGone
 from verl_sf.tools import SandboxFusionTool, ToolConfigError
 
 
@@ -34,8 +35,15 @@ def test_cluster_tool_builds_without_touching_ray() -> None:
     assert ray.is_initialized() == connected
 
 
-def test_backend_and_session_lost_pickle_for_ray() -> None:
+def test_backend_and_session_gone_pickle_for_ray() -> None:
     backend = pickle.loads(pickle.dumps(ClusterSandboxBackend(namespace="n", spill_at=3)))
     assert (backend.config.namespace, backend.config.spill_at) == ("n", 3)
-    lost = pickle.loads(pickle.dumps(SessionLost("f1-abc", "its server died")))
-    assert (lost.session_id, lost.reason) == ("f1-abc", "its server died")
+    assert backend.supports_sessions and backend.sessions() == []
+    gone = pickle.loads(pickle.dumps(SessionGone("f1-abc", "its server died")))
+    assert (gone.session_id, gone.reason) == ("f1-abc", "its server died")
+    assert str(gone) == "session 'f1-abc' is gone: its server died"
+
+
+def test_cluster_tool_keeps_sessions_per_trajectory() -> None:
+    tool = SandboxFusionTool({"backend": "cluster", "session": "trajectory"})
+    assert tool.settings.session_mode == "trajectory"

@@ -1,15 +1,19 @@
-"""The one interface every backend (http, local, daytona) implements.
+"""The one interface every backend (http, local, daytona, cluster) implements, and the base of their configs.
 
 The tool and the pool talk only to this, so a user switches backends with a config key
-and the rest of the stack does not notice.  Each backend is built from its config in
-`verl_sf.backends.config` (`config.build()`), which says how to add one.
+and the rest of the stack does not notice.  Each backend module holds its backend and its
+config (a `BackendConfigBase` whose `build()` makes the backend); `verl_sf.backends.config`
+is their union, told apart by `type`.  Sessions are part of the interface: a call names a
+session by the caller's key, a session that is gone raises `verl_sf.errors.SessionGone`.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable
-from typing import ClassVar, Optional, TypeVar
+from typing import Any, ClassVar, Optional, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from verl_sf.errors import VerlSfError
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
@@ -33,19 +37,6 @@ class SandboxUnavailable(VerlSfError, RuntimeError):
     Distinct from a run that reached the sandbox and failed on its own terms, which is a
     normal `RunCodeResponse` with status Failed or SandboxError.
     """
-
-
-class SessionEnded(VerlSfError, LookupError):
-    """The server no longer has the session a call named (ended, expired, evicted, killed, restarted).
-
-    Its state is gone; `reason` is the server's word on why.  The next call with the same
-    session key starts a fresh session: never silently, since this error reached the caller first.
-    """
-
-    def __init__(self, session: str, reason: str):
-        super().__init__(f"session {session!r} has ended: {reason}")
-        self.session = session
-        self.reason = reason
 
 
 class SessionsUnsupported(VerlSfError, RuntimeError):
@@ -72,7 +63,7 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
         """Run `request` (in `session`, if the backend keeps sessions); raise SandboxUnavailable
-        when no answer could be had."""
+        when no answer could be had, `SessionGone` when the session's state is gone."""
 
     async def end_session(self, session: str) -> None:  # noqa: B027 (a no-op default: most backends hold nothing)
         """Release what `session` holds (a sandbox, a process).  Idempotent; a no-op without sessions."""
@@ -82,3 +73,39 @@ class SandboxBackend(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 (a no-op default: most backends hold nothing)
         """Release connections, sandboxes, processes.  Idempotent."""
+
+
+class BackendConfigBase(BaseModel):
+    """Base of the per-backend configs: plain, frozen data, tagged by `type`, that builds its backend.
+
+    A config is what the tool hands to whichever process runs the call (its own, or a Ray pool
+    actor); that process keeps one backend per config (`build()` once, keyed on `key()`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool_block_field: ClassVar[Optional[str]] = None
+    """The field the tool yaml's `<type>:` block fills; None: the block holds this config's own fields."""
+    default_session: ClassVar[str] = "none"
+    """The verl tool's `session` when its yaml sets none: `none` (stateless) or `trajectory`."""
+
+    type: str
+
+    @abc.abstractmethod
+    def build(self) -> SandboxBackend:
+        """A new backend; it connects and starts nothing until its first call."""
+
+    def key(self) -> str:
+        """Equal for equal configs, whatever their fields hold (dicts, nested models): the canonical JSON."""
+        return self.model_dump_json()
+
+    def probe_sessions(self) -> bool:
+        """Blocking, for construction time: True when sessions are known to work, False when that cannot be
+        told yet (ask the backend's `check_sessions()` later); raises `SessionsUnsupported` when they cannot."""
+        return True
+
+    @classmethod
+    def from_tool_block(cls, block: dict[str, Any], *, sandbox_fusion_url: Optional[str]) -> dict[str, Any]:
+        """The raw config a tool yaml's flat keys and `<type>:` block describe (validated by the caller)."""
+        name = cls.model_fields["type"].default
+        return {"type": name, **(block if cls.tool_block_field is None else {cls.tool_block_field: block})}

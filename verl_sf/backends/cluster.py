@@ -12,8 +12,9 @@ A server that cannot be connected to never ran the call: the call goes to the ne
 the directory is refreshed (Ray restarts servers, on the same URL when it can).  A connection
 that breaks after the request was sent may have run the code: it is not re-sent (a run is not
 idempotent) and the caller gets `SandboxCallInterrupted`, a `SandboxUnavailable` (a sandbox
-failure, never the code's verdict).  A session lives on the server that created it; when that
-server has died or no longer knows the session, `SessionLost` says so.
+failure, never the code's verdict).  Sessions are the backends' own (`run_code(request,
+session=key)`, as for http and local): a session lives on the server that created it; when that
+server has died or no longer knows the session, the call raises `SessionGone`.
 
 The object holds only its settings when pickled; its state (directory, counters, sessions)
 belongs to the process and event loop that use it, as the http backend's connections do.
@@ -27,19 +28,29 @@ import dataclasses
 import logging
 import random
 import time
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from verl_sf.backends.base import SandboxBackend, SandboxUnavailable
-from verl_sf.backends.config import ClusterBackendConfig
+from pydantic import Field, field_validator
+
+from verl_sf.backends.base import BackendConfigBase, SandboxUnavailable
 from verl_sf.backends.http import (
+    HttpBackendConfig,
     HttpSandboxBackend,
     SandboxConnectionLost,
     SandboxOverloaded,
     SandboxRequestRejected,
     SandboxUnreachable,
 )
-from verl_sf.errors import VerlSfError
-from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+from verl_sf.backends.sessions import ServerSessionBackend
+from verl_sf.errors import SessionGone
+from verl_sf.models import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    SessionCreateRequest,
+    SessionInfo,
+)
 
 log = logging.getLogger(__name__)
 RECHECK_DOWN_S = 1.0
@@ -49,16 +60,39 @@ class SandboxCallInterrupted(SandboxUnavailable):
     """The server's connection broke while the call may have been running; it was not re-sent."""
 
 
-class SessionLost(VerlSfError):
-    """The session's server died, restarted, or no longer knows the session."""
+class ClusterBackendConfig(BackendConfigBase):
+    """`backend: cluster`: the fleet of `verl-sf cluster up`, found through Ray; the yaml's `cluster:` block."""
 
-    def __init__(self, session_id: str, reason: str):
-        super().__init__(f"session {session_id} lost: {reason}")
-        self.session_id = session_id
-        self.reason = reason
+    type: Literal["cluster"] = "cluster"
+    address: Optional[str] = None
+    """Ray cluster to join when this process is not connected yet (default: RAY_ADDRESS, else auto)."""
+    namespace: str = "verl-sf-cluster"
+    """Ray namespace of the fleet (`verl-sf cluster up --namespace`)."""
+    refresh_s: float = Field(10.0, ge=0)
+    """How often the server list is re-read from Ray (sooner after a server fails)."""
+    spill_at: Optional[int] = Field(None, ge=1)
+    """This process's calls in flight on its node's server at which further calls go elsewhere
+    (default: that server's slot count)."""
+    busy_s: float = Field(0.5, ge=0)
+    """How long a server that answered 503/429 is passed over."""
+    max_rounds: int = Field(5, ge=1)
+    """Passes over the servers before a call gives up (jittered backoff in between)."""
+    backoff_base_s: float = Field(0.5, ge=0)
+    backoff_max_s: float = Field(10.0, ge=0)
+    http: dict[str, Any] = Field(default_factory=dict)
+    """HttpBackendConfig options for the calls (connect_timeout_s, server_margin_s, connection_limit)."""
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray and process pools intact
-        return type(self), (self.session_id, self.reason)
+    @field_validator("http")
+    @classmethod
+    def _http_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "max_retries" in value or "url" in value:
+            raise ValueError("url and max_retries do not apply: the fleet's servers are found through Ray, and a "
+                             "call a server declines or cannot take goes to another one (max_rounds bounds that)")
+        HttpBackendConfig(url="http://127.0.0.1", **value)  # names a bad option now, not at the first call
+        return value
+
+    def build(self) -> ClusterSandboxBackend:
+        return ClusterSandboxBackend(self)
 
 
 @dataclasses.dataclass
@@ -85,18 +119,16 @@ class _State:
     refreshing: Optional[asyncio.Future] = None
 
 
-class ClusterSandboxBackend(SandboxBackend):
-    """Routes every call to a server of the Ray-placed fleet: its own node's first."""
+class ClusterSandboxBackend(ServerSessionBackend):
+    """Routes every call to a server of the Ray-placed fleet: its own node's first; a session's calls to its server."""
 
     name = "cluster"
-    # As with the http backend the tool's calls each start fresh; sessions are asked for explicitly
-    # (`create_session`, `RunCodeRequest.session_id`), and the `session` key of the tool is ignored.
-    supports_sessions = False
 
     def __init__(self, config: Optional[ClusterBackendConfig] = None, **options: Any):
         """`ClusterSandboxBackend(ClusterBackendConfig(...))`, or the shorthand `ClusterSandboxBackend(**options)`."""
         if config is not None and options:
             raise TypeError(f"options {sorted(options)} go into the ClusterBackendConfig, not beside it")
+        super().__init__()
         self.config = config or ClusterBackendConfig(**options)
         self._states: dict[asyncio.AbstractEventLoop, _State] = {}
         self._node: Optional[tuple[str, str]] = None
@@ -105,7 +137,7 @@ class ClusterSandboxBackend(SandboxBackend):
         return f"ClusterSandboxBackend(namespace={self.config.namespace!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_states"], state["_node"] = {}, None
         return state
 
@@ -117,34 +149,36 @@ class ClusterSandboxBackend(SandboxBackend):
         await self.close()
 
     # ---- the SandboxBackend interface ------------------------------------------------
-    async def run_code(self, request: RunCodeRequest, *, session: Optional[str] = None) -> RunCodeResponse:
+    async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         """Run `request` in the server session `request.session_id` names (on its server), else on the best server."""
         if request.session_id:
-            session_id = request.session_id
-            return await self._in_session(session_id, lambda server: server.client.run_code(request))
+            return await self._in_session(request.session_id, lambda server: server.client.run_code(request))
         return await self._routed(lambda server: server.client.run_code(request))
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         return await self._routed(lambda server: server.client.run_jupyter(request))
 
     async def close(self) -> None:
+        """End the sessions this object created, then close its connections on the running loop."""
+        await self._end_all_sessions()
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None and state.servers:
             await next(iter(state.servers.values())).client.close()  # one shared connection pool
 
-    # ---- sessions (the server's HTTP session API) -------------------------------------
-    async def create_session(self, language: str = "python", **fields: Any) -> dict[str, Any]:
+    # ---- sessions (the server's HTTP session API, on the server that holds each) ---------
+    async def _create_session(self, request: SessionCreateRequest) -> str:
         """`POST /sessions` on the server a call would go to now; remembers where the session lives."""
-        body = {"language": language, **fields}
-        info: dict[str, Any] = await self._routed(lambda server: server.client.request_json("POST", "/sessions", body))
-        return info
+        body = request.model_dump(mode="json")
+        info = SessionInfo.model_validate(
+            await self._routed(lambda server: server.client.request_json("POST", "/sessions", body)))
+        return info.session_id
 
-    async def end_session(self, session: str) -> None:
+    async def _delete_session(self, session_id: str) -> None:
         """`DELETE /sessions/{id}`; a session that is already gone, or whose server is, counts as ended."""
-        with contextlib.suppress(SessionLost):
-            await self._in_session(session, lambda server: server.client.request_json(
-                "DELETE", f"/sessions/{session}"))
-        self._state().sessions.pop(session, None)
+        with contextlib.suppress(SessionGone):
+            await self._in_session(session_id, lambda server: server.client.request_json(
+                "DELETE", f"/sessions/{session_id}"))
+        self._state().sessions.pop(session_id, None)
 
     # ---- what the router sees --------------------------------------------------------
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -155,7 +189,7 @@ class ClusterSandboxBackend(SandboxBackend):
                       "in_flight": s.in_flight, "slots": s.slots, "down": s.down} for url, s in state.servers.items()}
 
     def session_server(self, session_id: str) -> Optional[str]:
-        """The URL of the server this process knows `session_id` lives on."""
+        """The URL of the server this process knows the server session `session_id` lives on."""
         return self._states.get(asyncio.get_running_loop(), _State()).sessions.get(session_id)
 
     async def servers(self) -> list[str]:
@@ -229,20 +263,21 @@ class ClusterSandboxBackend(SandboxBackend):
             await self._refresh(force=True)
             server = state.servers.get(url)
             if server is None:
-                raise SessionLost(session_id, f"its server {url} is no longer in the fleet")
+                raise SessionGone(session_id, f"its server {url} is no longer in the fleet")
         server.in_flight += 1
         try:
             result = await call(server)
         except (SandboxUnreachable, SandboxConnectionLost) as exc:
             self._mark_down(server)
             state.sessions.pop(session_id, None)
-            raise SessionLost(session_id, f"its server {url} died: {exc}") from exc
-        except SandboxRequestRejected as exc:
-            if exc.status != 404:
+            raise SessionGone(session_id, f"its server {url} died: {exc}") from exc
+        except (SandboxRequestRejected, SessionGone) as exc:
+            if isinstance(exc, SandboxRequestRejected) and exc.status != 404:
                 raise
             state.sessions.pop(session_id, None)
-            raise SessionLost(session_id, f"{url} does not know it (ended, expired, or the server restarted): "
-                                          f"{exc.body}") from exc
+            said = exc.reason if isinstance(exc, SessionGone) else exc.body
+            raise SessionGone(session_id, f"{url} does not know it (ended, expired, or the server restarted): "
+                                          f"{said}") from exc
         finally:
             server.in_flight -= 1
         server.served += 1
@@ -264,7 +299,7 @@ class ClusterSandboxBackend(SandboxBackend):
                 continue
             self._state().sessions[session_id] = server.url
             return server.url
-        raise SessionLost(session_id, "no server of the fleet knows it")
+        raise SessionGone(session_id, "no server of the fleet knows it")
 
     # ---- the directory (Ray's named actors) ------------------------------------------
     def _state(self) -> _State:

@@ -23,10 +23,11 @@ import logging
 import shlex
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, ClassVar, Literal, Optional
 
-from verl_sf.backends.base import SandboxBackend, SandboxUnavailable, created_or_none
-from verl_sf.backends.config import DaytonaBackendConfig
+from pydantic import Field
+
+from verl_sf.backends.base import BackendConfigBase, SandboxBackend, SandboxUnavailable, created_or_none
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,26 @@ TIMEOUT_EXIT_CODES = (124, 137)  # `timeout` after TERM, and after the KILL that
 # How each supported language is run, given the path of its source file.
 INTERPRETERS = {"python": "python3 -u {path}", "bash": "bash {path}", "nodejs": "node {path}"}
 SUFFIXES = {"python": ".py", "bash": ".sh", "nodejs": ".js"}
+
+
+class DaytonaBackendConfig(BackendConfigBase):
+    """`backend: daytona`: the yaml's `daytona:` block.  Credentials come from the SDK's own environment
+    variables (DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET), never from the yaml."""
+
+    type: Literal["daytona"] = "daytona"
+    default_session: ClassVar[str] = "trajectory"
+    snapshot: Optional[str] = None
+    """Snapshot to create sandboxes from (the SDK's default python snapshot when unset)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels; the verl-sf labels the reaper selects on are always added."""
+    auto_stop_interval: int = Field(15, ge=0)
+    """Minutes of inactivity before Daytona stops a sandbox: the backstop for leaked ones."""
+    auto_delete_interval: int = Field(0, ge=-1)
+    """Minutes after stopping before Daytona deletes it (0: at once, -1: never)."""
+    create_timeout: float = Field(60, gt=0)
+
+    def build(self) -> DaytonaSandboxBackend:
+        return DaytonaSandboxBackend(self)
 
 
 class DaytonaSandboxBackend(SandboxBackend):

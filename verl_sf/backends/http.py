@@ -35,18 +35,18 @@ import json
 import random
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import weakref
 from collections.abc import Callable
-from typing import Any, Optional, TypeVar
+from typing import Any, Literal, Optional, TypeVar
 
 import aiohttp
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from verl_sf.backends.base import SandboxUnavailable, SessionsUnsupported
-from verl_sf.backends.config import HttpBackendConfig
+from verl_sf.backends.base import BackendConfigBase, SandboxUnavailable, SessionsUnsupported
 from verl_sf.backends.sessions import ServerSessionBackend
-from verl_sf.errors import VerlSfError
+from verl_sf.errors import SessionGone, VerlSfError
 from verl_sf.models import (
     RunCodeRequest,
     RunCodeResponse,
@@ -63,6 +63,57 @@ SESSIONS_PROBE_BODY = {"language": None}
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
 T = TypeVar("T")
+
+
+def normalize_base_url(url: str) -> str:
+    """`http://host:port`, `.../run_code` (verl's `sandbox_fusion_url`) or `.../run_jupyter`
+    -> the base URL the endpoints hang off.  Raises ValueError for anything else."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"sandbox URL must be a non-empty string, got {url!r}")
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"sandbox URL must look like http(s)://host[:port][/run_code], got {url!r}")
+    path = parts.path.rstrip("/")
+    for endpoint in ("/run_code", "/run_jupyter"):
+        if path.endswith(endpoint):
+            path = path[: -len(endpoint)]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+class HttpBackendConfig(BackendConfigBase):
+    """`backend: http`: any Sandbox Fusion compatible server; the yaml's `http:` block sets the retry policy."""
+
+    type: Literal["http"] = "http"
+    url: str
+    """Base URL; verl's `sandbox_fusion_url` (ending in /run_code) is accepted and trimmed."""
+    max_retries: int = Field(5, ge=0)
+    backoff_base_s: float = Field(0.5, ge=0)
+    backoff_max_s: float = Field(10.0, ge=0)
+    max_retry_after_s: float = Field(60.0, ge=0)
+    """A Retry-After longer than this is not waited for: the call fails at once."""
+    connect_timeout_s: float = Field(10.0, ge=0)
+    server_margin_s: float = Field(60.0, ge=0)
+    """Time the server may spend beyond the request's own time-outs (queueing, sandbox start)."""
+    connection_limit: int = Field(256, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        return normalize_base_url(value)
+
+    def build(self) -> HttpSandboxBackend:
+        return HttpSandboxBackend(self)
+
+    def probe_sessions(self) -> bool:
+        """Asks the server (POST /sessions, creating nothing): a plain Sandbox Fusion server has no sessions."""
+        return probe_sessions(self.url, self.connect_timeout_s)
+
+    @classmethod
+    def from_tool_block(cls, block: dict[str, Any], *, sandbox_fusion_url: Optional[str]) -> dict[str, Any]:
+        if not sandbox_fusion_url:
+            raise ValueError("sandbox_fusion_url is required for the http backend "
+                             "(or set backend: local / backend: daytona)")
+        return {**super().from_tool_block(block, sandbox_fusion_url=None), "url": sandbox_fusion_url}
 
 
 class SandboxRequestRejected(VerlSfError, ValueError):
@@ -97,8 +148,8 @@ _SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, aioh
 
 
 def _close_sessions_at_exit() -> None:
-    """Close sessions nobody closed (pool actors never call close()), so that exiting
-    processes do not log aiohttp's "Unclosed client session" warnings."""
+    """Close sessions nobody closed (verl and pool actors never call close()), so that exiting
+    processes do not log aiohttp's "Unclosed client session" / "Unclosed connector" errors."""
     for loop, sessions in list(_SESSIONS.items()):
         for session in list(sessions.values()):
             if session.closed:
@@ -108,8 +159,8 @@ def _close_sessions_at_exit() -> None:
                     asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=2)
                 elif not loop.is_closed():
                     loop.run_until_complete(session.close())
-                else:
-                    session.detach()
+                else:  # `asyncio.run` ended it: the connector needs no loop of its own to be marked closed
+                    asyncio.run(session.close())
             except Exception:  # exiting anyway; never turn a clean exit into a traceback
                 session.detach()
 
@@ -177,13 +228,13 @@ class HttpSandboxBackend(ServerSessionBackend):
 
     async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         budget = request.compile_timeout + request.run_timeout + self.config.server_margin_s
-        return await self._post(self.run_code_url, request, RunCodeResponse, budget,
-                                repeatable=request.session_id is None)
-
-    def _session_gone(self, error: Exception) -> Optional[str]:
-        if isinstance(error, SandboxRequestRejected) and error.status == 404:
-            return _detail(error.body)
-        return None
+        try:
+            return await self._post(self.run_code_url, request, RunCodeResponse, budget,
+                                    repeatable=request.session_id is None)
+        except SandboxRequestRejected as exc:
+            if request.session_id is None or exc.status != 404:
+                raise
+            raise SessionGone(request.session_id, _detail(exc.body)) from exc
 
     async def check_sessions(self) -> None:
         """Raise `SessionsUnsupported` unless the server has POST /sessions (creates nothing)."""

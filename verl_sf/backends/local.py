@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from typing import Optional, TypeVar
+from typing import ClassVar, Literal, Optional, TypeVar
 
-from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.backends.config import LocalBackendConfig
+from pydantic import Field, field_validator
+
+from verl_sf.backends.base import BackendConfigBase, SandboxUnavailable
 from verl_sf.backends.sessions import ServerSessionBackend
-from verl_sf.executor import Executor, IsolationUnavailable, Overloaded, SessionNotFound
+from verl_sf.errors import SessionGone
+from verl_sf.executor import Executor, ExecutorConfig, IsolationUnavailable, Overloaded
+from verl_sf.executor.config import CONFIG_ALIASES
 from verl_sf.models import (
     RunCodeRequest,
     RunCodeResponse,
@@ -26,6 +29,25 @@ from verl_sf.models import (
 )
 
 ResponseT = TypeVar("ResponseT")
+
+
+class LocalBackendConfig(BackendConfigBase):
+    """`backend: local`: the executor inside the calling process; the yaml's `local:` block is its settings."""
+
+    type: Literal["local"] = "local"
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    tool_block_field: ClassVar[Optional[str]] = "executor"
+
+    @field_validator("executor", mode="before")
+    @classmethod
+    def _earlier_names(cls, value: object) -> object:
+        """`workers` and `max_queue` are the earlier names of `slots` and `max_in_flight`."""
+        if isinstance(value, dict):
+            return {CONFIG_ALIASES.get(key, key): item for key, item in value.items()}
+        return value
+
+    def build(self) -> LocalSandboxBackend:
+        return LocalSandboxBackend(self)
 
 
 class LocalSandboxBackend(ServerSessionBackend):
@@ -57,9 +79,6 @@ class LocalSandboxBackend(ServerSessionBackend):
         executor = await self._ready()
         return await _unless_overloaded(executor.run_code(request))
 
-    def _session_gone(self, error: Exception) -> Optional[str]:
-        return error.reason if isinstance(error, SessionNotFound) else None
-
     async def _create_session(self, request: SessionCreateRequest) -> str:
         executor = await self._ready()
         info = await _unless_overloaded(executor.create_session(request))
@@ -68,7 +87,7 @@ class LocalSandboxBackend(ServerSessionBackend):
     async def _delete_session(self, session_id: str) -> None:
         if self._executor is None:
             return
-        with contextlib.suppress(SessionNotFound):  # already gone, which is what was asked
+        with contextlib.suppress(SessionGone):  # already gone, which is what was asked
             self._executor.end_session(session_id)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:

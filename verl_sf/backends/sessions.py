@@ -1,13 +1,13 @@
-"""Backend sessions on a verl-sf server's live interpreters (`POST /sessions`), for http and local.
+"""Backend sessions on a verl-sf server's live interpreters (`POST /sessions`), for http, local and cluster.
 
 A caller names a session by its own key (the verl tool: one per trajectory).  The first call
 with a key creates the server session (one per key and language: a python and a bash session
 are separate sandboxes); later calls run in it with `session_id`.  Languages without sessions
-(anything but python and bash) run stateless.  When the server says the session is gone (404:
-ended, expired, evicted, restarted) the caller gets `SessionEnded` and the key is forgotten,
-so its next call starts a fresh session (a caller that names a server `session_id` itself gets the
-server's own answer); a call whose reply says it ended the session (killed
-at its time-out or for memory) already told the caller, so the key is forgotten silently.
+(anything but python and bash) run stateless.  When the server says the session is gone (ended,
+expired, evicted, restarted, its server died) the caller gets `SessionGone` and the key is
+forgotten, so its next call starts a fresh session (a caller that names a server `session_id`
+itself gets the same `SessionGone`); a call whose reply says it ended the session (killed at its
+time-out or for memory) already told the caller, so the key is forgotten silently.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import abc
 import asyncio
 from typing import Optional
 
-from verl_sf.backends.base import SandboxBackend, SessionEnded, created_or_none
+from verl_sf.backends.base import SandboxBackend, created_or_none
+from verl_sf.errors import SessionGone
 from verl_sf.models import RunCodeRequest, RunCodeResponse, SessionCreateRequest
 
 SESSION_LANGUAGES = ("python", "bash")
@@ -38,11 +39,8 @@ class ServerSessionBackend(SandboxBackend):
     # ---- what a subclass provides ---------------------------------------------------------
     @abc.abstractmethod
     async def _run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        """Run one request (with or without `session_id`) as the server answers it."""
-
-    @abc.abstractmethod
-    def _session_gone(self, error: Exception) -> Optional[str]:
-        """Why the server no longer has the session a call named, if `error` says that; else None."""
+        """Run one request (with or without `session_id`) as the server answers it; `SessionGone` when the
+        server no longer has the session it names."""
 
     @abc.abstractmethod
     async def _create_session(self, request: SessionCreateRequest) -> str:
@@ -62,12 +60,9 @@ class ServerSessionBackend(SandboxBackend):
         call = request.model_copy(update={"session_id": session_id, "files": {} if created else request.files})
         try:
             response = await self._run_code(call)
-        except Exception as exc:
-            reason = self._session_gone(exc)
-            if reason is None:
-                raise
+        except SessionGone:
             self._forget(key, session_id)
-            raise SessionEnded(session_id, reason) from exc
+            raise
         if response.session_alive is False:
             self._forget(key, session_id)
         return response

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from verl_sf import serve_cli
 from verl_sf.cluster.names import DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
@@ -27,10 +28,8 @@ PER_NODE_FLAGS = ("host", "port")
 
 def _serve_parser() -> argparse.ArgumentParser:
     """`verl-sf serve`'s own parser: `cluster up` takes exactly its flags, so the two never drift."""
-    from verl_sf.cli import _add_serve
-
     sub = argparse.ArgumentParser(add_help=False).add_subparsers()
-    _add_serve(sub)
+    serve_cli.add_arguments(sub)
     serve: argparse.ArgumentParser = sub.choices["serve"]
     for action in serve._actions:
         if action.dest in PER_NODE_FLAGS:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from verl_sf.e2b.config import E2BConfig
-from verl_sf.executor import Executor, SessionNotFound
+from verl_sf.errors import SessionGone
+from verl_sf.executor import Executor
 from verl_sf.models import MAX_TIMEOUT_S, RunCodeRequest, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ class Sandboxes:
     def kill(self, sandbox_id: str, reason: str = "it was killed") -> None:
         sandbox = self.get(sandbox_id)
         self._forget(sandbox, reason)
-        with contextlib.suppress(SessionNotFound):  # its session ended already
+        with contextlib.suppress(SessionGone):  # its session ended already
             self.executor.end_session(sandbox.session_id)
 
     def set_timeout(self, sandbox: Sandbox, timeout_s: float) -> None:
@@ -213,7 +214,7 @@ class Sandboxes:
         async with sandbox.lock:
             try:
                 response = await self.executor.run_code(request)
-            except SessionNotFound as exc:
+            except SessionGone as exc:
                 self._forget(sandbox, exc.reason)
                 raise SandboxGone(sandbox.id, exc.reason) from None
         if response.session_alive is False:
@@ -234,7 +235,7 @@ class Sandboxes:
         async with sandbox.lock:
             try:
                 response = await self.executor.run_jupyter(request)
-            except SessionNotFound as exc:
+            except SessionGone as exc:
                 self._forget(sandbox, exc.reason)
                 raise SandboxGone(sandbox.id, exc.reason) from None
         if response.session_alive is False:

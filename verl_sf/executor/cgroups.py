@@ -111,6 +111,16 @@ class CgroupManager:
             dirs[controller] = path
         return SandboxCgroup(dirs, self.v2)
 
+    def memory_usage(self) -> Optional[int]:
+        """Bytes charged to all runs and sessions together (files in their tmpfs included)."""
+        if "memory" not in self._parents:
+            return None
+        usage = self._parents["memory"] / ("memory.current" if self.v2 else "memory.usage_in_bytes")
+        try:
+            return int(usage.read_text())
+        except (OSError, ValueError):
+            return None
+
     def remove(self) -> None:
         for parent in dict.fromkeys(self._parents.values()):
             _remove_tree(parent)

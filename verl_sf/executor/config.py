@@ -12,7 +12,7 @@ from verl_sf.executor.languages import default_runtime_dir
 # Every warm interpreter imports these (cheap, stdlib); heavier ones also import one of `preload`.
 # Not `random` (nor `statistics`, which imports it) or `threading`: they register fork hooks that
 # every forked run would pay for, used or not; a run that needs them imports them itself.
-LEAN_PRELOAD = ("math", "json", "re", "collections", "itertools", "functools", "fractions", "decimal",
+STDLIB_PRELOAD = ("math", "json", "re", "collections", "itertools", "functools", "fractions", "decimal",
                 "heapq", "bisect", "string", "datetime", "atexit", "types", "linecache", "traceback", "io")
 DEFAULT_PRELOAD = ("numpy", "sympy", "scipy")
 RUN_MEMORY_ESTIMATE_MB = 48

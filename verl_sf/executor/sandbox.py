@@ -33,19 +33,24 @@ from typing import Optional
 from verl_sf.errors import VerlSfError
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
-from verl_sf.executor.config import LEAN_PRELOAD, ExecutorConfig, IsolationMode
+from verl_sf.executor.config import STDLIB_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.executor.languages import Toolchains
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED, SECCOMP_DENIED_SOCKET_FAMILIES
+from verl_sf.executor.zygote.linux import CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC
+from verl_sf.executor.zygote.linux import libc as _libc
+from verl_sf.executor.zygote.messages import ZygoteConfig
 
-CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 STAGE_DIR = "/tmp/verl-sf-stage"
-_libc = ctypes.CDLL(None, use_errno=True)
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_TMP = "/tmp"
-SANDBOX_DATA = "/mnt/data"
+SANDBOX_DATA = "/mnt"  # writable anywhere below, as in Sandbox Fusion; /mnt/data is made in every run
+SANDBOX_DATA_DIRS = ("/mnt/data",)
 ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
-ZYGOTE_SOURCE = Path(zygote.__file__).read_text()
+ZYGOTE_PACKAGE = os.path.dirname(zygote.__file__)
+ZYGOTE_MOUNT = "/verl-sf/zygote"  # where the sandbox sees the zygote package, read-only
+# Imports the package from the directory above it, then runs it (argv: config, that directory).
+ZYGOTE_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[2]); from zygote.main import main; "
+                    "main(sys.argv[1], sys.argv[2])")
 
 
 class IsolationUnavailable(VerlSfError, RuntimeError):
@@ -130,7 +135,8 @@ class SandboxLauncher:
         # sandbox's unprivileged root can traverse, wherever the runtime and $TMPDIR live.
         staging = self.isolated and not self.single_uid
         self._staged = {d: (f"{STAGE_DIR}/bind{i}" if staging else d)
-                        for i, d in enumerate([self._etc_dir, *self.bound_dirs()])} if self.isolated else {}
+                        for i, d in enumerate([self._etc_dir, ZYGOTE_PACKAGE, *self.bound_dirs()])
+                        } if self.isolated else {}
 
     @property
     def run_uid(self) -> int:
@@ -174,8 +180,8 @@ class SandboxLauncher:
             os.chmod(path, 0o644)
 
     def heavy_preload(self, flavor: str) -> list[str]:
-        """A flavor is `lean` (stdlib only), one preloaded library by name, or `full` (all of them)."""
-        if flavor == "lean":
+        """A flavor is `stdlib` (the standard library only), one preloaded library by name, or `full` (all of them)."""
+        if flavor == "stdlib":
             return []
         if flavor == "full":
             return list(self.config.preload)
@@ -184,7 +190,7 @@ class SandboxLauncher:
         return [flavor]
 
     def zygote_config(self, name: str, flavor: str, cgroup_fds: dict[str, int],
-                      cgroup_v2: bool) -> zygote.ZygoteConfig:
+                      cgroup_v2: bool) -> ZygoteConfig:
         cfg = self.config
         if self.isolated:
             workdir, tmpdir, datadir = SANDBOX_WORKDIR, SANDBOX_TMP, SANDBOX_DATA
@@ -197,6 +203,7 @@ class SandboxLauncher:
             "workdir": workdir,
             "tmpdir": tmpdir,
             "datadir": datadir,
+            "premade": list(SANDBOX_DATA_DIRS) if self.isolated else [],
             "sizes": {workdir: cfg.workdir_size_mb << 20, tmpdir: cfg.tmp_size_mb << 20,
                       datadir: cfg.workdir_size_mb << 20},
             "keep": ({d: self.kept_entries(d) for d in (SANDBOX_TMP, SANDBOX_WORKDIR, SANDBOX_DATA)}
@@ -204,7 +211,7 @@ class SandboxLauncher:
             "uid": cfg.sandbox_uid,
             "gid": cfg.sandbox_uid,
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": workdir},
-            "preload": list(LEAN_PRELOAD) + self.heavy_preload(flavor),
+            "preload": list(STDLIB_PRELOAD) + self.heavy_preload(flavor),
             "fetch_limit": cfg.fetch_file_limit_bytes,
             "cgroups": cgroup_fds,
             "cgroup_v2": cgroup_v2,
@@ -226,11 +233,12 @@ class SandboxLauncher:
         """The sandbox's argv; `cgroup_fds` are descriptors of its delegated cgroups (controller ->
         fd), which the caller passes to the process: the zygote makes run groups through them."""
         config = self.zygote_config(name, flavor, cgroup_fds, cgroup_v2)
-        argv = [self.config.python, "-I", "-c", ZYGOTE_SOURCE, json.dumps(config)]
         if not self.isolated:
             os.makedirs(os.path.join(self._state_dir, name), exist_ok=True)
-            return argv
-        return self._bwrap_args() + ["--"] + argv
+            return [self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config),
+                    os.path.dirname(ZYGOTE_PACKAGE)]
+        return self._bwrap_args() + ["--", self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config),
+                                     os.path.dirname(ZYGOTE_MOUNT)]
 
     def _bwrap_args(self) -> list[str]:
         cfg = self.config
@@ -248,8 +256,9 @@ class SandboxLauncher:
                  "--size", str(cfg.tmp_size_mb << 20), "--perms", "1777", "--tmpfs", SANDBOX_TMP,
                  "--size", str(cfg.workdir_size_mb << 20), "--perms", "0755", "--tmpfs", SANDBOX_WORKDIR,
                  "--dir", SANDBOX_DATA]
+        args += ["--ro-bind", self._staged[ZYGOTE_PACKAGE], ZYGOTE_MOUNT]
         for extra, staged in self._staged.items():
-            if extra == self._etc_dir:
+            if extra in (self._etc_dir, ZYGOTE_PACKAGE):
                 continue
             # Parents such as /root are made traverse-only: the runtime is reachable, nothing else is listed.
             for parent in _ancestors(extra):

@@ -21,7 +21,8 @@ ETC_ENTRIES: tuple[str, ...] = (
 
 # Refused with EPERM for every run of every language: the kernel surface that container escapes
 # and host-wide effects go through, as in Docker's default profile.  clone3 answers ENOSYS (its
-# flags are out of a filter's reach; libc then uses clone, whose namespace flags are refused).
+# flags are out of a filter's reach; libc then uses clone, whose namespace flags are refused), as
+# does every call newer than the filter's table (zygote.FIRST_UNKNOWN_SYSCALL on).
 SECCOMP_DENIED: tuple[str, ...] = (
     # namespaces and mounts
     "unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount",
@@ -34,7 +35,9 @@ SECCOMP_DENIED: tuple[str, ...] = (
     "swapon", "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "vhangup",
     "iopl", "ioperm", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
     "setdomainname", "nfsservctl", "uselib", "_sysctl", "sysfs", "ustat", "create_module",
-    "get_kernel_syms", "query_module", "vm86", "vm86old", "fanotify_init", "lsm_set_self_attr",
+    "get_kernel_syms", "query_module", "vm86", "vm86old", "fanotify_init",
+    # newer interfaces a run has no business with: other mounts, LSM attributes, secret memory
+    "statmount", "listmount", "lsm_get_self_attr", "lsm_set_self_attr", "lsm_list_modules", "memfd_secret",
 )
 
 # Socket address families a run may not open (socket() refused with EPERM), as Docker's default

@@ -9,30 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
 import signal
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional, Union
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
+from verl_sf.executor.jobs import next_id
 from verl_sf.executor.sandbox import SandboxLauncher
-from verl_sf.executor.zygote import Head, Reply
+from verl_sf.executor.zygote.messages import Head, Reply, RunBody, SessionCallBody, SessionOpenHead
 
 log = logging.getLogger(__name__)
-MAX_REPLY_BYTES = 512 << 20  # stdout+stderr caps plus fetched files, base64
-_ids = itertools.count(1)
+MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
+PARSE_IN_THREAD_BYTES = 1 << 20  # replies this large are parsed off the event loop
 
 
 class SandboxCrashed(VerlSfError, RuntimeError):
     """A zygote died with jobs in flight (e.g. killed from outside); it is restarted."""
-
-
-def next_id() -> int:
-    return next(_ids)
 
 
 class ZygoteProcess:
@@ -49,6 +45,7 @@ class ZygoteProcess:
         self._reader: Optional[asyncio.Task[None]] = None
         self._closed = False  # stopped for good: a late request must not start it again
         self._starting: Optional[asyncio.Task[None]] = None
+        self.fault = ""  # why the last reader failed, until a restarted zygote answers again
 
     @property
     def load(self) -> int:
@@ -86,12 +83,27 @@ class ZygoteProcess:
         self._reader = asyncio.create_task(self._read_replies(self.process))
 
     async def _read_replies(self, process: asyncio.subprocess.Process) -> None:
+        """Replies until the zygote exits.  A reader that fails (a reply it cannot take) kills its
+        zygote: what was in flight fails as a sandbox error and the next request starts a new one."""
+        try:
+            await self._take_replies(process)
+        except Exception as exc:  # noqa: BLE001 - any failure here must end in a restart, never a hang
+            self.fault = f"sandbox {self.name} ({self.flavor}): its reply reader failed ({exc!r}); restarting it"
+            log.error("verl-sf: %s", self.fault)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGKILL)
+        code = await process.wait()
+        self._fail_all(f"sandbox {self.name} ({self.flavor}) exited (code {code})")
+
+    async def _take_replies(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         while True:
             line = await process.stdout.readline()
             if not line:
-                break
-            reply: Reply = json.loads(line)
+                return
+            self.fault = ""
+            reply: Reply = (await asyncio.to_thread(json.loads, line) if len(line) > PARSE_IN_THREAD_BYTES
+                            else json.loads(line))
             future = self.pending.pop(reply.get("id", -1), None)
             if future is not None:
                 if not future.done():
@@ -99,8 +111,6 @@ class ZygoteProcess:
             elif "session_end" in reply and reply.get("id") in self.sessions:
                 self.sessions.discard(reply["id"])
                 self.on_session_end(reply["id"], reply["session_end"])
-        code = await process.wait()
-        self._fail_all(f"sandbox {self.name} ({self.flavor}) exited (code {code})")
 
     def _fail_all(self, why: str) -> None:
         pending, self.pending = self.pending, {}
@@ -127,6 +137,19 @@ class ZygoteProcess:
                 self.send({"op": "cancel", "id": job_id})
             raise
 
+    async def open_session(self, head: SessionOpenHead, body: RunBody) -> Reply:
+        """Open a session; until its reply it is this zygote's already (a sandbox crash ends it too)."""
+        self.sessions.add(head["id"])
+        reply = await self.request(head, encode_body(body))
+        if not reply.get("session_alive"):
+            self.sessions.discard(head["id"])
+        return reply
+
+    def close_session(self, open_id: int) -> None:
+        if open_id in self.sessions:
+            self.sessions.discard(open_id)
+            self.send({"op": "close", "id": next_id(), "session": open_id})
+
     def send(self, head: Head) -> None:
         """A request that has no reply (cancel, close)."""
         if self.process is not None and self.process.returncode is None:
@@ -148,6 +171,6 @@ class ZygoteProcess:
         self._fail_all("the server is shutting down")
 
 
-def encode_body(body: dict[str, Any]) -> bytes:
+def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:
     """A body as one line of JSON (json.dumps escapes every newline and tab)."""
     return json.dumps(body).encode()

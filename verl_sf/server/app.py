@@ -21,7 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from verl_sf import __version__
 from verl_sf.e2b import E2BConfig, install_e2b
-from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded, SessionNotFound
+from verl_sf.errors import SessionGone
+from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded
 from verl_sf.models import RunCodeRequest, RunJupyterRequest, SessionCreateRequest
 from verl_sf.server.metrics import ServerMetrics
 from verl_sf.verl_tool import VerlToolConfig
@@ -94,7 +95,7 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
         response = await run(parsed)
     except Overloaded as exc:
         return _overloaded(request, exc)
-    except SessionNotFound as exc:
+    except SessionGone as exc:
         return _session_not_found(request, exc)
     except InvalidRequest as exc:
         return _invalid(request, exc)
@@ -113,7 +114,7 @@ def _overloaded(request: web.Request, exc: Overloaded) -> web.Response:
     return web.json_response({"detail": f"server overloaded: {exc}"}, status=503, headers={"Retry-After": retry_after})
 
 
-def _session_not_found(request: web.Request, exc: SessionNotFound) -> web.Response:
+def _session_not_found(request: web.Request, exc: SessionGone) -> web.Response:
     get_metrics(request).rejections.labels("session_not_found").inc()
     return _error(404, f"session {exc.session_id!r} not found: {exc.reason}")
 
@@ -139,7 +140,7 @@ async def create_session(request: web.Request) -> web.Response:
 async def get_session(request: web.Request) -> web.Response:
     try:
         info = get_executor(request).session_info(request.match_info["session_id"])
-    except SessionNotFound as exc:
+    except SessionGone as exc:
         return _session_not_found(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json")
 
@@ -147,7 +148,7 @@ async def get_session(request: web.Request) -> web.Response:
 async def delete_session(request: web.Request) -> web.Response:
     try:
         get_executor(request).end_session(request.match_info["session_id"])
-    except SessionNotFound as exc:
+    except SessionGone as exc:
         return _session_not_found(request, exc)
     return web.json_response({"session_id": request.match_info["session_id"], "ended": True})
 
@@ -167,8 +168,10 @@ async def ping(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     executor = get_executor(request)
-    return web.json_response({
-        "status": "ok",
+    faults = executor.faults()  # a sandbox whose reader failed is not ok until it answers again
+    return web.json_response(status=503 if faults else 200, data={
+        "status": "unhealthy" if faults else "ok",
+        "faults": faults,
         "version": __version__,
         "isolation": executor.isolation,
         "cgroups": executor.cgroups_status(),

@@ -9,10 +9,12 @@ from __future__ import annotations
 import ctypes
 import os
 import pwd
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import IO, Any, Optional
@@ -42,17 +44,37 @@ def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeo
     identity: dict[str, Any] = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env or os.environ.copy(),
                             start_new_session=True, preexec_fn=preexec_fn, stderr=stderr, **identity)
-    assert proc.stdout is not None
+    lines = _lines_until_listening(proc)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            stop_server_process(proc)
+            raise RuntimeError(f"verl-sf serve did not start within {timeout:g} s") from None
         if not line:
             raise RuntimeError(f"verl-sf serve exited with {proc.wait()} before listening")
         match = LISTEN_RE.search(line)
         if match:
             return proc, match.group(1)
-    stop_server_process(proc)
-    raise RuntimeError(f"verl-sf serve did not start within {timeout:g} s")
+
+
+def _lines_until_listening(proc: subprocess.Popen) -> queue.Queue[str]:
+    """The server's stdout lines up to the one that names its URL ("" at EOF), read in a thread:
+    a blocking readline would hold the caller past its deadline while the server prints nothing."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stdout:
+            lines.put(line)
+            if LISTEN_RE.search(line):
+                return
+        lines.put("")
+
+    threading.Thread(target=read, name=f"verl-sf serve {proc.pid} stdout", daemon=True).start()
+    return lines
 
 
 def stop_server_process(proc: subprocess.Popen) -> None:

@@ -1,9 +1,9 @@
-"""What runs where: the functions the execution pool runs, one backend per config and loop.
+"""What runs where: the functions the tool's dispatcher runs, one backend per config and loop.
 
 The tool object lives in a verl rollout worker; its executions run in that process (the
-default) or inside an execution-pool actor (`pool: ray_actor`).  So the tool hands the pool
-its small, hashable `BackendConfig` plus the request, and the process that runs it keeps one
-backend per config and event loop (`backend_for`): HTTP connections, the local executor's
+default) or inside an execution-pool actor (`pool: ray_actor`).  So the tool hands its dispatcher
+its small `BackendConfig` plus the request, and the process that runs it keeps one
+backend per config and event loop (`backend_for`, keyed on `config.key()`): HTTP connections, the local executor's
 warm slots and Daytona sandboxes are set up once, not per call.
 """
 
@@ -21,15 +21,15 @@ from verl_sf.models import RunCodeRequest, RunCodeResponse
 
 # One backend per (event loop, config) in each process.  Keyed weakly on the loop: a
 # backend's connections belong to the loop that opened them.
-_BACKENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[BackendConfig, SandboxBackend]] = (
+_BACKENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SandboxBackend]] = (
     weakref.WeakKeyDictionary())
 
 
 def backend_for(config: BackendConfig) -> SandboxBackend:
     per_loop = _BACKENDS.setdefault(asyncio.get_running_loop(), {})
-    backend = per_loop.get(config)
+    backend = per_loop.get(config.key())
     if backend is None:
-        backend = per_loop[config] = config.build()
+        backend = per_loop[config.key()] = config.build()
     return backend
 
 
@@ -42,24 +42,24 @@ class Execution:
 
 
 async def run_request(config: BackendConfig, request: RunCodeRequest, session: Optional[str] = None) -> Execution:
-    """Pool function: run one request on this process's backend for `config`."""
+    """Dispatched: run one request on this process's backend for `config`."""
     started_at = time.time()
     response = await backend_for(config).run_code(request, session=session)
     return Execution(response, started_at)
 
 
 async def end_session(config: BackendConfig, session: str) -> None:
-    """Pool function: release what a session holds (a no-op on backends without sessions)."""
+    """Dispatched: release what a session holds (a no-op on backends without sessions)."""
     await backend_for(config).end_session(session)
 
 
 async def check_sessions(config: BackendConfig) -> None:
-    """Pool function: raise `SessionsUnsupported` unless this process's backend for `config` keeps sessions."""
+    """Dispatched: raise `SessionsUnsupported` unless this process's backend for `config` keeps sessions."""
     await backend_for(config).check_sessions()
 
 
 async def close_backend(config: BackendConfig) -> None:
-    """Pool function: close this process's backend for `config` (sandboxes, slots, connections)."""
-    backend = _BACKENDS.get(asyncio.get_running_loop(), {}).pop(config, None)
+    """Dispatched: close this process's backend for `config` (sandboxes, slots, connections)."""
+    backend = _BACKENDS.get(asyncio.get_running_loop(), {}).pop(config.key(), None)
     if backend is not None:
         await backend.close()

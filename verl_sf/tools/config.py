@@ -3,8 +3,8 @@
 verl hands the tool the `config:` mapping of the tool yaml as a plain dict.  A typo or a
 wrong type there would otherwise surface hours into a run (or never), so every key is
 checked here and a bad one raises `ToolConfigError` naming it.  The backend keys
-(`backend`, `sandbox_fusion_url`, and the `http:` / `local:` / `daytona:` block of the chosen
-backend) become one typed, hashable `BackendConfig` (`ToolConfig.backend_config`).
+(`backend`, `sandbox_fusion_url`, and the `http:` / `local:` / `daytona:` / `cluster:` block of the chosen
+backend) become one typed `BackendConfig` (`ToolConfig.backend_config`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from verl_sf.backends.config import AnyBackendConfig, BackendConfig
+from verl_sf.backends.config import BACKEND_CONFIGS, BackendConfig
 from verl_sf.errors import VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES
 
@@ -29,7 +29,7 @@ class ToolConfig(BaseModel):
 
     type: Literal["native"] = "native"
     backend: str = "http"
-    """http (the Sandbox Fusion API at `sandbox_fusion_url`), local (in-process executor), daytona."""
+    """http (the Sandbox Fusion API at `sandbox_fusion_url`), local (in-process executor), daytona, cluster."""
     sandbox_fusion_url: Optional[str] = None
     num_workers: int = Field(10, gt=0)
     """Concurrent calls one tool object runs at once (verl's meaning: its pool actor's slots)."""
@@ -53,7 +53,7 @@ class ToolConfig(BaseModel):
     """none: every call starts fresh (verl's semantics); trajectory: the calls of one trajectory share a live
     interpreter (python and bash keep variables, imports, cwd and files).  Unset: the backend's
     `default_session` (none, except daytona, whose sandbox per call would cost a sandbox start each)."""
-    backend_config: AnyBackendConfig
+    backend_config: BackendConfig
     """Built from `backend`, `sandbox_fusion_url` and the yaml block named after the backend."""
 
     @model_validator(mode="before")
@@ -64,10 +64,10 @@ class ToolConfig(BaseModel):
             return data
         data = dict(data)
         name = data.get("backend") or "http"
-        blocks = {key: data.pop(key) for key in list(data) if key in BackendConfig.registry}
-        config_class = BackendConfig.registry.get(name)
+        blocks = {key: data.pop(key) for key in list(data) if key in BACKEND_CONFIGS}
+        config_class = BACKEND_CONFIGS.get(name)
         if config_class is None:
-            raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BackendConfig.registry)}")
+            raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_CONFIGS)}")
         block = blocks.get(name) or {}
         if not isinstance(block, dict):
             raise ValueError(f"{name}: must be a mapping of {name} backend options, got {type(block).__name__}")
@@ -78,12 +78,6 @@ class ToolConfig(BaseModel):
     @property
     def session_mode(self) -> str:
         return self.session or self.backend_config.default_session
-
-    @model_validator(mode="after")
-    def _backend_keeps_sessions(self) -> ToolConfig:
-        if self.session == "trajectory" and not self.backend_config.supports_sessions:
-            raise ValueError(f"session: trajectory needs a backend that keeps sessions; {self.backend!r} does not")
-        return self
 
     @field_validator("default_language")
     @classmethod
@@ -113,8 +107,8 @@ class ToolConfig(BaseModel):
 def _where(loc: tuple[Any, ...], backend: str) -> str:
     """A yaml path: with `backend: local`, `backend_config.executor.slots` is the `local:` block's `slots`."""
     if loc[:1] == ("backend_config",):
-        rest = loc[1:]
-        config_class = BackendConfig.registry.get(backend)
+        rest = loc[2:] if loc[1:2] == (backend,) else loc[1:]  # the union names the member by its tag
+        config_class = BACKEND_CONFIGS.get(backend)
         if config_class is not None and config_class.tool_block_field is not None \
                 and rest[:1] == (config_class.tool_block_field,):
             rest = rest[1:]

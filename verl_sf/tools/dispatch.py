@@ -1,4 +1,4 @@
-"""How the tool gets a permit and a place to run.
+"""How the tool gets a permit and a place to run: a `Dispatcher`, chosen by the tool's `pool` key.
 
 `ray` (the default under Ray): the call runs on the tool's own event loop under a permit
 from the cluster-wide `TokenBucketWorker`, so `rate_limit` caps executions in flight across
@@ -28,20 +28,20 @@ T = TypeVar("T")
 Closer = tuple[Callable[..., Awaitable[Any]], tuple]
 
 
-class Pool(Protocol):
-    """Where and under which limit the tool's calls run; `make_pool` picks one by the `pool` key."""
+class Dispatcher(Protocol):
+    """Where and under which limit the tool's calls run; `make_dispatcher` picks one by the tool's `pool` key."""
 
     kind: str
     """The `pool` value it implements: inprocess, ray or ray_actor."""
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """`await fn(*args)` under the pool's limit, in the process that holds the backends."""
+        """`await fn(*args)` under the dispatcher's limit, in the process that holds the backends."""
 
     async def close(self, *closers: Closer) -> None:
         """Run `closers` where the backends live, then release every permit and process."""
 
 
-class InProcessPool:
+class InProcessDispatcher:
     """Runs async functions on the caller's event loop, at most `limit` at once.
 
     Semaphores and limiter clients belong to the loop they were first used on, and one tool
@@ -94,7 +94,7 @@ class InProcessPool:
         return state
 
 
-class RayLimiterPool(InProcessPool):
+class RayLimiterDispatcher(InProcessDispatcher):
     """`fn` runs on the caller's loop under a cluster-wide permit, `num_workers` at a time.
 
     Same concurrency as an `ExecutionWorker` with `num_workers` slots: a call takes a slot,
@@ -132,7 +132,7 @@ class RayLimiterPool(InProcessPool):
             limiter.release(permit)
 
 
-class RayActorPool:
+class RayActorDispatcher:
     """verl_sf.pool's execution pool actor, created lazily; a dead actor is replaced on next use."""
 
     kind = "ray_actor"
@@ -143,7 +143,7 @@ class RayActorPool:
         self.enable_global_rate_limit = enable_global_rate_limit
         self._actor: Optional[Any] = None
 
-    def _pool(self) -> Any:
+    def _execution_pool(self) -> Any:
         if self._actor is None:
             from verl_sf.pool import PoolMode, init_execution_pool
 
@@ -155,7 +155,7 @@ class RayActorPool:
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         from ray.exceptions import RayActorError, RayTaskError
 
-        actor = self._pool()
+        actor = self._execution_pool()
         try:
             return await actor.execute.remote(fn, *args)
         except RayTaskError as exc:
@@ -186,7 +186,7 @@ class RayActorPool:
             ray.kill(actor)
 
 
-def make_pool(mode: str, num_workers: int, rate_limit: int, enable_global_rate_limit: bool) -> Pool:
+def make_dispatcher(mode: str, num_workers: int, rate_limit: int, enable_global_rate_limit: bool) -> Dispatcher:
     """`auto` picks `ray` when this process is connected to a Ray cluster (always true in verl)."""
     if mode == "auto":
         try:
@@ -196,10 +196,10 @@ def make_pool(mode: str, num_workers: int, rate_limit: int, enable_global_rate_l
         else:
             mode = "ray" if ray.is_initialized() else "inprocess"
     if mode == "ray_actor":
-        return RayActorPool(num_workers, rate_limit, enable_global_rate_limit)
+        return RayActorDispatcher(num_workers, rate_limit, enable_global_rate_limit)
     if not enable_global_rate_limit:
-        return InProcessPool(num_workers)  # num_workers is the only limit; no limiter is contacted
+        return InProcessDispatcher(num_workers)  # num_workers is the only limit; no limiter is contacted
     if mode == "ray":
-        return RayLimiterPool(num_workers, rate_limit)
+        return RayLimiterDispatcher(num_workers, rate_limit)
     # inprocess: the pool actor's concurrency is min(num_workers, permits); mirror it in this process.
-    return InProcessPool(min(num_workers, rate_limit))
+    return InProcessDispatcher(min(num_workers, rate_limit))

@@ -15,8 +15,8 @@ from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, 
 NO_OUTPUT = "(no output; print() the values you want to see)"
 
 
-class Outcome(StrEnum):
-    """Values of the `status` metric (one word per way a call can end)."""
+class CallStatus(StrEnum):
+    """Values of the tool's `status` metric (one word per way a call can end)."""
 
     success = "success"
     error = "error"  # the code raised or exited non-zero
@@ -27,36 +27,36 @@ class Outcome(StrEnum):
     invalid_arguments = "invalid_arguments"  # the model's arguments could not be run at all
 
 
-def outcome_of(response: RunCodeResponse) -> Outcome:
+def status_of(response: RunCodeResponse) -> CallStatus:
     compile_result, run_result = response.compile_result, response.run_result
     for stage in (compile_result, run_result):
         if stage is not None and stage.status == CommandRunStatus.TimeLimitExceeded:
             # A time-out spent mostly waiting for a CPU is the overloaded server's, not the code's.
-            return Outcome.sandbox_error if stage.cpu_starved else Outcome.timeout
+            return CallStatus.sandbox_error if stage.cpu_starved else CallStatus.timeout
     if response.status == RunStatus.Success:
-        return Outcome.success
+        return CallStatus.success
     if compile_result is not None and compile_result.status == CommandRunStatus.Finished and compile_result.return_code:
-        return Outcome.compile_error
+        return CallStatus.compile_error
     if run_result is not None and run_result.status == CommandRunStatus.Finished:
-        return Outcome.error
-    return Outcome.sandbox_error
+        return CallStatus.error
+    return CallStatus.sandbox_error
 
 
 def reply_text(response: RunCodeResponse, timeout: float, max_chars: int) -> tuple[str, bool]:
     """(text for the model, whether this function cut it to `max_chars`)."""
-    outcome = outcome_of(response)
-    if outcome == Outcome.timeout:
+    status = status_of(response)
+    if status == CallStatus.timeout:
         stage = _timed_out_stage(response)
         what = "Compilation" if stage is response.compile_result else "Execution"
         text = _join(f"{what} timed out after {timeout:g} s", _streams(stage, label_partial=True))
-    elif outcome == Outcome.compile_error:
+    elif status == CallStatus.compile_error:
         text = _join("Compilation failed:", _streams(response.compile_result) or NO_OUTPUT)
-    elif outcome == Outcome.sandbox_error:
+    elif status == CallStatus.sandbox_error:
         text = f"Sandbox error: {_one_line(response.message) or 'the sandbox could not run the code'}"
     else:
         run = response.run_result
         text = _streams(run)
-        if outcome == Outcome.error and run is not None and not (run.stderr or "").strip():
+        if status == CallStatus.error and run is not None and not (run.stderr or "").strip():
             text = _join(text, f"(exited with code {run.return_code})")
         text = text or NO_OUTPUT
     if response.session_alive is False:
@@ -78,11 +78,11 @@ def unavailable_text(error: BaseException) -> str:
 
 
 def metrics(response: Optional[RunCodeResponse], backend: str, *, truncated: bool,
-            outcome: Optional[Outcome] = None) -> dict[str, Any]:
+            status: Optional[CallStatus] = None) -> dict[str, Any]:
     """The tool's metrics dict (verl returns it alongside the response and the reward)."""
     run = response.run_result if response else None
     return {
-        "status": outcome or (outcome_of(response) if response else Outcome.sandbox_error),
+        "status": status or (status_of(response) if response else CallStatus.sandbox_error),
         "execution_time": run.execution_time if run else None,
         "queue_wait": response.queue_wait if response else None,
         "truncated": bool(truncated or (response is not None and response.truncated)),

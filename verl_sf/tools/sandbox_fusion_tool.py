@@ -1,8 +1,8 @@
-"""`SandboxFusionTool`: verl's `code_interpreter` tool, on our pool and any backend.
+"""`SandboxFusionTool`: verl's `code_interpreter` tool, on any dispatcher (`pool` key) and backend.
 
 verl 0.9's ToolAgentLoop calls `create -> execute(instance_id, args, agent_data=...) ->
 release` around every single tool call and never calls `calc_reward`, so create and
-release are dictionary operations, and the pool and backend are built once per tool
+release are dictionary operations, and the dispatcher and backend are built once per tool
 object, on first use.  Callers that keep an instance across calls (`create(ground_truth=
 ...)`, `calc_reward`, `release`) get verl's old per-instance behaviour.
 """
@@ -17,15 +17,15 @@ import weakref
 from typing import Any, Optional
 from uuid import uuid4
 
-from verl_sf.backends.base import SandboxUnavailable, SessionEnded
-from verl_sf.errors import VerlSfError
+from verl_sf.backends.base import SandboxUnavailable
+from verl_sf.errors import SessionGone, VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
 from verl_sf.tools import reply
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
 from verl_sf.tools.backend_calls import check_sessions, close_backend, end_session, run_request
 from verl_sf.tools.code import extract_python_block, print_last_expression
 from verl_sf.tools.config import ToolConfig
-from verl_sf.tools.dispatch import Closer, Pool, make_pool
+from verl_sf.tools.dispatch import Closer, Dispatcher, make_dispatcher
 from verl_sf.tools.schema import code_interpreter_schema
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class SandboxFusionTool(BaseTool):
 
     Config (the tool yaml's `config:`): verl's `type`, `num_workers`, `rate_limit`,
     `enable_global_rate_limit`, `default_timeout`, `default_language`, `sandbox_fusion_url`,
-    `memory_limit_mb`, plus `backend` (http | local | daytona), `session` (none | trajectory:
+    `memory_limit_mb`, plus `backend` (http | local | daytona | cluster), `session` (none | trajectory:
     one live interpreter per trajectory, docs/sessions.md), the ReTool switches
     `extract_code_block` and `print_last_expression`, `max_output_chars` and `pool`.
     See docs/verl.md.
@@ -60,7 +60,7 @@ class SandboxFusionTool(BaseTool):
         self._keeps_sessions = self.settings.session_mode == "trajectory"
         # A server without sessions fails here, not on the first call; an unreachable one is asked at first create.
         self._sessions_checked = not self._keeps_sessions or self.backend_config.probe_sessions()
-        self._pool: Optional[Pool] = None
+        self._dispatcher: Optional[Dispatcher] = None
         self._instances: dict[str, _Instance] = {}
         # Backend sessions of live trajectories: AgentData -> session, session -> its finalizer.
         self._trajectory_sessions: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -71,11 +71,11 @@ class SandboxFusionTool(BaseTool):
         return self.tool_schema
 
     @property
-    def pool(self) -> Pool:
-        if self._pool is None:
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
             s = self.settings
-            self._pool = make_pool(s.pool, s.num_workers, s.rate_limit, s.enable_global_rate_limit)
-        return self._pool
+            self._dispatcher = make_dispatcher(s.pool, s.num_workers, s.rate_limit, s.enable_global_rate_limit)
+        return self._dispatcher
 
     # ---- lifecycle -------------------------------------------------------------------
     async def create(self, instance_id: Optional[str] = None, ground_truth: Any = None,
@@ -84,7 +84,7 @@ class SandboxFusionTool(BaseTool):
         if ground_truth is None:
             ground_truth = (kwargs.get("create_kwargs") or {}).get("ground_truth")
         if not self._sessions_checked:
-            await self.pool.run(check_sessions, self.backend_config)
+            await self.dispatcher.run(check_sessions, self.backend_config)
             self._sessions_checked = True
         instance_id = instance_id or uuid4().hex
         self._instances[instance_id] = _Instance(ground_truth=ground_truth)
@@ -102,14 +102,14 @@ class SandboxFusionTool(BaseTool):
             request = self._request(parameters)
         except ToolArgumentError as exc:
             return ToolResponse(text=f"Invalid arguments: {exc}"), None, reply.metrics(
-                None, self.backend_name, truncated=False, outcome=reply.Outcome.invalid_arguments)
+                None, self.backend_name, truncated=False, status=reply.CallStatus.invalid_arguments)
         session = self._session(instance_id, kwargs.get("agent_data"))
         submitted = time.time()
         try:
-            execution = await self.pool.run(run_request, self.backend_config, request, session)
-        except SessionEnded as exc:
+            execution = await self.dispatcher.run(run_request, self.backend_config, request, session)
+        except SessionGone as exc:
             return ToolResponse(text=reply.session_ended_text(exc.reason)), None, reply.metrics(
-                None, self.backend_name, truncated=False, outcome=reply.Outcome.session_ended)
+                None, self.backend_name, truncated=False, status=reply.CallStatus.session_ended)
         except SandboxUnavailable as exc:
             log.warning("code_interpreter: sandbox unavailable: %s", exc)
             return ToolResponse(text=reply.unavailable_text(exc)), None, reply.metrics(
@@ -138,7 +138,7 @@ class SandboxFusionTool(BaseTool):
             await self._end_session_quietly(instance.session)
 
     async def close(self) -> None:
-        """End every session, close the backend and the pool (not needed for verl; tidy for tests)."""
+        """End every session, close the backend and the dispatcher (not needed for verl; tidy for tests)."""
         for finalizer in list(self._trajectories.values()):
             finalizer.detach()
         sessions = list(self._trajectories) + [i.session for i in self._instances.values() if i.session]
@@ -146,11 +146,11 @@ class SandboxFusionTool(BaseTool):
         self._instances.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
-        if self._pool is not None:
+        if self._dispatcher is not None:
             closers: list[Closer] = [(end_session, (self.backend_config, s)) for s in sessions]
             closers.append((close_backend, (self.backend_config,)))
-            pool, self._pool = self._pool, None
-            await pool.close(*closers)
+            dispatcher, self._dispatcher = self._dispatcher, None
+            await dispatcher.close(*closers)
 
     # ---- helpers ---------------------------------------------------------------------
     def _request(self, parameters: dict[str, Any]) -> RunCodeRequest:
@@ -219,6 +219,6 @@ class SandboxFusionTool(BaseTool):
 
     async def _end_session_quietly(self, session: str) -> None:
         try:
-            await self.pool.run(end_session, self.backend_config, session)
+            await self.dispatcher.run(end_session, self.backend_config, session)
         except Exception as exc:  # a background cleanup must not crash the loop; the reaper is the backstop
             log.warning("code_interpreter: could not end session %s: %s", session, exc)

@@ -11,7 +11,7 @@ from typing import Optional
 
 from verl_sf import executor as executor_api
 from verl_sf import models
-from verl_sf.verl_tool.state import SessionGone
+from verl_sf.errors import SessionGone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,16 +44,13 @@ class ExecutorSessions:
         return session_id
 
     async def run(self, session_id: str, request: models.RunCodeRequest) -> SessionCall:
-        try:
-            response = await self.executor.run_code(request.model_copy(update={"session_id": session_id}))
-        except executor_api.SessionNotFound as exc:
-            raise SessionGone(exc.reason) from exc
+        response = await self.executor.run_code(request.model_copy(update={"session_id": session_id}))
         try:
             self.executor.session_info(session_id)
-        except executor_api.SessionNotFound as exc:
+        except SessionGone as exc:
             return SessionCall(response, exc.reason)
         return SessionCall(response)
 
     def close(self, session_id: str) -> None:
-        with contextlib.suppress(executor_api.SessionNotFound):  # already gone: ending it was the point
+        with contextlib.suppress(SessionGone):  # already gone: ending it was the point
             self.executor.end_session(session_id)

@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Optional
 
-from verl_sf.errors import VerlSfError
+from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.verl_tool.config import VerlToolConfig
@@ -24,14 +24,6 @@ from verl_sf.verl_tool.programs import build_program
 
 if TYPE_CHECKING:
     from verl_sf.verl_tool.sessions import ExecutorSessions, SessionCall
-
-
-class SessionGone(VerlSfError):
-    """The trajectory's session has ended (idle, killed, or the server restarted)."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""The tool's default Ray pool (`RayLimiterPool`): calls run in this process under permits of
+"""The tool's default dispatcher (`RayLimiterDispatcher`): calls run in this process under permits of
 the cluster-wide limiter, on a real local Ray cluster against a real `verl-sf serve`.
 
 The cap is measured from timestamps the sandboxed code takes itself; "the permit came back"
@@ -8,9 +8,8 @@ is shown by the next call running under `rate_limit=1` (it would wait forever ot
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,10 +18,11 @@ import ray
 from tests.intervals import max_overlap
 from tests.ray_fixtures import RayCluster
 from tests.server_fixtures import ServerHandle
+from tests.waiting import wait_until_async
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import shutdown_global_limiter
-from verl_sf.tools.dispatch import InProcessPool, RayLimiterPool, make_pool
+from verl_sf.tools.dispatch import InProcessDispatcher, RayLimiterDispatcher, make_dispatcher
 
 pytestmark = pytest.mark.ray
 
@@ -41,15 +41,6 @@ def limiter_name(ray_local: RayCluster) -> Iterator[str]:
 
 async def limiter_stats(name: str) -> dict[str, Any]:
     return await ray.get_actor(name).stats.remote()
-
-
-async def eventually(condition: Callable[[], Awaitable[Any]], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := await condition():
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def sandbox_overlap(pool: Any, server: ServerHandle, calls: int) -> int:
@@ -79,7 +70,7 @@ async def fail() -> None:
 
 
 async def test_cap_holds_for_calls_run_in_this_process(limiter_name: str, sf_server: ServerHandle) -> None:
-    pool = RayLimiterPool(16, 4, limiter_name=limiter_name)
+    pool = RayLimiterDispatcher(16, 4, limiter_name=limiter_name)
     try:
         deepest = await sandbox_overlap(pool, sf_server, 64)
     finally:
@@ -88,7 +79,7 @@ async def test_cap_holds_for_calls_run_in_this_process(limiter_name: str, sf_ser
 
 
 async def test_exception_reaches_the_caller_and_the_permit_comes_back(limiter_name: str) -> None:
-    pool = RayLimiterPool(2, 1, limiter_name=limiter_name)
+    pool = RayLimiterDispatcher(2, 1, limiter_name=limiter_name)
     try:
         for _ in range(3):
             with pytest.raises(KeyError, match="from fn"):
@@ -99,7 +90,7 @@ async def test_exception_reaches_the_caller_and_the_permit_comes_back(limiter_na
 
 
 async def test_cancellation_returns_the_permit(limiter_name: str) -> None:
-    pool = RayLimiterPool(4, 1, limiter_name=limiter_name)
+    pool = RayLimiterDispatcher(4, 1, limiter_name=limiter_name)
     try:
         assert await pool.run(ok) == "ok"  # registered; the only permit now idle in this client
         running = asyncio.ensure_future(pool.run(asyncio.sleep, 3600))  # takes it
@@ -108,7 +99,7 @@ async def test_cancellation_returns_the_permit(limiter_name: str) -> None:
         async def queued_at_limiter() -> bool:
             return (await limiter_stats(limiter_name))["queue_length"] == 1
 
-        await eventually(queued_at_limiter, "the second call to queue")
+        await wait_until_async(queued_at_limiter, 30, "the second call queues at the limiter")
         queued.cancel()  # withdrawn while waiting
         running.cancel()  # cancelled while running: its permit goes back
         for task in (queued, running):
@@ -122,7 +113,7 @@ async def test_cancellation_returns_the_permit(limiter_name: str) -> None:
 
 
 async def test_close_returns_the_lease(limiter_name: str) -> None:
-    pool = RayLimiterPool(2, 2, limiter_name=limiter_name)
+    pool = RayLimiterDispatcher(2, 2, limiter_name=limiter_name)
     assert await pool.run(ok) == "ok"
     assert (await limiter_stats(limiter_name))["leases"] == 1
     await pool.close()
@@ -133,7 +124,7 @@ async def test_close_returns_the_lease(limiter_name: str) -> None:
 async def test_a_closed_event_loop_gives_its_permits_back(limiter_name: str) -> None:
     """One tool object, used from a loop that has since closed (another `asyncio.run`): the
     idle permit that loop's client kept is handed back, not held until its lease expires."""
-    pool = RayLimiterPool(2, 1, limiter_name=limiter_name)
+    pool = RayLimiterDispatcher(2, 1, limiter_name=limiter_name)
     try:
         assert await asyncio.to_thread(asyncio.run, pool.run(ok)) == "ok"
         assert await asyncio.wait_for(pool.run(ok), NEXT_CALL_DEADLINE_S) == "ok"
@@ -141,22 +132,22 @@ async def test_a_closed_event_loop_gives_its_permits_back(limiter_name: str) -> 
         async def one_lease() -> bool:
             return (await limiter_stats(limiter_name))["leases"] == 1
 
-        await eventually(one_lease, "the closed loop's lease to go")
+        await wait_until_async(one_lease, 30, "the closed loop's lease is gone")
     finally:
         await pool.close()
 
 
 async def test_without_global_rate_limit_only_num_workers_limits(sf_server: ServerHandle,
                                                                   ray_local: RayCluster) -> None:
-    pool = make_pool("ray", 4, 1, False)
-    assert type(pool) is InProcessPool  # no limiter client at all
+    pool = make_dispatcher("ray", 4, 1, False)
+    assert type(pool) is InProcessDispatcher  # no limiter client at all
     deepest = await sandbox_overlap(pool, sf_server, 16)
     await pool.close()
     assert 2 <= deepest <= 4, deepest  # above rate_limit=1: no limiter was applied
 
 
 def test_auto_picks_the_limiter_pool_under_ray(ray_local: RayCluster) -> None:
-    assert make_pool("auto", 8, 4, True).kind == "ray"
-    assert make_pool("ray_actor", 8, 4, True).kind == "ray_actor"
-    inprocess = make_pool("inprocess", 8, 4, True)
+    assert make_dispatcher("auto", 8, 4, True).kind == "ray"
+    assert make_dispatcher("ray_actor", 8, 4, True).kind == "ray_actor"
+    inprocess = make_dispatcher("inprocess", 8, 4, True)
     assert inprocess.kind == "inprocess" and inprocess.limit == 4

@@ -1,4 +1,4 @@
-"""SandboxFusionTool inside real verl 0.9.1: its registry, its ToolAgentLoop, our Ray pool and server.
+"""SandboxFusionTool inside real verl 0.9.1: its registry, its ToolAgentLoop, our Ray dispatcher and server.
 
 Calls go through verl's own `ToolAgentLoop._call_tool` (create -> execute(agent_data=)
 -> release, then verl's truncation), on a loop built the way verl's AgentLoopWorker builds
@@ -37,9 +37,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.asyncio(loop_scope="module")]
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def http_tool(tmp_path_factory: pytest.TempPathFactory, sf_server: ServerHandle,
                     ray_local: RayCluster) -> AsyncIterator[VerlHarness]:
-    """One tool (default pool) shared by the tests that only need the default http setup.
+    """One tool (default dispatcher) shared by the tests that only need the default http setup.
 
-    On the module's event loop, as one rollout worker's loop: the default pool runs the
+    On the module's event loop, as one rollout worker's loop: the default dispatcher runs the
     backend in this process, and its connections belong to that loop."""
     harness = VerlHarness(write_tool_config(tmp_path_factory.mktemp("tool"), sandbox_fusion_url=sf_server.run_code_url,
                                             default_timeout=5, max_output_chars=4000))
@@ -139,7 +139,7 @@ async def test_rate_limit_caps_runs_in_flight(tmp_path: Path, sf_server: ServerH
     harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url,
                                             rate_limit=4, num_workers=16, pool=pool))
     try:
-        assert harness.tool.pool.kind == kind  # `auto` under Ray: the limiter, no pool actor
+        assert harness.tool.dispatcher.kind == kind  # `auto` under Ray: the limiter, no pool actor
         results = await asyncio.gather(*(harness.call(TIMED_CODE) for _ in range(64)))
     finally:
         await harness.close()
@@ -161,7 +161,7 @@ async def test_two_tools_share_the_cluster_wide_cap(tmp_path: Path, sf_server: S
     assert 2 <= deepest <= 4, deepest
 
 
-# Runs wherever the pool runs its functions (Ray pickles module-level functions by reference).
+# Runs wherever the dispatcher runs its functions (Ray pickles module-level functions by reference).
 async def backend_identity(config: BackendConfig) -> tuple[int, int]:
     return os.getpid(), id(backend_for(config))
 
@@ -170,8 +170,9 @@ async def test_backend_is_built_once_per_tool_not_per_call(http_tool: VerlHarnes
     for i in range(3):
         response, _, _ = await http_tool.call(f"print({i})")
         assert response.text == str(i)
-    identities = {await http_tool.tool.pool.run(backend_identity, http_tool.tool.backend_config) for _ in range(3)}
-    assert len(identities) == 1 and identities.pop()[0] == os.getpid()  # the default pool runs here
+    tool = http_tool.tool
+    identities = {await tool.dispatcher.run(backend_identity, tool.backend_config) for _ in range(3)}
+    assert len(identities) == 1 and identities.pop()[0] == os.getpid()  # the default dispatcher runs here
 
 
 async def test_a_dead_pool_actor_is_reported_then_replaced(tmp_path: Path, sf_server: ServerHandle,
@@ -181,9 +182,9 @@ async def test_a_dead_pool_actor_is_reported_then_replaced(tmp_path: Path, sf_se
     harness = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=sf_server.run_code_url, pool="ray_actor"))
     try:
         assert (await harness.call("print('first')"))[0].text == "first"
-        pid, _ = await harness.tool.pool.run(backend_identity, harness.tool.backend_config)
+        pid, _ = await harness.tool.dispatcher.run(backend_identity, harness.tool.backend_config)
         assert pid != os.getpid()  # the backend lives in the pool actor
-        ray.kill(harness.tool.pool._actor, no_restart=True)
+        ray.kill(harness.tool.dispatcher._actor, no_restart=True)
         response, _, metrics = await harness.call("print('second')")
         assert response.text.startswith("Sandbox error: execution pool actor unavailable")
         assert metrics["status"] == "sandbox_error"

@@ -18,6 +18,7 @@ import requests
 
 from tests.reference_python import python_main_py
 from tests.server_fixtures import SERVER_SECRET, ServerHandle, run_code, start_server, stop_server
+from tests.waiting import wait_until
 from verl_sf.executor.config import ExecutorConfig
 
 # verl-tool's servers/tests/test_python_code_tool.py actions, as it sends them.
@@ -307,10 +308,8 @@ def test_a_batch_that_could_not_run_at_all_gets_503(tiny_server: ServerHandle) -
     actions = ["<python>import time\ntime.sleep(3)\nprint('ran')</python>"] * 2
     thread = threading.Thread(target=lambda: blocking.update(observe(tiny_server, new_ids(2), actions)))
     thread.start()
-    deadline = time.monotonic() + 60
-    while requests.get(tiny_server.url + "/health", timeout=30).json()["in_flight"] < 2:
-        assert time.monotonic() < deadline, "the blocking batch never filled the in-flight cap"
-        time.sleep(0.05)
+    wait_until(lambda: requests.get(tiny_server.url + "/health", timeout=30).json()["in_flight"] >= 2, 60,
+               "the blocking batch fills the in-flight cap")
     response = requests.post(tiny_server.url + "/get_observation", timeout=60,
                              json={"trajectory_ids": new_ids(), "actions": [HELLO]})
     thread.join()

@@ -1,0 +1,287 @@
+"""Nothing outlives its reply, nothing passes between runs, one request cannot stall the server.
+
+Each case is an attack found on a real server, replayed against servers started as root and as an
+ordinary account; host-side checks read the host's /proc, never what the sandbox says about itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import requests
+
+from tests.host_view import comm, descendants, run_processes
+from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
+
+SERVER_ARGS = ("--slots", "2", "--sandboxes", "1", "--preload", "")
+
+
+@pytest.fixture(scope="module", params=SERVER_MODES)
+def server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    with server_in_mode(request.param, *SERVER_ARGS) as handle:
+        yield handle
+
+
+@pytest.fixture(autouse=True)
+def server_answers(server: ServerHandle) -> Iterator[None]:
+    """After every case the same server still answers python and C++ runs and opens sessions."""
+    yield
+    assert server.process.poll() is None, "the server died"
+    assert run_code(server, "print('alive')")["run_result"]["stdout"] == "alive\n"
+    cpp = run_code(server, '#include <cstdio>\nint main(){puts("c++");}', language="cpp", compile_timeout=60)
+    assert cpp["run_result"]["stdout"] == "c++\n", cpp
+    session = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
+    assert session.status_code == 201, session.text
+    requests.delete(f"{server.url}/sessions/{session.json()['session_id']}", timeout=30)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def processes_with(server: ServerHandle, marker: str) -> list[int]:
+    """The server's descendants whose command line holds `marker` (read from the host)."""
+    found = []
+    for pid in descendants(server.process.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def zygote_rss_kb(server: ServerHandle) -> int:
+    tree = descendants(server.process.pid)
+    zygotes = [pid for pid, ppid in tree.items() if comm(pid) != "bwrap" and comm(ppid) == "bwrap"]
+    assert zygotes, "no zygote found"
+    total = 0
+    for pid in zygotes:
+        with open(f"/proc/{pid}/status") as fh:
+            total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    return total
+
+
+# ---- a reply ends the run ---------------------------------------------------------------------
+FORGE = ("import os\n"
+         "for record in ({'kind': 'done', 'return_code': 0}, {'done': True, 'return_code': 0}):\n"
+         "    os.write(3, (__import__('json').dumps(record) + '\\n').encode())\n"
+         "os.close(1); os.close(2)\n")
+
+
+def test_a_forged_completion_record_neither_ends_nor_outlives_the_run(server: ServerHandle) -> None:
+    marker = f"forged-{secrets.token_hex(4)}"
+    code = FORGE + f"os.execv('/bin/sleep', ['{marker}', '3600'])\n"
+    started = time.monotonic()
+    body = run_code(server, code, run_timeout=2)
+    assert time.monotonic() - started >= 2, "answered before its time-out: the forged record was believed"
+    assert body["status"] == "Failed" and body["run_result"]["status"] == "TimeLimitExceeded", body
+    assert processes_with(server, marker) == [], "the run outlived its reply"
+
+
+def test_a_forged_record_does_not_change_the_return_code(server: ServerHandle) -> None:
+    body = run_code(server, FORGE + "import sys\nsys.exit(3)\n")
+    assert body["status"] == "Failed" and body["run_result"]["return_code"] == 3, body
+
+
+def test_daemons_of_a_run_are_dead_by_its_reply(server: ServerHandle) -> None:
+    marker = f"daemon-{secrets.token_hex(4)}"
+    code = ("import os, subprocess\n"
+            f"subprocess.Popen(['{marker}', '3600'], executable='/bin/sleep', start_new_session=True,\n"
+            "                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            + FORGE + "os._exit(0)\n")
+    body = run_code(server, code)
+    assert body["run_result"]["return_code"] == 0, body
+    assert processes_with(server, marker) == [], "a daemon outlived the run's reply"
+
+
+def test_an_exec_run_cannot_write_its_pid1s_records(server: ServerHandle) -> None:
+    """Under a compiled program, PID 1 is not dumpable: its fd 3 is out of the program's reach."""
+    source = ('#include <fcntl.h>\n#include <unistd.h>\n#include <stdio.h>\n#include <string.h>\n'
+              'int main(){const char*r="{\\"kind\\": \\"done\\", \\"return_code\\": 0}\\n";'
+              'int fd=open("/proc/1/fd/3",O_WRONLY);printf("%d\\n",fd);'
+              'if(fd>=0)write(fd,r,strlen(r));return 7;}\n')
+    body = run_code(server, source, language="cpp", compile_timeout=60)
+    assert body["run_result"]["stdout"] == "-1\n" and body["run_result"]["return_code"] == 7, body
+
+
+# ---- bounded reply channels -------------------------------------------------------------------
+def test_a_flood_of_cell_output_is_capped_and_the_sandbox_keeps_answering(server: ServerHandle) -> None:
+    cells = ["print('x' * (1 << 20))"] * 530
+    response = requests.post(server.url + "/run_jupyter", json={"cells": cells, "total_timeout": 60}, timeout=90)
+    assert response.status_code == 200, response.text[:300]
+    body = response.json()
+    shown = sum(len(cell["stdout"]) for cell in body["cells"])
+    assert shown < 4 << 20, f"{shown} bytes of cell output came back"
+    assert body["truncated"] is True
+    assert requests.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+
+
+def test_a_flood_of_records_is_ended_and_reported_truncated(server: ServerHandle) -> None:
+    code = "import os\nline = b'{\"kind\": \"cell\", \"stdout\": \"' + b'y' * (1 << 20) + b'\"}\\n'\n" \
+           "for _ in range(530):\n    os.write(3, line)\n"
+    body = run_code(server, code, run_timeout=30)
+    assert body["truncated"] is True and body["status"] == "Failed", {k: v for k, v in body.items() if k != "files"}
+    assert "records to the server passed" in body["run_result"]["stderr"]
+
+
+def test_a_record_without_newline_costs_the_zygote_nothing(server: ServerHandle) -> None:
+    before = zygote_rss_kb(server)
+    started = time.monotonic()
+    body = run_code(server, "import os\nchunk = b'z' * (1 << 16)\nwhile True:\n    os.write(3, chunk)\n",
+                    run_timeout=20, memory_limit_MB=32)
+    assert time.monotonic() - started < 15, "the flood was not cut at the record cap"
+    assert body["truncated"] is True, body
+    assert zygote_rss_kb(server) - before < 64 << 10, "the zygote kept the flood"
+
+
+def test_fetch_files_reads_each_file_once(server: ServerHandle) -> None:
+    code = "open('big', 'wb').write(b'b' * (8 << 20))\n"
+    body = run_code(server, code, fetch_files=["big", "./big", "/workdir/big"])
+    assert list(body["files"]) == ["big"], list(body["files"])
+    assert len(base64.b64decode(body["files"]["big"])) == 8 << 20
+
+
+# ---- nothing passes between runs --------------------------------------------------------------
+@pytest.mark.parametrize("target", ["/dev/stdin", "/dev/stdout", "/dev/fd", "/planted", "/opt/planted",
+                                    "/usr/planted", "/etc/planted"])
+def test_the_sandbox_tree_is_read_only_to_runs(server: ServerHandle, target: str) -> None:
+    code = ("import os\n"
+            f"target = {target!r}\n"
+            "try:\n"
+            "    if os.path.lexists(target):\n"
+            "        os.remove(target)\n"
+            "    os.symlink('/workdir/evil', target)\n"
+            "    print('planted')\n"
+            "except OSError as exc:\n"
+            "    print('refused', exc.errno)\n")
+    body = run_code(server, code)
+    assert body["run_result"]["stdout"].startswith("refused"), body
+
+
+def test_a_later_run_reads_its_own_stdin(server: ServerHandle) -> None:
+    plant = ("import os\nopen('/workdir/evil', 'w').write('999 999\\n')\n"
+             "for path in ('/dev/stdin', '/proc/self/fd/0'):\n"
+             "    try:\n        os.remove(path); os.symlink('/workdir/evil', path)\n"
+             "    except OSError:\n        pass\n")
+    run_code(server, plant)
+    node = "const s = require('fs').readFileSync('/dev/stdin', 'utf8').split(' ').map(Number); console.log(s[0] + s[1]);"
+    for _ in range(3):
+        body = run_code(server, node, language="nodejs", stdin="1 2\n")
+        assert body["run_result"]["stdout"] == "3\n", body
+    bash = run_code(server, "cat <(echo substituted)", language="bash")
+    assert bash["run_result"]["stdout"] == "substituted\n", bash
+
+
+def test_concurrent_runs_do_not_share_ptys(server: ServerHandle) -> None:
+    holder = ("import os, time\nmaster, follower = os.openpty()\nprint(os.ttyname(follower), flush=True)\n"
+              "os.write(follower, b'secret')\ntime.sleep(4)\n")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run_code, server, holder, run_timeout=8)
+        time.sleep(1.5)
+        spy = ("import os\nnames = sorted(os.listdir('/dev/pts'))\nprint(names)\n"
+               "for name in names:\n"
+               "    if name.isdigit():\n"
+               "        fd = os.open('/dev/pts/' + name, os.O_RDWR | os.O_NONBLOCK)\n"
+               "        print('opened', name)\n")
+        spied = run_code(server, spy)
+        held = first.result()
+    assert held["run_result"]["stdout"].startswith("/dev/pts/"), held
+    assert "opened" not in spied["run_result"]["stdout"], spied
+
+
+# ---- one network per run; /mnt as Sandbox Fusion has it ---------------------------------------
+def test_concurrent_runs_each_bind_the_same_loopback_port(server: ServerHandle) -> None:
+    code = ("import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 8000))\ns.listen()\n"
+            "time.sleep(1.5)\nprint('bound')\n")
+    with ThreadPoolExecutor(8) as pool:
+        bodies = list(pool.map(lambda _: run_code(server, code, run_timeout=10), range(8)))
+    assert [b["run_result"]["stdout"] for b in bodies] == ["bound\n"] * 8, bodies
+
+
+def test_a_run_cannot_reach_another_runs_listener(server: ServerHandle) -> None:
+    listener = ("import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 8001))\ns.listen()\ns.settimeout(4)\n"
+                "print('listening', flush=True)\n"
+                "try:\n    s.accept(); print('reached')\nexcept socket.timeout:\n    print('alone')\n")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run_code, server, listener, run_timeout=8)
+        time.sleep(1.5)
+        probe = run_code(server, "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 8001), 1)\n"
+                                 "    print('connected')\nexcept OSError as exc:\n    print('refused')\n")
+        listened = first.result()
+    assert probe["run_result"]["stdout"] == "refused\n", probe
+    assert listened["run_result"]["stdout"] == "listening\nalone\n", listened
+
+
+def test_code_writes_anywhere_under_mnt(server: ServerHandle) -> None:
+    body = run_code(server, "import os\nopen('/mnt/b', 'w').write('bee')\nos.makedirs('/mnt/x/y')\n"
+                            "open('/mnt/x/y/z', 'w').write('zed')\nprint(sorted(os.listdir('/mnt')))\n",
+                    fetch_files=["/mnt/b", "/mnt/x/y/z"])
+    assert body["run_result"]["stdout"] == "['b', 'data', 'x']\n", body
+    assert {k: base64.b64decode(v) for k, v in body["files"].items()} == {"/mnt/b": b"bee", "/mnt/x/y/z": b"zed"}
+    later = run_code(server, "import os\nprint(sorted(os.listdir('/mnt')))\n")
+    assert later["run_result"]["stdout"] == "['data']\n", later
+
+
+# ---- sessions always exist on record ----------------------------------------------------------
+def _post_and_leave(url: str, body: bytes) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def test_clients_that_leave_during_session_creation_leave_no_session(server: ServerHandle) -> None:
+    before = len(run_processes(server.process.pid))
+    body = json.dumps({"language": "python", "files": {"blob": base64.b64encode(b"f" * (4 << 20)).decode()}})
+    threads = [threading.Thread(target=_post_and_leave, args=(server.url, body.encode())) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wait_for(lambda: len(run_processes(server.process.pid)) <= before, 30, "orphan sessions to be closed")
+    health = requests.get(server.url + "/health", timeout=10).json()
+    assert health["sessions"] == 0, health
+
+
+# ---- CPU demotion and seccomp -----------------------------------------------------------------
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[16])
+
+
+def test_a_setsid_busy_loop_is_demoted_with_its_run(server: ServerHandle) -> None:
+    marker = f"spin-{secrets.token_hex(4)}"
+    code = ("import subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', 'while True: pass', '{marker}'], start_new_session=True)\n"
+            "time.sleep(4)\n")
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_code, server, code, run_timeout=5)
+        pids = wait_for(lambda: processes_with(server, marker), 10, "the setsid'd loop to start")
+        wait_for(lambda: all(_nice(pid) == 19 for pid in pids), 5, "the setsid'd loop to be demoted")
+        running.result()
+
+
+@pytest.mark.parametrize("name, number, errno_expected", [("listmount", 458, 1), ("statmount", 457, 1),
+                                                         ("lsm_set_self_attr", 460, 1), ("newer", 470, 38)])
+def test_new_system_calls_are_refused(server: ServerHandle, name: str, number: int, errno_expected: int) -> None:
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"print(libc.syscall({number}, 0, 0, 0, 0), ctypes.get_errno())\n")
+    body = run_code(server, code)
+    assert body["run_result"]["stdout"] == f"-1 {errno_expected}\n", (name, body)

@@ -1,0 +1,94 @@
+"""The executor's live sessions, what became of ended ones, and which are due to expire.
+
+Session ids carry the server's boot tag, so a restarted server can tell a client that the id
+it holds is from before the restart rather than unknown."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import re
+import secrets
+import time
+from typing import Optional
+
+from verl_sf.errors import SessionGone
+from verl_sf.executor.zygote_process import ZygoteProcess
+
+ENDED_SESSIONS_KEPT = 100_000  # ended sessions whose reason a late call can still be told
+_SESSION_ID = re.compile(r"[0-9a-f]{6}-[0-9a-f]{16}")
+
+
+@dataclasses.dataclass
+class Session:
+    id: str
+    language: str
+    zygote: ZygoteProcess
+    open_id: int
+    memory_mb: int
+    idle_ttl_s: float
+    created_at: float = dataclasses.field(default_factory=time.time)
+    idle_since: float = dataclasses.field(default_factory=time.time)
+    calls: int = 0
+    group: Optional[str] = None
+    busy: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+
+class SessionTable:
+    def __init__(self) -> None:
+        self.boot_tag = secrets.token_hex(3)
+        self.live: dict[str, Session] = {}
+        self.opening = 0  # sessions being created: they count against the cap already
+        self._by_open_id: dict[int, Session] = {}
+        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def new_id(self) -> str:
+        return f"{self.boot_tag}-{secrets.token_hex(8)}"
+
+    def add(self, session: Session) -> None:
+        self.live[session.id] = session
+        self._by_open_id[session.open_id] = session
+
+    def get(self, session_id: str) -> Session:
+        session = self.live.get(session_id)
+        if session is not None:
+            return session
+        reason = self._ended.get(session_id)
+        if reason is None:
+            if not session_id.startswith(self.boot_tag + "-") and _SESSION_ID.fullmatch(session_id):
+                reason = "the server restarted since it was created: sessions do not survive a restart"
+            else:
+                reason = "no such session"
+        raise SessionGone(session_id, reason)
+
+    def by_open_id(self, open_id: int) -> Optional[Session]:
+        return self._by_open_id.get(open_id)
+
+    def forget(self, session: Session, reason: str) -> bool:
+        """Out of the table, its reason kept for late callers; False if it was gone already."""
+        if self.live.pop(session.id, None) is None:
+            return False
+        self._by_open_id.pop(session.open_id, None)
+        self._ended[session.id] = reason
+        while len(self._ended) > ENDED_SESSIONS_KEPT:
+            self._ended.popitem(last=False)
+        return True
+
+    def idle(self) -> list[Session]:
+        """Sessions not in a call, the longest idle first."""
+        return sorted((s for s in self.live.values() if not s.busy.locked()), key=lambda s: s.idle_since)
+
+    def expired(self, now: float, max_lifetime_s: float) -> list[tuple[Session, str]]:
+        """Idle sessions past their idle TTL or the maximum lifetime, with why."""
+        due = []
+        for session in self.idle():
+            if now - session.idle_since > session.idle_ttl_s:
+                due.append((session, f"expired: idle for {now - session.idle_since:.0f} s "
+                                     f"(idle_ttl_s={session.idle_ttl_s:g})"))
+            elif now - session.created_at > max_lifetime_s:
+                due.append((session, f"expired: reached the maximum lifetime of {max_lifetime_s:g} s"))
+        return due

@@ -1,0 +1,258 @@
+"""One forked child: its isolation set up ahead of time, then its job (a run, or a session's calls).
+
+In a fixed order, before it sees a job: its own mount, IPC and network namespaces (the PID one
+is made by the zygote's fork), every inherited mount read-only, fresh tmpfs for its directories
+and for /dev/shm, its own /proc and /dev/pts, its cgroups, a new session, stdio on fds 0-3, then
+the run's uid, no capabilities, no_new_privs and the seccomp filter.  User code starts after that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import resource
+import signal
+from typing import NoReturn, Optional
+
+from . import linux
+from .interactive import BASH_SESSION, JOB_FD, python_session
+from .jupyter import run_cells
+from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
+from .messages import TRUNCATION_MARKER, CompiledRecord, DoneRecord, RunBody, ZygoteConfig
+from .paths import UnwritableFile, fetch, write_files
+from .python_runner import main_namespace, run_python
+from .run_groups import Groups, write
+from .seccomp import Filter
+from .wire import READ_CHUNK, loads, report
+
+READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
+
+
+@dataclasses.dataclass
+class Mount:
+    """A per-child tmpfs: mount(2)'s target and options, and the entries bound back on top of it."""
+
+    target: str
+    options: bytes
+    keep: list[str]
+
+
+@dataclasses.dataclass
+class Blueprint:
+    """What every child is made from, prepared once by the zygote."""
+
+    cfg: ZygoteConfig
+    seccomp: Filter
+    mounts: list[Mount]
+    comm: bytes  # a run's process name, as `python main.py` would show it
+    cwd: str  # what os.getcwd() gives a run
+
+    @property
+    def isolated(self) -> bool:
+        return self.cfg["isolated"]
+
+
+class Child:
+    def __init__(self, blueprint: Blueprint, groups: Groups):
+        self.blueprint = blueprint
+        self.cfg = blueprint.cfg
+        self.groups = groups
+        self.workdir = self.cfg["workdir"]
+
+    def setup(self, job_r: int, out_w: int, err_w: int, meta_w: int) -> NoReturn:
+        linux.set_name(READY_NAME)
+        if self.blueprint.isolated:
+            self._mounts()
+        else:
+            self.workdir = f"{self.cfg['workdir']}/run-{os.getpid()}"
+            os.makedirs(self.workdir + "/.tmp", exist_ok=True)
+            os.environ["TMPDIR"] = self.workdir + "/.tmp"
+            os.environ["HOME"] = self.workdir
+        for group in set(self.groups.values()):
+            write(group, "cgroup.procs", "0")
+        os.setsid()
+        # Everything that does not depend on the job is done while waiting for it, off the
+        # request's path: the job pipe sits on fd 9 until the job is read.
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_r, out_w, err_w, meta_w)]  # above every target
+        for fd, target in zip(moved, (JOB_FD, 1, 2, 3), strict=True):
+            os.dup2(fd, target)
+        os.closerange(4, JOB_FD)
+        os.closerange(JOB_FD + 1, 1 << 16)
+        oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(oom, b"1000")  # under memory pressure the run dies, never the warm interpreter
+        os.close(oom)
+        os.chdir(self.workdir)
+        stdin_fd = os.memfd_create("stdin", 0)
+        if self.blueprint.isolated:
+            self._drop_privileges()
+        namespace = main_namespace(self.blueprint.cwd if self.blueprint.isolated else self.workdir)
+        job = _read_job()
+        linux.set_name(self.blueprint.comm)
+        try:
+            write_files(job.get("files") or {}, self._roots())
+        except UnwritableFile as exc:  # as a failed `cp` ends a job script
+            os.write(2, f"verl-sf: {exc}\n".encode())
+            _report_done(1, None, [], 0)
+            os._exit(1)
+        self._limit(job)
+        mode = job.get("mode")
+        if mode == "session_python":
+            os.close(stdin_fd)
+            report({"kind": "session_ready"})
+            python_session(namespace, lambda paths: fetch(paths, self._roots(), self.cfg["fetch_limit"]))
+        if mode == "session_bash":
+            os.close(stdin_fd)
+            report({"kind": "session_ready"})
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.execve("/bin/bash", ["bash", "--noprofile", "--norc", "-c", BASH_SESSION], dict(os.environ))
+        os.write(stdin_fd, (job.get("stdin") or "").encode("utf-8", "surrogateescape"))
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
+        os.close(JOB_FD)
+        if mode == "exec":
+            code = self._exec_stages(job)
+        elif mode == "jupyter":
+            code = run_cells(job["cells"], job.get("cell_timeout") or 0, job["output_limit"], namespace)
+        else:
+            code = run_python(job["code"], namespace)
+        _report_done(code, job.get("fetch_files"), self._roots(), self.cfg["fetch_limit"])
+        os._exit(code & 0xFF)
+
+    def _mounts(self) -> None:
+        """The run's own view: every mount of the sandbox read-only (nothing one run plants there
+        reaches another), then fresh writable tmpfs, /proc, /dev/shm, /dev/pts and a network of
+        its own whose loopback only it can reach."""
+        linux.check(linux.libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare(CLONE_NEWNS)")
+        linux.read_only_tree()
+        linux.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        for mount in self.blueprint.mounts:
+            kept = [os.open(f"{mount.target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in mount.keep]
+            linux.mount(b"tmpfs", mount.target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, mount.options)
+            # A runtime that lives under /tmp (a CI checkout, say) is bound back on top.
+            for entry, fd in zip(mount.keep, kept, strict=True):
+                os.mkdir(f"{mount.target}/{entry}", 0o711)
+                linux.mount(f"/proc/self/fd/{fd}".encode(), f"{mount.target}/{entry}".encode(), None,
+                            MS_BIND | MS_REC, None)
+                os.close(fd)
+        owner = 0 if self.cfg["single_uid"] else self.cfg["uid"]
+        for directory in self.cfg["premade"]:
+            os.mkdir(directory, 0o755)
+            os.chown(directory, owner, owner)
+        # POSIX shared memory and semaphores (multiprocessing's locks) live here: private to the run too.
+        shm_options = f"size={self.cfg['sizes'][self.cfg['tmpdir']]},mode=1777".encode()
+        linux.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_options)
+        linux.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=0620")
+        linux.loopback_up()
+
+    def _drop_privileges(self) -> None:
+        """The uid change clears the effective and permitted capabilities (an unmapped single
+        uid keeps uid 0 of the namespace, so they are cleared by hand); then no_new_privs and the
+        seccomp filter, which an exec keeps."""
+        if self.cfg["single_uid"]:  # its namespace denies setgroups (and it has no groups to drop)
+            linux.set_capabilities(keep_effective=False)
+        else:
+            os.setgroups([])
+            os.setresgid(self.cfg["gid"], self.cfg["gid"], self.cfg["gid"])
+            os.setresuid(self.cfg["uid"], self.cfg["uid"], self.cfg["uid"])
+        self.blueprint.seccomp.load()
+
+    def _limit(self, job: RunBody) -> None:
+        limits = {
+            resource.RLIMIT_FSIZE: job["fsize"],
+            resource.RLIMIT_NOFILE: job["nofile"],
+            resource.RLIMIT_CORE: 0,
+        }
+        if not self.groups:
+            limits[resource.RLIMIT_NPROC] = job["nproc"]  # per uid, so shared: only when no pids cgroup
+            if job.get("memory"):
+                limits[resource.RLIMIT_DATA] = job["memory"]  # the best cap without a memory cgroup
+        for which, value in limits.items():
+            resource.setrlimit(which, (value, value))
+
+    def _exec_stages(self, job: RunBody) -> int:
+        """The compile stage, if any, with its output captured apart; then the program.  This PID 1
+        runs no user code and is made undumpable: the program cannot open its fd 3 through /proc
+        nor trace it, so the records it writes are the verdict."""
+        linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+        if job.get("compile_argv"):
+            captures = [os.memfd_create("compile-stdout"), os.memfd_create("compile-stderr")]
+            start = os.times()
+            code = _exec_as_child(job["compile_argv"], captures)
+            used = os.times()
+            (out, out_cut), (err, err_cut) = (_read_capped(fd, job["output_limit"]) for fd in captures)
+            cpu = (used.children_user + used.children_system) - (start.children_user + start.children_system)
+            record: CompiledRecord = {"kind": "compiled", "return_code": code, "cpu_time": cpu, "stdout": out,
+                                      "stderr": err, "truncated": out_cut or err_cut}
+            report(record)
+            if code != 0:
+                return code
+        return _exec_as_child(job["argv"], None)
+
+    def _roots(self) -> list[str]:
+        """The directories a run's files may be named in: absolute paths under these, relative ones in the first."""
+        if not self.blueprint.isolated:
+            return [self.workdir]
+        return [self.cfg["workdir"], self.cfg["tmpdir"], self.cfg["datadir"]]
+
+
+def _read_job() -> RunBody:
+    """The job from fd 9: one line.  An empty pipe means the zygote is gone or shutting down."""
+    chunks = []
+    while True:
+        chunk = os.read(JOB_FD, READ_CHUNK)
+        if not chunk:
+            os._exit(0)
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    job: RunBody = loads(b"".join(chunks).decode())
+    return job
+
+
+def _exec_as_child(argv: list[str], captures: Optional[list[int]]) -> int:
+    """Run a program below us, so it is not PID 1: the kernel shields PID 1 from its own
+    signals, which would turn abort() into a crash and ignore `kill $$`."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(3)
+            if captures:
+                os.dup2(captures[0], 1)
+                os.dup2(captures[1], 2)
+            # Python ignores SIGPIPE; a program gets the default a shell would give it, so `yes | head` ends.
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.execve(argv[0], argv, dict(os.environ))
+        except BaseException as exc:
+            os.write(2, f"verl-sf: cannot execute {argv[0]}: {exc}\n".encode())
+        os._exit(127)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _read_capped(fd: int, limit: int) -> tuple[str, bool]:
+    """A capture's text within `limit` bytes, and whether it was cut."""
+    size = os.fstat(fd).st_size
+    text = os.pread(fd, limit, 0).decode("utf-8", "replace")
+    if size > limit:
+        text += TRUNCATION_MARKER.format(dropped=size - limit)
+    os.close(fd)
+    return text, size > limit
+
+
+def _report_done(code: int, fetch_files: Optional[list[str]], roots: list[str], fetch_limit: int) -> None:
+    """Close our stdio, then report the run's files (and, for an exec run, the program's status)."""
+    times = os.times()
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    record: DoneRecord = {"kind": "done", "return_code": code,
+                          "cpu_time": times.user + times.system + times.children_user + times.children_system}
+    if fetch_files is not None:
+        record["files"] = fetch(fetch_files, roots, fetch_limit)
+    report(record)
+    os.close(3)
+
+

@@ -1,0 +1,92 @@
+"""A session's child: a live interpreter that runs one call after another in the same state.
+
+Calls arrive on fd 9; each ends with a `call_done` record on fd 3.  Python calls are JSON lines
+(a `SessionCallBody`); bash calls are NUL-terminated fields read by the shell itself (`BASH_SESSION`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, Optional
+
+from .jupyter import run_cells
+from .messages import CallDoneRecord, SessionCallBody
+from .python_runner import run_python
+from .wire import READ_CHUNK, loads, report
+
+JOB_FD = 9
+# A bash call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as
+# the session's user in its own mounts, and reports them in order ("fetched": base64 or null per path).
+BASH_SESSION = r"""trap 'builtin printf "\nKeyboardInterrupt\n" >&2' INT
+__verl_sf_home=$PWD
+while IFS= read -r -d '' __verl_sf_code <&9; do
+  IFS= read -r -d '' __verl_sf_limit <&9
+  __verl_sf_paths=()
+  while IFS= read -r -d '' __verl_sf_path <&9 && [ -n "$__verl_sf_path" ]; do __verl_sf_paths+=("$__verl_sf_path"); done
+  eval "$__verl_sf_code" 3>&- 9<&- </dev/null
+  __verl_sf_status=$?
+  {
+    builtin printf '{"kind": "call_done", "return_code": %d, "fetched": [' "$__verl_sf_status"
+    __verl_sf_sep=
+    for __verl_sf_path in "${__verl_sf_paths[@]}"; do
+      case $__verl_sf_path in
+        */../*|*/..|../*) __verl_sf_path= ;;
+        "$__verl_sf_home"/*|/tmp/*|/mnt/*) ;;
+        /*) __verl_sf_path= ;;
+        *) __verl_sf_path=$__verl_sf_home/$__verl_sf_path ;;
+      esac
+      # No symlink anywhere on the path: resolving it must not change it.
+      if [ -n "$__verl_sf_path" ] && [ -f "$__verl_sf_path" ] \
+          && [ "$(command realpath -e -- "$__verl_sf_path" 2>/dev/null)" \
+               = "$(command realpath -s -m -- "$__verl_sf_path")" ] \
+          && [ "$(command stat -c %s -- "$__verl_sf_path")" -le "$__verl_sf_limit" ]; then
+        builtin printf '%s"' "$__verl_sf_sep"; command base64 -w0 -- "$__verl_sf_path"; builtin printf '"'
+      else
+        builtin printf '%snull' "$__verl_sf_sep"
+      fi
+      __verl_sf_sep=,
+    done
+    builtin printf ']}\n'
+  } >&3
+done
+"""
+
+
+def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str]]], dict[str, str]]) -> NoReturn:
+    """Each call is one line of JSON on fd 9, run in the same globals; the zygote closing fd 9 ends it."""
+    source = os.fdopen(JOB_FD, "rb", buffering=0)
+    pending = b""
+    while True:
+        try:
+            while b"\n" not in pending:
+                chunk = source.read(READ_CHUNK)
+                if not chunk:
+                    os._exit(0)
+                pending += chunk
+            line, _, pending = pending.partition(b"\n")
+            call: SessionCallBody = loads(line.decode())
+            started = os.times()
+            stdin_fd = os.memfd_create("stdin", 0)
+            os.write(stdin_fd, (call.get("stdin") or "").encode("utf-8", "surrogateescape"))
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
+            os.dup2(stdin_fd, 0)
+            os.close(stdin_fd)
+            if call.get("cells") is not None:
+                code = run_cells(call["cells"], call.get("cell_timeout") or 0, call["output_limit"], namespace,
+                                 at_exit=False)
+            else:
+                code = run_python(call["code"], namespace, at_exit=False)
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            used = os.times()
+            record: CallDoneRecord = {"kind": "call_done", "return_code": code,
+                                      "cpu_time": (used.user + used.system) - (started.user + started.system)}
+            if call.get("fetch_files") is not None:
+                record["files"] = fetch(call["fetch_files"])
+            report(record)
+        except KeyboardInterrupt:
+            report({"kind": "call_done", "return_code": 1})  # the interrupt came between statements of ours

@@ -1,0 +1,302 @@
+"""What runs and sessions share, seen from the zygote: a child, its output, its records, its clock.
+
+A job's processes end with its PID 1 (its PID namespace ends with it), and the zygote learns so
+from the kernel (a pidfd): replies about a job that ended leave only then, with the return code
+and CPU time wait4 reports.  Records the child writes on fd 3 carry only what belongs to the job
+itself (its fetched files, its cells), except where PID 1 runs no user code (`exec` runs, whose
+PID 1 is not dumpable: nothing of the program reaches it).  Every channel is capped as it
+arrives: output per stream, and fd 3 in all.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Iterable
+from typing import Any, Optional, Protocol, Union
+
+from . import linux, procfs
+from .messages import (
+    TRUNCATION_MARKER,
+    Limits,
+    MemoryScope,
+    Reply,
+    RunHead,
+    SessionOpenHead,
+    StageResult,
+    ZygoteConfig,
+)
+from .run_groups import Groups, RunGroups
+from .wire import READ_CHUNK, Lines, loads, write_all
+
+KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
+TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
+MEMORY_KILLS: dict[MemoryScope, str] = {
+    "own": "killed for exceeding its memory limit",
+    "shared": "killed for memory: the runs and sessions of this server together reached its memory cap "
+              "(--runs-memory-mb), not this one's own limit",
+}
+
+
+class Zygote(Protocol):
+    """What a job needs of the zygote that holds it (supervisor.Zygote)."""
+
+    cfg: ZygoteConfig
+    isolated: bool
+    groups: RunGroups
+    runs: dict[int, Any]
+    sessions: dict[int, Any]
+
+    def take_ready(self) -> tuple[int, int, int, int, int, Groups]: ...
+    def watch(self, job: Job, fds: Iterable[int]) -> None: ...
+    def unwatch(self, fd: int) -> None: ...
+    def reply(self, reply: Union[Reply, dict[str, Any]]) -> None: ...
+    def retire(self, job: Job) -> None: ...
+
+
+class Job:
+    def __init__(self, zygote: Zygote, head: Union[RunHead, SessionOpenHead], body: bytes):
+        self.id = head["id"]
+        self.body = body
+        self.limits: Limits = head["limits"]
+        self.alive = True
+        self.exited = False
+        self.collected = False  # its PID 1 was waited for already
+        self.status = 0  # PID 1's wait status, once collected
+        self.cpu_used = 0.0  # CPU seconds of PID 1 and every process it waited for (wait4's rusage)
+        self.memory_exceeded = False
+        self.job_w = -1
+        self.killed_at: Optional[float] = None
+        self.open_fds: set[int] = set()
+        self.records: list[dict[str, Any]] = []
+        self.meta = Lines()
+        self.meta_bytes = 0  # bytes received on fd 3 for this run or call
+        # What fd 3 may carry: cells' output (capped by the child), their displays and the fetched files.
+        self.meta_budget = 4 * self.limits["output_limit"] + zygote.cfg["fetch_limit"] * 4 // 3 + (1 << 20)
+        self.overflowed = False
+        self.end_reason = ""
+        self.failure = ""  # the zygote could not set the job up: answered as a sandbox error
+        # Without a memory cgroup, RLIMIT_DATA caps each process alone (not shared mappings, not
+        # a job's many processes): the zygote then sums the job's memory every tick and kills past the cap.
+        self.watch_memory = bool(self.limits["memory"]) and not zygote.cfg["cgroups"]
+        self.memory_killed = False
+        self.memory_checked = 0.0
+        self.demote_after = zygote.cfg["demote_after"]
+
+    # -- start and stages ------------------------------------------------------------------------
+    def start(self, zygote: Zygote) -> None:
+        pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready()
+        self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
+        self.groups: Groups = groups
+        self.pidfd = os.pidfd_open(pid)
+        self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
+        zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
+        self.register(zygote)
+        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]  # for all stages: the client waits for all
+        self.begin_stage(self.first_timeout())
+        try:
+            zygote.groups.set_limits(groups, self.limits)
+        except OSError as exc:  # never run without the cap asked for: a sandbox error, not the code's
+            self.failure = f"verl-sf: the job's cgroup limits could not be set: {exc}"
+            self.kill(zygote, self.failure)
+            return
+        write_all(job_w, self.body + b"\n")
+        self.body = b""  # a session lives long: its creation body is not kept
+
+    def register(self, zygote: Zygote) -> None:
+        raise NotImplementedError
+
+    def first_timeout(self) -> float:
+        return self.limits["timeout"]
+
+    def begin_stage(self, timeout: float, fresh_output: bool = True) -> None:
+        now = time.monotonic()
+        self.stage_started = now
+        self.stage_timeout = timeout
+        self.hard_deadline = max(self.hard_deadline, now + timeout)
+        if fresh_output:
+            self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
+            self.dropped = 0
+        self.wait_seen = 0.0  # CPU-wait of this stage, sampled for runs past their first slice
+        self.wait_base: Optional[tuple[float, float]] = None
+        self.cpu_seen = 0.0
+        self.demoted = False
+        self.timed_out = False
+        self.starved = False
+
+    def deadline(self) -> float:
+        return min(self.stage_started + self.stage_timeout + self.wait_seen, self.hard_deadline)
+
+    def next_timer(self) -> Optional[float]:
+        if self.killed_at is not None:
+            return self.killed_at + KILL_WAIT
+        return self.next_tick()
+
+    def next_tick(self) -> Optional[float]:
+        """When the running stage next needs looking at: its slice, its samples, its deadline."""
+        due = self.deadline()
+        if not self.demoted:
+            return min(due, self.stage_started + self.demote_after)
+        return min(due, time.monotonic() + TICK)
+
+    # -- events ----------------------------------------------------------------------------------
+    def on_event(self, zygote: Zygote, fd: int) -> None:
+        if fd == self.pidfd:
+            zygote.unwatch(fd)
+            self._exited(zygote)
+            return
+        chunk = os.read(fd, READ_CHUNK)
+        if not chunk:
+            self._close(zygote, fd)
+        elif fd == self.meta_r:
+            self._take_meta(zygote, chunk)
+        else:
+            self._keep(fd, chunk)
+
+    def _close(self, zygote: Zygote, fd: int) -> None:
+        zygote.unwatch(fd)
+        self.open_fds.discard(fd)
+        os.close(fd)
+
+    def _keep(self, fd: int, chunk: bytes) -> None:
+        buf = self.buffers[fd]
+        room = self.limits["output_limit"] - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def _take_meta(self, zygote: Zygote, chunk: bytes) -> None:
+        self.meta_bytes += len(chunk)
+        if self.meta_bytes > self.meta_budget:
+            if not self.overflowed:
+                self.overflowed = True
+                self.meta.clear()
+                self.kill(zygote, f"its records to the server passed {self.meta_budget} bytes")
+            return
+        for line in self.meta.feed(chunk):
+            try:
+                record = loads(line.decode("utf-8", "replace"))
+            except ValueError:
+                continue  # the job may write garbage into its inherited fd 3; it only hurts itself
+            if isinstance(record, dict):
+                self.on_record(zygote, record)
+
+    def on_record(self, zygote: Zygote, record: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def on_time(self, zygote: Zygote, now: float) -> None:
+        if self.killed_at is not None:
+            if not self.exited and now >= self.killed_at + KILL_WAIT:
+                self.end_reason += f"; its processes were still exiting {KILL_WAIT:g} s after SIGKILL"
+                self.status = signal.SIGKILL  # a wait status: killed by SIGKILL
+                self.on_exit(zygote)  # answer (the client's deadline is near); collected when it goes
+            return
+        if self.watch_memory and self.alive and self._over_memory(now):
+            self.memory_killed = True
+            self.kill(zygote, MEMORY_KILLS["own"])
+            return
+        self.on_tick(zygote, now)
+
+    def on_tick(self, zygote: Zygote, now: float) -> None:
+        raise NotImplementedError
+
+    def sample(self) -> None:
+        """CPU time used and time spent waiting for a CPU, over the job's processes; each of them
+        (setsid or not, every thread) goes to the lowest CPU priority: fresh runs get the CPU first."""
+        cpu, wait = procfs.demote_tree(self.pid)
+        if self.wait_base is None:
+            self.wait_base = self.sample_base(cpu, wait)
+        self.cpu_seen = cpu - self.wait_base[0]
+        self.wait_seen = max(self.wait_seen, wait - self.wait_base[1])
+
+    def sample_base(self, cpu: float, wait: float) -> tuple[float, float]:
+        return 0.0, 0.0
+
+    def _over_memory(self, now: float) -> bool:
+        """Sampled at most once a tick (on_time runs after every event of the zygote)."""
+        if now - self.memory_checked < TICK / 2:
+            return False
+        self.memory_checked = now
+        return procfs.tree_memory(self.pid) > self.limits["memory"]
+
+    # -- endings ---------------------------------------------------------------------------------
+    def kill(self, zygote: Zygote, reason: str) -> None:
+        self.end_reason = self.end_reason or reason
+        self.alive = False
+        if self.killed_at is None and not self.exited:
+            self.killed_at = time.monotonic()
+        linux.kill(self.pid, zygote.isolated)
+
+    def _exited(self, zygote: Zygote) -> None:
+        """PID 1 is gone, and with it (its PID namespace ended) every process of the job: collect
+        it, take what is left in the pipes (no writer is left), then answer."""
+        if self.exited:
+            return
+        self.exited = True
+        if not zygote.isolated:
+            linux.kill(self.pid, False)  # no PID namespace: take the whole process group down
+        _, self.status, usage = os.wait4(self.pid, 0)
+        self.collected = True
+        self.cpu_used = usage.ru_utime + usage.ru_stime
+        self.drain(zygote)
+        self.on_exit(zygote)
+
+    def on_exit(self, zygote: Zygote) -> None:
+        raise NotImplementedError
+
+    def note_memory(self, zygote: Zygote, reply: Union[Reply, StageResult]) -> None:
+        scope: Optional[MemoryScope] = "own" if self.memory_killed else zygote.groups.memory_kill(self.groups)
+        self.memory_exceeded = scope is not None
+        if scope is not None:
+            self.end_reason = MEMORY_KILLS[scope]
+            reply["memory_exceeded"] = True
+            reply["memory_scope"] = scope
+
+    def stage_result(self, status: str, return_code: Optional[int], cpu_time: Optional[float]) -> StageResult:
+        result: dict[str, Any] = {"status": status, "return_code": return_code,
+                                  "execution_time": time.monotonic() - self.stage_started, "cpu_time": cpu_time}
+        if self.demoted:
+            result["cpu_wait_time"] = self.wait_seen
+            if result["cpu_time"] is None:
+                result["cpu_time"] = self.cpu_seen
+        if status == "TimeLimitExceeded":
+            result["cpu_starved"] = self.starved
+        out = self.buffers[self.out_r].decode("utf-8", "replace")
+        err = self.buffers[self.err_r].decode("utf-8", "replace")
+        if self.dropped:
+            marker = TRUNCATION_MARKER.format(dropped=self.dropped)
+            if len(self.buffers[self.out_r]) >= self.limits["output_limit"]:
+                out += marker
+            if len(self.buffers[self.err_r]) >= self.limits["output_limit"]:
+                err += marker
+        if self.overflowed:
+            err += f"\n[verl-sf: killed: {self.end_reason}]\n"
+        result["stdout"], result["stderr"] = out, err
+        result["truncated"] = self.dropped > 0 or self.overflowed or any(
+            record.get("truncated") is True for record in self.records)
+        stage: StageResult = result  # type: ignore[assignment]
+        return stage
+
+    def cells(self) -> list[Any]:
+        return [record for record in self.records if record.get("kind") == "cell"]
+
+    def drain(self, zygote: Zygote) -> None:
+        """Output already in the pipes is this job's (or this call's): take it without waiting."""
+        for fd in (self.out_r, self.err_r, self.meta_r):
+            while fd in self.open_fds and _readable(fd):
+                chunk = os.read(fd, READ_CHUNK)
+                if not chunk:
+                    self._close(zygote, fd)
+                elif fd == self.meta_r:
+                    self._take_meta(zygote, chunk)
+                else:
+                    self._keep(fd, chunk)
+
+
+def _readable(fd: int) -> bool:
+    """Is there something (or an end) to read now?  poll, not select: a zygote holds past 1,024 descriptors."""
+    probe = select.poll()
+    probe.register(fd, select.POLLIN)
+    return bool(probe.poll(0))

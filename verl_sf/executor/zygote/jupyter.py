@@ -1,0 +1,124 @@
+"""Cells in one namespace, as a Jupyter kernel runs them: each cell's output captured apart, the
+last expression displayed (with PNG/HTML where the object offers them), errors as the kernel
+reports them.  All cells together share the run's per-stream output limit."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import contextlib
+import io
+import os
+import signal
+import sys
+from types import FrameType
+from typing import Any, Optional
+
+from .messages import TRUNCATION_MARKER, CellRecord
+from .python_runner import cache_source, finish, make_stdio, user_traceback
+from .wire import report
+
+
+def display_data(value: Any) -> dict[str, str]:
+    """A cell's result as Jupyter would show it: text/plain, plus image/png and text/html where
+    the object offers them (a matplotlib figure, a pandas frame)."""
+    data = {"text/plain": repr(value)}
+    for method, mime in (("_repr_png_", "image/png"), ("_repr_html_", "text/html")):
+        render = getattr(value, method, None)
+        if callable(render):
+            with contextlib.suppress(Exception):
+                rendered = render()
+                if isinstance(rendered, bytes):
+                    rendered = base64.b64encode(rendered).decode()
+                if rendered:
+                    data[mime] = rendered
+    return data
+
+
+def _figures_display() -> list[dict[str, str]]:
+    """Open matplotlib figures, as inline PNGs (what a Jupyter kernel shows after a cell), then closed."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return []
+    shown = []
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        buffer = io.BytesIO()
+        with contextlib.suppress(Exception):
+            figure.savefig(buffer, format="png")
+            shown.append({"image/png": base64.b64encode(buffer.getvalue()).decode(),
+                          "text/plain": repr(figure)})
+    pyplot.close("all")
+    return shown
+
+
+def _is_figure_artist(value: Any) -> bool:
+    """A cell ending in a plotting call returns an artist; Jupyter shows the figure instead."""
+    module = type(value).__module__ or ""
+    if module.startswith("matplotlib"):
+        return True
+    return isinstance(value, list) and bool(value) and (type(value[0]).__module__ or "").startswith("matplotlib")
+
+
+def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespace: dict[str, Any],
+              at_exit: bool = True) -> int:
+    """Every cell writes into a memfd standing in for fds 1 and 2 (so output of subprocesses is
+    caught too); after the cell its content is read, capped, reported on fd 3, and emptied."""
+    saved = (os.dup(1), os.dup(2), sys.stdout, sys.stderr)
+    captures = [os.memfd_create("cell-stdout"), os.memfd_create("cell-stderr")]
+    os.dup2(captures[0], 1)
+    os.dup2(captures[1], 2)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a flooding cell gets EFBIG, not death
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    sys.stdout, sys.stderr = make_stdio()[1:]  # over the memfds: seekable, unlike a python run's pipes
+
+    def _alarm(signum: int, frame: Optional[FrameType]) -> None:
+        raise TimeoutError(f"cell exceeded cell_timeout of {cell_timeout} s")
+
+    signal.signal(signal.SIGALRM, _alarm)
+    room = [output_limit, output_limit]  # what is left of each stream's limit, over all cells
+    for index, source in enumerate(cells):
+        name = f"<cell-{index}>"
+        cache_source(name, source)
+        display: list[dict[str, str]] = []
+        error: list[dict[str, object]] = []
+        if cell_timeout:
+            signal.setitimer(signal.ITIMER_REAL, cell_timeout)
+        try:
+            tree = ast.parse(source, name, "exec")
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            assert last is None or isinstance(last, ast.Expr)
+            exec(compile(tree, name, "exec"), namespace)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
+                if value is not None and not _is_figure_artist(value):
+                    display.append(display_data(value))
+            display.extend(_figures_display())
+        except BaseException as exc:  # noqa: B036 - a cell's SystemExit/KeyboardInterrupt is its own error
+            error.append({"ename": type(exc).__name__, "evalue": str(exc), "traceback": user_traceback(exc)})
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        texts = []
+        cut = False
+        for which, (stream, fd) in enumerate(((sys.stdout, captures[0]), (sys.stderr, captures[1]))):
+            with contextlib.suppress(Exception):
+                stream.flush()
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, room[which], 0)
+            room[which] -= len(data)
+            text = data.decode("utf-8", "replace")
+            if size > len(data):
+                text += TRUNCATION_MARKER.format(dropped=size - len(data))
+                cut = True
+            texts.append(text)
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+        record: CellRecord = {"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": display,
+                              "error": error, "truncated": cut}
+        report(record)
+    os.dup2(saved[0], 1)
+    os.dup2(saved[1], 2)
+    for fd in (*captures, saved[0], saved[1]):
+        os.close(fd)
+    sys.stdout, sys.stderr = saved[2], saved[3]
+    return finish(0) if at_exit else 0

@@ -1,0 +1,128 @@
+"""The Linux calls the standard library lacks (through libc), their constants, and small wrappers.
+
+sandbox.py uses the same constants on the server's side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+import socket
+import struct
+from typing import Optional
+
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME = 0x10000000, 0x20000000, 0x40000000, 0x00000080
+NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+                   CLONE_NEWNET, CLONE_NEWTIME)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME = 1024, 2048, 1 << 18, 1 << 21
+PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 4, 15, 24, 38, 22
+SECCOMP_MODE_FILTER = 2
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+SYS_OPENAT2, SYS_MOUNT_SETATTR = 437, 442  # one number on every architecture (added after 5.1)
+AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.syscall.restype = ctypes.c_long
+# Looked up (dlsym) once here rather than in every run, whose lookups would copy pages.
+for _name in ("capget", "capset", "mount", "prctl", "setns", "unshare", "syscall"):
+    getattr(libc, _name)
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+class OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def check(result: int, what: str) -> None:
+    """Raise OSError with errno's text for a libc call that failed."""
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source: Optional[bytes], target: bytes, fstype: Optional[bytes], flags: int,
+          options: Optional[bytes]) -> None:
+    check(libc.mount(source, target, fstype, flags, options), f"mount {target.decode(errors='replace')}")
+
+
+def set_capabilities(keep_effective: bool) -> None:
+    """Empty the inheritable set (and, unless `keep_effective`, every set)."""
+    header = CapHeader(0x20080522, 0)
+    data = (CapData * 2)()
+    check(libc.capget(ctypes.byref(header), data), "capget")
+    for half in data:
+        half.inheritable = 0
+        if not keep_effective:
+            half.effective = half.permitted = 0
+    check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def shrink_capabilities() -> None:
+    """Empty the bounding set for good, keeping the effective capabilities the zygote needs
+    (namespaces, mounts, uid changes): an exec in a run can never regain one."""
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    set_capabilities(keep_effective=True)
+
+
+def kill(pid: int, isolated: bool) -> None:
+    """SIGKILL a job: PID 1 of its namespace (the kernel kills the rest), or its process group."""
+    try:
+        if isolated:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def read_only_tree() -> None:
+    """Every mount of this (new) mount namespace read-only: one mount_setattr, or a remount per
+    mount point where the kernel predates it (device nodes such as /dev/null stay writable)."""
+    attr = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) == 0:
+        return
+    if ctypes.get_errno() != errno.ENOSYS:
+        check(-1, "mount_setattr(/, MOUNT_ATTR_RDONLY)")
+    # The per-mount flags a remount must repeat (they may be locked by an outer namespace).
+    kept = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+            "relatime": MS_RELATIME, "nodiratime": MS_NODIRATIME}
+    with open("/proc/self/mountinfo") as info:
+        mounts = [line.split() for line in info]
+    for fields in mounts:
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for option in fields[5].split(","):
+            flags |= kept.get(option, 0)
+        mount(None, fields[4].replace("\\040", " ").encode(), None, flags, None)
+
+
+def loopback_up() -> None:
+    """A new network namespace starts with its loopback down: bring it up (SIOCSIFFLAGS)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+
+
+def set_name(name: bytes) -> None:
+    """What `ps` shows for this process."""
+    libc.prctl(PR_SET_NAME, name, 0, 0, 0)

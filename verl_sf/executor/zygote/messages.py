@@ -1,0 +1,184 @@
+"""What the server and the zygote say to each other, and what a child tells the zygote.
+
+The only module of this package the server imports.  A request line is two JSON texts joined by a
+tab: the head the zygote acts on (a `Head`), then the body, which goes to the child unread (a
+`RunBody` to start a run or a session, a `SessionCallBody` for a call).  A reply is one `Reply`
+line, tagged with its request's id.  Children report on their fd 3 with `Record`s, told apart by
+`kind`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, TypedDict, Union
+
+RunMode = Literal["python", "exec", "jupyter", "session_python", "session_bash"]
+SessionLanguage = Literal["python", "bash"]
+MemoryScope = Literal["own", "shared"]  # whose cap a memory kill was for: the job's own, or all jobs' together
+
+
+class ZygoteConfig(TypedDict):
+    isolated: bool
+    single_uid: bool  # no second uid is mapped: runs keep uid 0 of the namespace, without capabilities
+    workdir: str
+    tmpdir: str
+    datadir: str
+    premade: list[str]  # directories made in each run's fresh mounts (Sandbox Fusion's /mnt/data in /mnt)
+    sizes: dict[str, int]  # tmpfs size in bytes by mount point
+    keep: dict[str, list[str]]  # entries of a per-run tmpfs mount point that lead to bound runtime dirs
+    uid: int
+    gid: int
+    env: dict[str, str]
+    preload: list[str]
+    fetch_limit: int  # bytes of fetched files per run, all files together
+    cgroups: dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
+    cgroup_v2: bool
+    seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
+    seccomp_socket_families: list[int]  # socket() refused with EPERM for these address families
+    libseccomp: str
+    demote_after: float  # seconds of wall time after which a run drops to the lowest CPU priority
+
+
+class Limits(TypedDict):
+    timeout: float  # the stage's wall-clock limit, not counting time spent waiting for a CPU
+    hard_timeout: float  # wall-clock limit from hand-over that no extension passes
+    output_limit: int  # bytes per stream
+    memory: int  # bytes; 0: no cap
+    nproc: int
+
+
+class RunHead(TypedDict):
+    op: Literal["run"]
+    id: int
+    limits: Limits
+    compile_timeout: float  # 0: no compile stage
+    exec: bool  # the program runs below a PID 1 that runs no user code: PID 1's records are trusted
+
+
+class CancelHead(TypedDict):
+    op: Literal["cancel"]
+    id: int
+
+
+class SessionOpenHead(TypedDict):
+    op: Literal["open"]
+    id: int
+    language: SessionLanguage
+    limits: Limits
+
+
+class SessionCallHead(TypedDict):
+    op: Literal["call"]
+    id: int
+    session: int  # the id its open request had
+    limits: Limits
+    grace: float  # seconds an interrupted call has to stop before the session is killed
+
+
+class SessionCloseHead(TypedDict):
+    op: Literal["close"]
+    id: int
+    session: int
+
+
+Head = Union[RunHead, CancelHead, SessionOpenHead, SessionCallHead, SessionCloseHead]
+
+
+class RunBody(TypedDict, total=False):
+    """What a new child reads to start a run or a session: the job's own data, which the zygote never parses."""
+
+    mode: RunMode
+    files: dict[str, str]  # path -> base64
+    stdin: Optional[str]
+    code: str
+    argv: list[str]
+    compile_argv: list[str]
+    cells: list[str]
+    cell_timeout: float
+    fetch_files: Optional[list[str]]
+    fsize: int
+    nofile: int
+    nproc: int
+    memory: int
+    output_limit: int
+
+
+class SessionCallBody(TypedDict, total=False):
+    """One call into a live session: code (python or bash) or cells (python)."""
+
+    code: str
+    stdin: Optional[str]
+    cells: list[str]
+    cell_timeout: float
+    output_limit: int
+    fetch_files: Optional[list[str]]
+
+
+class CellRecord(TypedDict):
+    kind: Literal["cell"]
+    stdout: str
+    stderr: str
+    display: list[dict[str, str]]
+    error: list[dict[str, object]]
+    truncated: bool
+
+
+class CompiledRecord(TypedDict):
+    kind: Literal["compiled"]
+    return_code: int
+    cpu_time: float
+    stdout: str
+    stderr: str
+    truncated: bool
+
+
+class DoneRecord(TypedDict, total=False):
+    kind: Literal["done"]
+    return_code: int
+    cpu_time: float
+    files: dict[str, str]
+
+
+class CallDoneRecord(TypedDict, total=False):
+    kind: Literal["call_done"]
+    return_code: int
+    cpu_time: float
+    files: dict[str, str]
+    fetched: list[Optional[str]]  # a bash session's files, in the order asked for (null: not fetched)
+
+
+class SessionReadyRecord(TypedDict):
+    kind: Literal["session_ready"]
+
+
+Record = Union[CellRecord, CompiledRecord, DoneRecord, CallDoneRecord, SessionReadyRecord]
+
+
+class StageResult(TypedDict, total=False):
+    status: Literal["Finished", "TimeLimitExceeded", "Error"]
+    return_code: Optional[int]
+    execution_time: float
+    cpu_time: Optional[float]
+    cpu_wait_time: Optional[float]
+    cpu_starved: bool
+    memory_exceeded: bool
+    memory_scope: MemoryScope
+    stdout: str
+    stderr: str
+    truncated: bool
+
+
+class Reply(StageResult, total=False):
+    id: int
+    ready: bool  # the zygote's first line: it is up
+    pid: int
+    compile: StageResult  # present when the run had a compile stage
+    files: dict[str, str]
+    cells: list[CellRecord]
+    error: str  # the zygote could not do what was asked (a bug, or a resource it could not get)
+    session_alive: bool  # a session's reply: does the session live on
+    session_end: str  # why a session ended (sent unprompted when it dies between calls)
+    group: Optional[str]  # a new session's cgroup, below the sandbox's (its memory use is read there)
+
+
+TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
+"""Appended to a stream (or a cell's) past its output limit."""

@@ -1,0 +1,76 @@
+"""A job's processes as the zygote's /proc shows them: CPU use and wait, priority, memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+
+def tree(pid: int, limit: int = 1024) -> Iterator[int]:
+    """`pid` and its descendants (children of every thread)."""
+    stack = [pid]
+    seen = 0
+    while stack and seen < limit:
+        current = stack.pop()
+        seen += 1
+        yield current
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", "rb") as fh:
+                    stack.extend(int(child) for child in fh.read().split())
+        except (OSError, ValueError):
+            continue
+
+
+def demote_tree(pid: int) -> tuple[float, float]:
+    """Every thread of `pid` and its descendants to nice 19 (nice is per thread, and a setsid'd
+    process is out of the job's process group); returns (seconds on a CPU, seconds waiting for
+    one) summed over them."""
+    cpu = wait = 0.0
+    for current in tree(pid, 256):
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(task), 19)
+        try:
+            with open(f"/proc/{current}/schedstat", "rb") as fh:
+                fields = fh.read().split()
+            cpu += int(fields[0]) / 1e9
+            wait += int(fields[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return cpu, wait
+
+
+def has_children(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
+            return bool(fh.read().strip())
+    except OSError:
+        return False
+
+
+def tree_memory(pid: int) -> int:
+    """Bytes of anonymous and shared memory the job's processes hold, each page split between the
+    processes that map it (PSS), so pages still shared with the warm interpreter barely count;
+    plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low)."""
+    total = 0
+    memfds = {}
+    for current in tree(pid):
+        try:
+            with open(f"/proc/{current}/smaps_rollup", "rb") as fh:
+                for line in fh.read().splitlines():
+                    if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
+                        total += int(line.split()[1]) << 10
+            for fd in os.listdir(f"/proc/{current}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{current}/fd/{fd}").startswith("/memfd:"):
+                        info = os.stat(f"/proc/{current}/fd/{fd}")
+                        memfds[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+        except (OSError, ValueError, IndexError):
+            continue
+    return total + sum(memfds.values())

@@ -1,0 +1,81 @@
+"""A one-shot run: an optional compile stage, then the program, answered once it has ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Optional
+
+from .job import Job, Zygote
+from .messages import Reply, RunHead, StageResult
+
+
+class Run(Job):
+    def __init__(self, zygote: Zygote, head: RunHead, body: bytes):
+        super().__init__(zygote, head, body)
+        self.head = head
+        self.compile_result: Optional[StageResult] = None
+
+    def register(self, zygote: Zygote) -> None:
+        zygote.runs[self.id] = self
+
+    def first_timeout(self) -> float:
+        return self.head["compile_timeout"] or self.limits["timeout"]
+
+    def start(self, zygote: Zygote) -> None:
+        super().start(zygote)
+        if self.job_w >= 0:
+            os.close(self.job_w)  # a run reads its job to the end
+            self.job_w = -1
+
+    def on_record(self, zygote: Zygote, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind == "compiled" and self.head["exec"] and self.compile_result is None:
+            compiled = self.stage_result("Finished", record.get("return_code"), record.get("cpu_time"))
+            compiled["stdout"], compiled["stderr"] = record.get("stdout", ""), record.get("stderr", "")
+            compiled["truncated"] = record.get("truncated") is True
+            self.compile_result = compiled
+            self.begin_stage(self.limits["timeout"], fresh_output=False)  # the program may have written already
+        elif kind in ("cell", "done"):
+            self.records.append(record)
+
+    def on_tick(self, zygote: Zygote, now: float) -> None:
+        if not self.demoted and now >= self.stage_started + self.demote_after:
+            self.demoted = True
+        if self.demoted:
+            self.sample()
+        if now >= self.deadline():
+            self.timed_out = True
+            # Starved: cut off by the client's deadline before it had its own time-out of running time.
+            self.starved = self.hard_deadline < self.stage_started + self.stage_timeout + self.wait_seen
+            self.kill(zygote, "timed out")  # answered once the kernel has ended it
+
+    def on_exit(self, zygote: Zygote) -> None:
+        if self.id not in zygote.runs:
+            return
+        if self.failure:
+            zygote.reply({"id": self.id, "error": self.failure})
+            zygote.retire(self)
+            return
+        done = next((r for r in reversed(self.records) if r.get("kind") == "done"), None)
+        code: Optional[int] = os.waitstatus_to_exitcode(self.status)
+        if self.head["exec"] and done is not None and not self.timed_out:
+            code = done.get("return_code")  # the program's own status, signals included
+        if self.timed_out:
+            code = -signal.SIGKILL
+        stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", code,
+                                  self.cpu_used if self.collected else None)
+        reply: Reply = {**stage, "id": self.id}
+        if self.compile_result is not None:
+            reply["compile"] = self.compile_result
+            reply["truncated"] = reply.get("truncated", False) or self.compile_result.get("truncated", False)
+        if done is not None and "files" in done:
+            reply["files"] = done["files"]
+        cells = self.cells()
+        if cells:
+            reply["cells"] = cells
+        if self.end_reason == "cancelled":
+            reply["error"] = "cancelled"
+        self.note_memory(zygote, reply)
+        zygote.reply(reply)
+        zygote.retire(self)

@@ -1,0 +1,111 @@
+"""One cgroup per job (memory and pids caps), below the sandbox's delegated directories, which the
+zygote reaches through descriptors only.  Emptied groups are reused rather than made and removed
+per run; the limits last written to each are remembered so a reused group is written only when a
+value changes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Optional
+
+from .messages import Limits, MemoryScope, ZygoteConfig
+
+Group = tuple[int, str]  # (descriptor of the delegated directory, the group's name below it)
+Groups = dict[str, Group]  # controller -> group
+
+
+class RunGroups:
+    def __init__(self, config: ZygoteConfig):
+        self.bases = config["cgroups"]
+        self.v2 = config["cgroup_v2"]
+        self.free: list[Groups] = []
+        self.written: dict[tuple[Group, str], str] = {}  # (group, file) -> the value it holds
+
+    def make(self, sequence: int) -> Groups:
+        """A group per controller for the next child (the same one for both under v2)."""
+        if not self.bases:
+            return {}
+        if self.free:
+            return self.free.pop()
+        groups: Groups = {}
+        for controller, base in self.bases.items():
+            if (base, f"run-{sequence}") not in groups.values():
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(f"run-{sequence}", 0o755, dir_fd=base)
+            groups[controller] = (base, f"run-{sequence}")
+        return groups
+
+    def release(self, groups: Groups, killed_for_memory: bool) -> None:
+        """Its processes are gone: back to the pool, or removed if a kill is on its counters."""
+        if not groups:
+            return
+        if killed_for_memory:
+            for base, name in set(groups.values()):
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=base)
+                for controller in ("memory.max", "memory.limit_in_bytes", "pids.max"):
+                    self.written.pop(((base, name), controller), None)
+            return
+        if "memory" in groups and not self.v2:
+            write(groups["memory"], "memory.failcnt", "0")  # a later kill then says whose cap it was
+        self.free.append(groups)
+
+    def set_limits(self, groups: Groups, limits: Limits, memory: bool = True) -> None:
+        """Raises OSError when a cap cannot be written: a job never runs without the cap it asked for."""
+        if memory and limits["memory"] and "memory" in groups:
+            self._write_limit(groups["memory"], "memory.max" if self.v2 else "memory.limit_in_bytes",
+                              str(limits["memory"]))
+        if "pids" in groups:
+            self._write_limit(groups["pids"], "pids.max", str(limits["nproc"] + 8))
+
+    def _write_limit(self, group: Group, name: str, value: str) -> None:
+        if self.written.get((group, name)) != value:
+            self.written.pop((group, name), None)
+            write(group, name, value)
+            self.written[(group, name)] = value
+
+    def memory_kill(self, groups: Groups) -> Optional[MemoryScope]:
+        """Whose cap the kernel killed a process of this group for: "own" (the group reached its
+        limit), "shared" (the cap over all runs and sessions was reached first), or None."""
+        if "memory" not in groups:
+            return None
+        group = groups["memory"]
+        counters = read_counters(group, "memory.events" if self.v2 else "memory.oom_control")
+        if counters.get("oom_kill", 0) == 0:
+            return None
+        # v2 counts the times the group hit its own max; v1, its failcnt (reset when a group is reused).
+        hits = counters.get("max", 0) if self.v2 else read_counters(group, "memory.failcnt").get("", 0)
+        return "own" if hits > 0 else "shared"
+
+    def path_of(self, groups: Groups) -> Optional[str]:
+        """A group's name below the sandbox's memory directory, for the server to read its usage."""
+        return groups["memory"][1] if "memory" in groups else None
+
+
+def _opener(base: int) -> Callable[[str, int], int]:
+    return lambda path, flags: os.open(path, flags | os.O_CLOEXEC, dir_fd=base)
+
+
+def write(group: Group, name: str, text: str) -> None:
+    """Write a file of a job's cgroup, through the delegated directory's descriptor."""
+    base, directory = group
+    with open(f"{directory}/{name}", "w", opener=_opener(base)) as fh:
+        fh.write(text)
+
+
+def read_counters(group: Group, name: str) -> dict[str, int]:
+    """`key value` lines of a cgroup file (a file of one number: under the key ""); {} if unreadable."""
+    base, directory = group
+    try:
+        with open(f"{directory}/{name}", "rb", opener=_opener(base)) as fh:
+            text = fh.read().decode()
+    except OSError:
+        return {}
+    counters = {}
+    for line in text.splitlines():
+        key, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            counters[key] = int(value)
+    return counters

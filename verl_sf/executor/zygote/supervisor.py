@@ -1,0 +1,238 @@
+"""The zygote's own loop: requests in, one pre-forked child per run or session, replies out.
+
+Requests arrive on fd 0 and replies leave on fd 1, a line each (see messages.py).  A child is
+forked ahead of time, its isolation set up, and waits for its job on a pipe: a request only pays
+for handing it over.  The loop polls every job's pipes and pidfd and keeps their clocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import time
+import traceback
+from collections.abc import Iterable
+from typing import Any, Optional, Union
+
+from . import linux
+from .child import Blueprint, Child, Mount
+from .job import Job
+from .messages import Head, Reply, ZygoteConfig
+from .python_runner import install_stdio, stdio_for_runs
+from .run import Run
+from .run_groups import Groups, RunGroups
+from .seccomp import Filter, compile_filter
+from .session import Session
+from .warmup import preload, reseed_generators
+from .wire import READ_CHUNK, Lines, dumps, loads, write_all
+
+Ready = tuple[int, int, int, int, int, Groups]  # pid, stdout, stderr, fd 3 and job pipe ends, cgroups
+
+
+class Zygote:
+    def __init__(self, config: ZygoteConfig):
+        self.cfg = config
+        self.isolated = config["isolated"]
+        with open("/proc/self/comm", "rb") as comm:
+            name = comm.read().strip()
+        self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if self.isolated else -1
+        # Protocol fds move out of 0/1 so children can take those numbers for their stdio.
+        self.req_fd = os.dup(0)
+        self.rep_fd = os.dup(1)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+        os.set_blocking(self.req_fd, False)
+        os.environ.clear()  # children inherit the environment: set once here, not in every run
+        os.environ.update(config["env"])
+        program = compile_filter(config) if self.isolated and config["seccomp"] else b""
+        owner = 0 if config["single_uid"] else config["uid"]
+        mounts = [Mount(target, _tmpfs_options(config["sizes"][target], target == config["tmpdir"], owner),
+                        config["keep"].get(target, []))
+                  for target in dict.fromkeys((config["workdir"], config["tmpdir"], config["datadir"]))
+                  if target in config["sizes"]]
+        os.makedirs(config["workdir"], exist_ok=True)
+        self.blueprint = Blueprint(config, Filter(program), mounts, name, os.path.realpath(config["workdir"]))
+        if self.isolated:
+            linux.shrink_capabilities()
+        install_stdio(stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
+        preload(config["preload"])
+        self.groups = RunGroups(config)
+        self.sequence = 0
+        self.ready: Optional[Ready] = None  # the pre-forked child waiting for its job
+        self.runs: dict[int, Run] = {}  # request id -> run
+        self.sessions: dict[int, Session] = {}  # open request id -> session
+        self.reaping: dict[int, Job] = {}  # pidfd -> job whose answer is sent and whose PID 1 is still to collect
+        self.fd_owner: dict[int, Job] = {}  # fd -> job, for the poll loop
+        self.poller = select.poll()
+        self.poller.register(self.req_fd, select.POLLIN)
+        self.requests = Lines()
+
+    def jobs(self) -> list[Job]:
+        return [*self.runs.values(), *self.sessions.values()]
+
+    # ---- main loop -----------------------------------------------------------------------------
+    def serve(self) -> None:
+        self.prepare()
+        self.reply({"id": 0, "ready": True, "pid": os.getpid()})
+        while True:
+            timeout = self._next_timer()
+            events = self.poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1))
+            for fd, _ in events:
+                if fd == self.req_fd:
+                    if not self._read_requests():
+                        self._shutdown()
+                        return
+                    continue
+                job = self.fd_owner.get(fd)
+                if job is not None:
+                    job.on_event(self, fd)
+                elif fd in self.reaping:
+                    self._reap(fd)
+            now = time.monotonic()
+            for job in self.jobs():
+                job.on_time(self, now)
+            self.prepare()
+
+    def _next_timer(self) -> Optional[float]:
+        deadlines = [d for d in (job.next_timer() for job in self.jobs()) if d is not None]
+        return min(deadlines) - time.monotonic() if deadlines else None
+
+    def _read_requests(self) -> bool:
+        """Take every complete request line available; False once the server is gone."""
+        while True:
+            try:
+                chunk = os.read(self.req_fd, READ_CHUNK)
+            except BlockingIOError:
+                return True
+            if not chunk:
+                return False
+            for line in self.requests.feed(chunk):
+                head_text, _, body = line.partition(b"\t")
+                head = loads(head_text.decode())
+                try:
+                    self._dispatch(head, body)
+                except Exception as exc:  # a bug here must not take the sandbox down silently
+                    self.reply({"id": head.get("id", -1), "error": f"verl-sf zygote error: {exc!r}\n"
+                                                                   f"{traceback.format_exc()}"})
+            if len(chunk) < READ_CHUNK:
+                return True
+
+    def _dispatch(self, head: Head, body: bytes) -> None:
+        if head["op"] == "run":
+            Run(self, head, body).start(self)
+        elif head["op"] == "open":
+            Session(self, head, body).start(self)
+        elif head["op"] == "call":
+            session = self.sessions.get(head["session"])
+            if session is None or not session.alive:
+                self.reply({"id": head["id"], "status": "Error", "session_alive": False,
+                            "error": "the session is not running", "session_end": "ended"})
+            else:
+                session.begin_call(self, head, body)
+        elif head["op"] == "cancel":
+            run = self.runs.get(head["id"])
+            if run is not None:
+                run.kill(self, "cancelled")
+        elif head["op"] == "close":
+            closed = self.sessions.get(head["session"])
+            if closed is not None:
+                closed.kill(self, "closed")
+
+    def reply(self, reply: Union[Reply, dict[str, Any]]) -> None:
+        write_all(self.rep_fd, dumps(reply) + b"\n")
+
+    def _shutdown(self) -> None:
+        for job in self.jobs():
+            linux.kill(job.pid, self.isolated)
+        if self.ready is not None:
+            for fd in self.ready[1:5]:
+                os.close(fd)
+
+    # ---- children ------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Fork the next child ahead of time, namespaces and all, so a request only pays for
+        handing it the job.  It waits on a pipe; the zygote closing that pipe ends it."""
+        if self.ready is not None:
+            return
+        self.sequence += 1
+        groups = self.groups.make(self.sequence)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        meta_r, meta_w = os.pipe()
+        job_r, job_w = os.pipe()
+        reseed_generators()
+        if self.isolated:
+            # The child becomes PID 1 of a brand-new PID namespace.
+            linux.check(linux.libc.setns(self.pidns_fd, linux.CLONE_NEWPID), "setns")
+            linux.check(linux.libc.unshare(linux.CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep_fd):
+                    os.close(fd)
+                Child(self.blueprint, groups).setup(job_r, out_w, err_w, meta_w)
+            except BaseException:
+                try:
+                    os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
+                finally:
+                    os._exit(126)
+        for fd in (out_w, err_w, meta_w, job_r):
+            os.close(fd)
+        self.ready = (pid, out_r, err_r, meta_r, job_w, groups)
+
+    def take_ready(self) -> Ready:
+        self.prepare()
+        assert self.ready is not None
+        ready, self.ready = self.ready, None
+        return ready
+
+    def watch(self, job: Job, fds: Iterable[int]) -> None:
+        for fd in fds:
+            self.fd_owner[fd] = job
+            self.poller.register(fd, select.POLLIN)
+
+    def unwatch(self, fd: int) -> None:
+        self.fd_owner.pop(fd, None)
+        with contextlib.suppress(KeyError):
+            self.poller.unregister(fd)
+
+    def retire(self, job: Job) -> None:
+        """The answer is out: forget the job, and collect its PID 1 once it is gone."""
+        self.runs.pop(job.id, None)
+        self.sessions.pop(job.id, None)
+        self.unwatch(job.pidfd)
+        for fd in list(job.open_fds):
+            self.unwatch(fd)
+            os.close(fd)
+        job.open_fds.clear()
+        if job.job_w >= 0:
+            os.close(job.job_w)
+            job.job_w = -1
+        if job.collected:
+            self._clean_up(job)
+            return
+        self.reaping[job.pidfd] = job
+        self.poller.register(job.pidfd, select.POLLIN)
+
+    def _reap(self, pidfd: int) -> None:
+        job = self.reaping.pop(pidfd)
+        self.unwatch(pidfd)
+        linux.kill(job.pid, self.isolated)
+        os.waitpid(job.pid, 0)
+        self._clean_up(job)
+
+    def _clean_up(self, job: Job) -> None:
+        """Once PID 1 is collected the kernel has ended every process of the job: its cgroups
+        are empty and go back to the pool (the limits are rewritten by the next job)."""
+        os.close(job.pidfd)
+        self.groups.release(job.groups, job.memory_exceeded or bool(job.failure))
+        if not self.isolated:
+            shutil.rmtree(f"{self.cfg['workdir']}/run-{job.pid}", ignore_errors=True)
+
+
+def _tmpfs_options(size: int, sticky: bool, owner: int) -> bytes:
+    return f"size={size},mode={'1777' if sticky else '0755'},uid={owner},gid={owner}".encode()

@@ -1,0 +1,112 @@
+"""Making the warm interpreter worth forking: libraries imported and exercised once, the heap
+frozen and backed by huge pages, and the generators libraries seed at import reseeded per child."""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import gc
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from .linux import MADV_COLLAPSE, MADV_HUGEPAGE, libc
+
+# First calls into these libraries import submodules and fill caches; doing them once here
+# spares every forked run.
+WARMUPS = {
+    "sympy": "import sympy as sp\nx, y = sp.symbols('x y')\nsp.solve(x**2 - 4, x)\n"
+             "sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)\n"
+             "sp.factor(x**2 - y**2)\nsp.integrate(x**2, x)\nsp.diff(sp.exp(x) * x, x)\nsp.Rational(1, 3) + 1\n"
+             "sp.sqrt(8)\nsp.N(sp.pi, 10)\nsp.Matrix([[1, 2], [3, 4]]).det()\nsp.limit(sp.sin(x) / x, x, 0)\n",
+    "numpy": "import numpy as np\na = np.arange(10)\na.sum(); a.mean(); np.linalg.inv(np.eye(3))\n"
+             "np.random.default_rng(0).random(3)\n",
+    "scipy": "import scipy.optimize, scipy.special, scipy.stats, scipy.integrate, scipy.linalg\n",
+}
+
+# Generators that libraries seed once, at import: every forked run would replay the same
+# numbers, where a fresh `python main.py` draws new ones.  The zygote reseeds them (from OS
+# entropy) before each fork, where it costs no copy-on-write faults.
+RESEEDED_MODULES = ("numpy.random", "sympy.core.random")
+
+
+def preload(modules: list[str]) -> None:
+    """Import and warm up what is there (a missing optional library is just not preloaded), then
+    freeze the heap: the collector then never dirties the shared pages of a child."""
+    loaded = []
+    with threading_stand_in():
+        for name in modules:
+            try:
+                __import__(name)
+                loaded.append(name)
+            except Exception:
+                pass
+        for name in loaded:
+            with contextlib.suppress(Exception):  # a warm-up is only an optimisation
+                exec(WARMUPS.get(name, ""), {})
+    gc.collect()
+    gc.freeze()
+    collapse_heap()
+
+
+def reseed_generators() -> None:
+    for name in RESEEDED_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            module.seed()
+
+
+@contextlib.contextmanager
+def threading_stand_in() -> Iterator[None]:
+    """While the libraries load, `threading` is a module that hands out the `_thread` lock
+    types `threading` itself hands out (numpy.random only takes `Lock` and `RLock` from it).
+
+    The real module registers a fork hook that rebuilds its thread state in every forked run,
+    used or not.  Any other name read from the stand-in imports the real module then and
+    forwards to it, so a library that needs more still gets it (and the hook).  The stand-in
+    leaves `sys.modules` afterwards: a run that imports `threading` gets the real module."""
+    if "threading" in sys.modules:
+        yield
+        return
+    stand_in = types.ModuleType("threading", "verl-sf's stand-in while libraries load (see warmup.py)")
+    stand_in.Lock = getattr(_thread, "lock", _thread.allocate_lock)  # type: ignore[attr-defined]
+    stand_in.RLock = _thread.RLock  # type: ignore[attr-defined]
+    stand_in.__getattr__ = _real_threading_attribute  # type: ignore[method-assign]
+    sys.modules["threading"] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get("threading") is stand_in:
+            del sys.modules["threading"]
+
+
+def _real_threading_attribute(name: str) -> Any:
+    """Put the real `threading` in the stand-in's place and read `name` from it (dunder names,
+    which tools probe on every module, are answered as missing instead)."""
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    if getattr(sys.modules.get("threading"), "__getattr__", None) is _real_threading_attribute:
+        del sys.modules["threading"]
+    import threading
+    return getattr(threading, name)
+
+
+def collapse_heap() -> None:
+    """Back the imported heap with huge pages: fork then copies far fewer page-table entries."""
+    huge = 1 << 21
+    try:
+        with open("/proc/self/maps") as maps:
+            regions = [line.split() for line in maps]
+    except OSError:
+        return
+    for parts in regions:
+        path = parts[5] if len(parts) > 5 else ""
+        if "w" not in parts[1] or "p" not in parts[1] or path not in ("", "[heap]"):
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        start = (start + huge - 1) & ~(huge - 1)
+        end &= ~(huge - 1)
+        if end > start:
+            libc.madvise(start, end - start, MADV_HUGEPAGE)
+            libc.madvise(start, end - start, MADV_COLLAPSE)

@@ -1,0 +1,81 @@
+"""Lines of JSON in and out, cheaply: the C scanner and encoder directly, and a line buffer that
+searches each byte once (a peer that never sends a newline costs nothing but its bytes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+READ_CHUNK = 1 << 16
+
+# json.loads/dumps' Python layers touch pages that a process forked a moment ago must copy.
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_encode_json = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+
+
+def loads(text: str) -> Any:
+    """json.loads for one JSON value, strictly (nothing but whitespace around it)."""
+    start = len(text) - len(text.lstrip())
+    try:
+        value, end = _scan_json(text, start)
+    except StopIteration as exc:
+        raise ValueError(f"expected a JSON value at {exc.value}") from None
+    if text[end:].strip():
+        raise ValueError(f"extra data after the JSON value at {end}")
+    return value
+
+
+def dumps(value: Any) -> bytes:
+    """json.dumps(value).encode(), compact: replies and records are plain dicts."""
+    return "".join(_encode_json(value, 0)).encode()
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            return  # the reader is gone: whoever waits for it learns so from its exit
+
+
+class Lines:
+    """Bytes in, complete lines out, each byte searched once."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.scanned = 0  # bytes of `buffer` already searched for a newline
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self.buffer += chunk
+        lines = []
+        start = 0
+        while True:
+            end = self.buffer.find(b"\n", self.scanned)
+            if end < 0:
+                self.scanned = len(self.buffer)
+                break
+            lines.append(bytes(self.buffer[start:end]))
+            start = self.scanned = end + 1
+        if start:
+            # Replaced, not shrunk in place: a large line's memory goes back at once.
+            self.buffer = bytearray(self.buffer[start:])
+            self.scanned -= start
+        return lines
+
+    def clear(self) -> None:
+        self.buffer = bytearray()
+        self.scanned = 0
+
+
+REPORT_FD = 3  # a child's records to the zygote
+
+
+def report(record: Any) -> None:
+    """One record from a child to the zygote, on its fd 3."""
+    os.write(REPORT_FD, dumps(record) + b"\n")
