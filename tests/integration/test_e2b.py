@@ -405,3 +405,12 @@ def test_default_key_policy_and_sandbox_cap() -> None:
         assert requests.get(handle.url + "/v2/sandboxes", headers={"X-API-Key": ""}, timeout=30).status_code == 401
     finally:
         stop_server(handle.process)
+
+
+def test_fronts_refuse_sandboxes_they_could_not_route() -> None:
+    handle = start_server("--slots", "2", "--preload", "", "--fronts", "2")
+    try:
+        with pytest.raises(SandboxException, match="--fronts 1"):
+            Sandbox.create(api_key="k", api_url=handle.url, sandbox_url=handle.url, retries=0)
+    finally:
+        stop_server(handle.process)
