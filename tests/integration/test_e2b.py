@@ -243,6 +243,15 @@ def test_sandboxes_do_not_see_each_other(server: ServerHandle) -> None:
             second.files.read("/home/user/secret.txt")
         assert second.commands.run("ls -A /workdir /tmp").stdout.count("secret") == 0
         assert first.files.read("/home/user/secret.txt") == "first's secret"
+        # The files API has the sandbox's own rights and view: the system is read-only, the host unseen.
+        with pytest.raises(SandboxException):
+            second.files.write("/usr/local/bin/planted", "x")
+        assert not os.path.exists("/usr/local/bin/planted")
+        with pytest.raises(SandboxException):
+            second.files.write("/etc/planted", "x")
+        assert not os.path.exists("/etc/planted")
+        with pytest.raises(SandboxException):  # host root's home: absent or unreadable, never listed
+            second.files.list("/root")
     finally:
         first.kill()
         second.kill()

@@ -27,7 +27,7 @@ HOME_ALIAS = "/home/user"
 MARK = "\x1e\x1fverl-sf-e2b:"
 """Prefix of the answer line; whatever else a call printed comes before it."""
 READ_CHUNK = 1 << 16
-MAX_ENTRIES = 10000
+MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by default)
 
 _home = os.getcwd()
 _contexts: dict[str, dict[str, Any]] = {}  # context id -> {"globals": dict, "cwd": local path, "count": int}
