@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from verl_sf import __version__
+from verl_sf.e2b import E2BConfig
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
 from verl_sf.verl_tool import VerlToolConfig, VerlToolState
@@ -70,6 +71,10 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                    help="/get_observation: seconds one turn's code may run")
     p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
                    help="/get_observation: seconds a trajectory keeps its state without a turn")
+    p.add_argument("--e2b-api-key", default=None,
+                   help="the API key E2B SDK clients must send (E2B_API_KEY); by default any non-empty key")
+    p.add_argument("--e2b-max-sandboxes", type=int, default=E2BConfig.max_sandboxes,
+                   help="live E2B sandboxes at once (each is a session); past it, creation answers 429")
     p.add_argument("--fronts", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
     p.add_argument("--log-level", default="INFO")
@@ -92,9 +97,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
+    e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes, single_process=args.fronts == 1)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
-                          max_connections=args.max_connections, executor=executor, verl_tool=verl_tool)
+                          max_connections=args.max_connections, executor=executor, verl_tool=verl_tool, e2b=e2b)
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",

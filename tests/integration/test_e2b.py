@@ -1,0 +1,425 @@
+"""The real, unmodified E2B SDKs (`e2b`, `e2b-code-interpreter`) against a real `verl-sf serve`.
+
+The SDKs are configured only as their users configure them: E2B_API_URL and E2B_SANDBOX_URL
+name the server, E2B_API_KEY carries the key (the server is started with `--e2b-api-key`).
+Every test asserts what the SDK hands its caller; a few hostile checks speak raw HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    FileType,
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+    SandboxNotFoundException,
+    TimeoutException,
+)
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+from tests.server_fixtures import ServerHandle, start_server, stop_server
+
+API_KEY = "e2b-test-key-3d1f"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerHandle]:
+    handle = start_server("--slots", "2", "--preload", "", "--e2b-api-key", API_KEY)
+    saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+    os.environ.update(E2B_API_URL=handle.url, E2B_SANDBOX_URL=handle.url, E2B_API_KEY=API_KEY)
+    yield handle
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    stop_server(handle.process)
+
+
+@pytest.fixture
+def sandbox(server: ServerHandle) -> Iterator[Sandbox]:
+    box = Sandbox.create(timeout=120)
+    yield box
+    box.kill()
+
+
+def test_run_code_keeps_state_and_shows_results_and_errors(sandbox: Sandbox) -> None:
+    first = sandbox.run_code("import math\nx = 41\nprint('hello')\nx + 1")
+    assert first.logs.stdout == ["hello\n"] and first.error is None
+    assert first.text == "42" and first.results[0].is_main_result
+    assert sandbox.run_code("x * 2").text == "82"  # state kept between calls
+    assert sandbox.run_code("'quoted'").text == "quoted"  # E2B drops a string's quotes
+    assert sandbox.run_code("import sys\nsys.stderr.write('warn\\n'); None").logs.stderr == ["warn\n"]
+    assert sandbox.run_code("y = 1").text is None  # no last expression, no main result
+
+    failed = sandbox.run_code("def f():\n    raise ValueError('bad input')\nf()")
+    assert failed.error is not None
+    assert (failed.error.name, failed.error.value) == ("ValueError", "bad input")
+    assert "raise ValueError('bad input')" in failed.error.traceback
+    assert "<cell-" not in failed.error.traceback and "verl-sf-e2b" not in failed.error.traceback
+    syntax = sandbox.run_code("def (:")
+    assert syntax.error is not None and syntax.error.name == "SyntaxError"
+    assert syntax.error.traceback.startswith('  File "<execution-') and "def (:" in syntax.error.traceback
+    assert sandbox.run_code("x").text == "41"  # an error leaves the state alone
+
+
+def test_html_and_png_results(sandbox: Sandbox) -> None:
+    html = sandbox.run_code("class Table:\n    def _repr_html_(self):\n        return '<b>t</b>'\nTable()")
+    assert html.results[0].html == "<b>t</b>" and html.results[0].is_main_result
+    plot = sandbox.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.gcf()")
+    pngs = [r.png for r in plot.results if r.png]
+    assert len(pngs) == 1 and pngs[0].startswith("iVBORw0KGgo")  # base64 of the PNG signature
+
+
+def test_env_vars_per_execution_and_sandbox(server: ServerHandle) -> None:
+    box = Sandbox.create(timeout=60, envs={"SANDBOX_WIDE": "yes"})
+    try:
+        assert box.run_code("import os\nos.environ['SANDBOX_WIDE']").text == "yes"
+        assert box.run_code("os.environ.get('ONCE')", envs={"ONCE": "1"}).text == "1"
+        assert box.run_code("os.environ.get('ONCE')").text is None  # restored after the execution
+    finally:
+        box.kill()
+
+
+def test_named_contexts(sandbox: Sandbox) -> None:
+    sandbox.run_code("shared = 'default'")
+    context = sandbox.create_code_context(cwd="/tmp")
+    assert context.language == "python" and context.cwd == "/tmp"
+    assert sandbox.run_code("shared = 'named'\nimport os\nos.getcwd()", context=context).text == "/tmp"
+    assert sandbox.run_code("shared").text == "default"  # contexts do not share globals
+    assert sandbox.run_code("shared", context=context).text == "named"
+    assert context.id in {c.id for c in sandbox.list_code_contexts()}
+    sandbox.restart_code_context(context)
+    assert sandbox.run_code("shared", context=context).error.name == "NameError"
+    sandbox.remove_code_context(context)
+    assert context.id not in {c.id for c in sandbox.list_code_contexts()}
+    with pytest.raises(NotFoundException):
+        sandbox.run_code("1", context=context)
+
+
+def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("/home/user/data/notes.txt", "line one\n")  # multipart upload
+    assert info.path == "/home/user/data/notes.txt" and info.type == FileType.FILE
+    payload = bytes(range(256)) * 4
+    sandbox.files.write("blob.bin", payload, use_octet_stream=True)  # relative: the home directory
+    assert sandbox.files.read("/home/user/blob.bin", format="bytes") == bytearray(payload)
+    assert sandbox.files.read("data/notes.txt") == "line one\n"
+    # Code and commands see the same files.
+    assert sandbox.run_code("open('data/notes.txt').read()").text == "line one\\n"
+    assert sandbox.commands.run("wc -c < blob.bin").stdout.strip() == "1024"
+
+    names = {entry.name: entry for entry in sandbox.files.list("/home/user")}
+    assert names["data"].type == FileType.DIR and names["blob.bin"].size == 1024
+    assert sandbox.files.get_info("/home/user/blob.bin").size == 1024
+    assert sandbox.files.make_dir("/home/user/made") is True
+    assert sandbox.files.make_dir("/home/user/made") is False  # exists already
+    moved = sandbox.files.rename("/home/user/data/notes.txt", "/home/user/made/notes.txt")
+    assert moved.path == "/home/user/made/notes.txt"
+    assert not sandbox.files.exists("/home/user/data/notes.txt")
+    sandbox.files.remove("/home/user/made")
+    assert not sandbox.files.exists("/home/user/made/notes.txt")
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("/home/user/missing.txt")
+
+    big = os.urandom(3 << 20)  # past the inline answer: read through the session's file fetch
+    sandbox.files.write("/tmp/big.bin", big)
+    assert bytes(sandbox.files.read("/tmp/big.bin", format="bytes")) == big
+
+
+def test_commands_foreground(sandbox: Sandbox) -> None:
+    result = sandbox.commands.run("echo $GREETING; pwd; echo oops >&2", envs={"GREETING": "hi"}, cwd="/tmp")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "hi\n/tmp\n", "oops\n")
+    assert sandbox.commands.run("pwd").stdout == "/workdir\n"  # the home directory (see docs/e2b.md)
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("echo partial; exit 3")
+    assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 30", timeout=2)
+    assert time.monotonic() - started < 20
+    # Many lines over several polls arrive whole and in order.
+    lines = sandbox.commands.run("for i in $(seq 1 3000); do echo line-$i; done; sleep 0.5; echo end").stdout
+    assert lines.splitlines() == [f"line-{i}" for i in range(1, 3001)] + ["end"]
+
+
+def test_commands_background_wait_and_kill(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("sleep 0.5; echo finished", background=True)
+    assert handle.wait().stdout == "finished\n"
+
+    sleeper = sandbox.commands.run("sleep 60", background=True)
+    assert sleeper.pid in {p.pid for p in sandbox.commands.list()}
+    # Code runs while the command does: calls of one sandbox take turns, none waits for the command.
+    assert sandbox.run_code("6 * 7").text == "42"
+    assert sandbox.commands.kill(sleeper.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        sleeper.wait()
+    assert killed.value.exit_code != 0
+    assert sleeper.pid not in {p.pid for p in sandbox.commands.list()}
+    assert sandbox.commands.kill(999_999) is False
+
+
+def test_set_timeout_and_reaping(server: ServerHandle) -> None:
+    box = Sandbox.create(timeout=60)
+    box.set_timeout(2)
+    assert box.get_info().end_at.timestamp() - time.time() < 5
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and box.sandbox_id in {s.sandbox_id for s in Sandbox.list().next_items()}:
+        time.sleep(0.5)
+    assert box.sandbox_id not in {s.sandbox_id for s in Sandbox.list().next_items()}
+    with pytest.raises(SandboxNotFoundException):
+        box.get_info()
+    with pytest.raises(NotFoundException, match="reached its timeout"):
+        box.run_code("1")
+    assert box.is_running() is False
+
+
+def test_kill_ends_the_sandbox(server: ServerHandle) -> None:
+    box = Sandbox.create(timeout=60, metadata={"purpose": "kill-test"})
+    listed = Sandbox.list(query=_query({"purpose": "kill-test"})).next_items()
+    assert [s.sandbox_id for s in listed] == [box.sandbox_id]
+    assert box.is_running() is True
+    box.kill()
+    assert box.is_running() is False
+    assert Sandbox.kill(box.sandbox_id) is False  # a second kill finds nothing
+    with pytest.raises(NotFoundException):
+        box.run_code("1")
+    with pytest.raises(SandboxException):
+        box.files.read("/home/user/anything")
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(box.sandbox_id)
+
+
+def _query(metadata: dict[str, str]):  # type: ignore[no-untyped-def]
+    from e2b import SandboxQuery
+
+    return SandboxQuery(metadata=metadata)
+
+
+def test_access_tokens_and_api_key(server: ServerHandle, sandbox: Sandbox) -> None:
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="not-the-key")
+    other = Sandbox.create(timeout=60)
+    try:
+        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": other._envd_access_token}
+        envd = requests.post(server.url + "/filesystem.Filesystem/ListDir", json={"path": "/home/user"},
+                             headers={**headers, "E2b-Sandbox-Port": "49983"}, timeout=30)
+        assert envd.status_code == 401 and envd.json()["code"] == "unauthenticated"
+        execute = requests.post(server.url + "/execute", json={"code": "1"},
+                                headers={**headers, "E2b-Sandbox-Port": "49999"}, timeout=30)
+        assert execute.status_code == 401
+        download = requests.get(server.url + "/files", params={"path": "/home/user/x"},
+                                headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983"},
+                                timeout=30)
+        assert download.status_code == 401  # no token at all
+    finally:
+        other.kill()
+
+
+def test_sandboxes_do_not_see_each_other(server: ServerHandle) -> None:
+    first, second = Sandbox.create(timeout=60), Sandbox.create(timeout=60)
+    try:
+        first.files.write("/home/user/secret.txt", "first's secret")
+        first.run_code("open('/tmp/secret2.txt', 'w').write('more')\nimport subprocess\n"
+                       "p = subprocess.Popen(['sleep', '60'])")
+        probe = second.run_code(
+            "import os, glob\n"
+            "found = [p for p in ('/workdir/secret.txt', '/tmp/secret2.txt') if os.path.exists(p)]\n"
+            "found += glob.glob('/proc/*/root/workdir/secret.txt') + glob.glob('/proc/*/cwd/secret.txt')\n"
+            "procs = [open(f'/proc/{p}/cmdline').read() for p in os.listdir('/proc') if p.isdigit()]\n"
+            "(found, any('sleep' in c for c in procs))")
+        assert probe.error is None and probe.text == "([], False)"
+        with pytest.raises(FileNotFoundException):
+            second.files.read("/home/user/secret.txt")
+        assert second.commands.run("ls -A /workdir /tmp").stdout.count("secret") == 0
+        assert first.files.read("/home/user/secret.txt") == "first's secret"
+        # The files API has the sandbox's own rights and view: the system is read-only, the host unseen.
+        with pytest.raises(SandboxException):
+            second.files.write("/usr/local/bin/planted", "x")
+        assert not os.path.exists("/usr/local/bin/planted")
+        with pytest.raises(SandboxException):
+            second.files.write("/etc/planted", "x")
+        assert not os.path.exists("/etc/planted")
+        with pytest.raises(SandboxException):  # host root's home: absent or unreadable, never listed
+            second.files.list("/root")
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> None:
+    key = {"X-API-Key": API_KEY}
+    missing = requests.post(server.url + "/v2/sandboxes", json={"timeout": 10}, headers=key, timeout=30)
+    assert missing.status_code == 400 and "templateID" in missing.json()["message"]
+    too_long = requests.post(server.url + "/v2/sandboxes", json={"templateID": "base", "timeout": 10**7},
+                             headers=key, timeout=30)
+    assert too_long.status_code == 400 and "timeout" in too_long.json()["message"]
+    assert requests.get(server.url + "/v2/sandboxes", timeout=30).status_code == 401  # no key
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983",
+               "X-Access-Token": sandbox._envd_access_token}
+    garbled = requests.post(server.url + "/filesystem.Filesystem/Stat", data=b"{not json",
+                            headers={**headers, "Content-Type": "application/json"}, timeout=30)
+    assert garbled.status_code == 400 and garbled.json()["code"] == "invalid_argument"
+    wrong_type = requests.post(server.url + "/filesystem.Filesystem/Stat", json={"path": 5}, headers=headers,
+                               timeout=30)
+    assert wrong_type.status_code == 400 and "path" in wrong_type.json()["message"]
+    with pytest.raises(SandboxException, match="not implemented"):
+        sandbox.files.watch_dir("/home/user")
+    unknown = requests.post(server.url + "/execute", json={"code": "1"}, timeout=30,
+                            headers={"E2b-Sandbox-Id": "inope", "E2b-Sandbox-Port": "49999"})
+    assert unknown.status_code == 404 and "was not found" in unknown.text
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect("i-no-such-sandbox")
+    assert sandbox.run_code("1 + 1").text == "2"  # the server still serves everyone
+
+
+OPEN_R1_EVALUATION_SCRIPT = """
+import subprocess
+import json
+
+def evaluate_code(code, test_cases):
+    passed = 0
+    total = len(test_cases)
+    exec_timeout = 5
+
+    for case in test_cases:
+        process = subprocess.run(
+            ["python3", "-c", code],
+            input=case["input"],
+            text=True,
+            capture_output=True,
+            timeout=exec_timeout
+        )
+
+        if process.returncode != 0:  # Error in execution
+            continue
+
+        output = process.stdout.strip()
+        all_correct = True
+        for line1, line2 in zip(output.split('\\n'), case['output'].split('\\n')):
+            all_correct = all_correct and line1.strip() == line2.strip()
+
+        if all_correct:
+            passed += 1
+
+    success_rate = (passed / total)
+    return success_rate
+
+code_snippet = {code}
+test_cases = json.loads({test_cases})
+
+evaluate_code(code_snippet, test_cases)
+"""
+"""open-r1's code-reward script (src/open_r1/rewards.py), which its E2B provider sends as is."""
+
+
+async def _open_r1_run_script(script: str, language: str, semaphore: asyncio.Semaphore) -> float:
+    """open-r1's E2BProvider._run_script (src/open_r1/utils/code_providers.py), unchanged in substance."""
+    sandbox_timeout, margin = 30, 2
+    async with semaphore:
+        sandbox = None
+        try:
+            sandbox = await AsyncSandbox.create(timeout=sandbox_timeout, request_timeout=sandbox_timeout - margin)
+            execution = await asyncio.wait_for(sandbox.run_code(script, language=language),
+                                               timeout=sandbox_timeout + margin)
+            return float(execution.text)
+        except (TypeError, ValueError):
+            return 0.0
+        finally:
+            if sandbox is not None:
+                await sandbox.kill()
+
+
+def test_open_r1_code_reward_pattern(server: ServerHandle) -> None:
+    cases = [{"input": "3 4\n", "output": "7"}, {"input": "10 -2\n", "output": "8"}]
+    solutions = {"right": "a, b = map(int, input().split())\nprint(a + b)",
+                 "half": "a, b = map(int, input().split())\nprint(7)",
+                 "crash": "raise SystemExit(1)"}
+    scripts = [OPEN_R1_EVALUATION_SCRIPT.format(code=json.dumps(code), test_cases=json.dumps(json.dumps(cases)))
+               for code in solutions.values()] * 8  # 24 sandboxes, 16 at once, as open-r1 runs them
+
+    async def main() -> list[float]:
+        semaphore = asyncio.Semaphore(16)
+        return await asyncio.gather(*[_open_r1_run_script(s, "python", semaphore) for s in scripts])
+
+    rewards = asyncio.run(main())
+    assert rewards == [1.0, 0.5, 0.0] * 8
+    assert Sandbox.list().next_items() == []  # every sandbox was killed
+
+
+def test_async_calls_on_one_sandbox_take_turns(server: ServerHandle) -> None:
+    async def main() -> tuple[list[str], str]:
+        sandbox = await AsyncSandbox.create(timeout=60)
+        try:
+            context = await sandbox.create_code_context()
+            executions = await asyncio.gather(
+                sandbox.run_code("import time\ntime.sleep(1)\norder = ['default']\n'slow'"),
+                sandbox.run_code("'fast'", context=context),
+                sandbox.files.write("/home/user/f.txt", "x"),
+                sandbox.commands.run("echo ran"))
+            assert executions[2].path == "/home/user/f.txt"
+            return [executions[0].text, executions[1].text], executions[3].stdout
+        finally:
+            await sandbox.kill()
+
+    texts, stdout = asyncio.run(main())
+    assert texts == ["slow", "fast"] and stdout == "ran\n"  # all four answered, each in its turn
+
+
+def test_kill_during_an_execution_ends_it(server: ServerHandle) -> None:
+    async def main() -> tuple[object, float]:
+        sandbox = await AsyncSandbox.create(timeout=60)
+        execution = asyncio.create_task(sandbox.run_code("while True:\n    pass"))
+        await asyncio.sleep(1.0)
+        killed_at = time.monotonic()
+        await sandbox.kill()
+        try:
+            outcome: object = await asyncio.wait_for(execution, timeout=30)
+        except Exception as exc:  # noqa: BLE001 - which error the SDK raises is what is checked below
+            outcome = exc
+        return outcome, time.monotonic() - killed_at
+
+    outcome, waited = asyncio.run(main())
+    assert waited < 10  # answered at once, never a hang
+    if isinstance(outcome, Exception):
+        assert isinstance(outcome, SandboxException), outcome
+    else:
+        assert outcome.error is not None and "killed" in outcome.error.value  # type: ignore[attr-defined]
+
+
+def test_default_key_policy_and_sandbox_cap() -> None:
+    """Without --e2b-api-key any non-empty key is accepted; past --e2b-max-sandboxes creation is 429."""
+    handle = start_server("--slots", "2", "--preload", "", "--e2b-max-sandboxes", "2")
+    try:
+        opts = {"api_url": handle.url, "sandbox_url": handle.url}
+        first = Sandbox.create(timeout=30, api_key="any-key-at-all", **opts)
+        second = Sandbox.create(timeout=30, api_key="another-one", **opts)
+        with pytest.raises(RateLimitException, match="max_sandboxes"):
+            Sandbox.create(timeout=30, api_key="k", retries=0, **opts)
+        first.kill()
+        third = Sandbox.create(timeout=30, api_key="k", **opts)  # a place is free again
+        assert third.run_code("1 + 1").text == "2"
+        second.kill()
+        third.kill()
+        assert requests.get(handle.url + "/v2/sandboxes", headers={"X-API-Key": ""}, timeout=30).status_code == 401
+    finally:
+        stop_server(handle.process)
+
+
+def test_fronts_refuse_sandboxes_they_could_not_route() -> None:
+    handle = start_server("--slots", "2", "--preload", "", "--fronts", "2")
+    try:
+        with pytest.raises(SandboxException, match="--fronts 1"):
+            Sandbox.create(api_key="k", api_url=handle.url, sandbox_url=handle.url, retries=0)
+    finally:
+        stop_server(handle.process)

@@ -1,0 +1,70 @@
+"""The E2B layer's pure pieces: Connect framing, the guest's answers, the interpreter's events."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from verl_sf.e2b.connect import ConnectError, end_frame, frame
+from verl_sf.e2b.interpreter import error_event, execution_events, result_event
+from verl_sf.e2b.sandboxes import MARK, GuestError, call_code, parse_answer
+from verl_sf.models import CellRunResult
+
+
+def test_frames_are_flag_length_json() -> None:
+    data = frame({"event": {"start": {"pid": 7}}})
+    flags, length = struct.unpack(">BI", data[:5])
+    assert flags == 0 and json.loads(data[5:5 + length]) == {"event": {"start": {"pid": 7}}}
+    end = end_frame(ConnectError("not_found", "gone"))
+    assert end[0] == 0x02 and json.loads(end[5:]) == {"error": {"code": "not_found", "message": "gone"}}
+    assert json.loads(end_frame()[5:]) == {}
+    assert ConnectError("no-such-code", "x").code == "internal"
+
+
+def test_call_code_carries_data_as_one_literal() -> None:
+    hostile = "'); import os; os.system('x') #\n\"\"\"\\"
+    code = call_code("dispatch", {"op": "fs_stat", "args": {"path": hostile}})
+    call = compile(code, "<test>", "eval")  # one expression, whatever the data holds
+    assert call.co_names == ("__import__", "dispatch")
+    literal = code[code.index("(", len("__import__(")) + 1:-1]
+    assert json.loads(eval(literal)) == {"op": "fs_stat", "args": {"path": hostile}}
+
+
+def test_guest_answers_are_parsed_defensively() -> None:
+    assert parse_answer(f"user output\n{MARK}{json.dumps({'ok': [1, 2]})}\n") == [1, 2]
+    assert parse_answer(f"{MARK}{{\"ok\": 1}}\n{MARK}{{\"ok\": 2}}\n") == 2  # the last answer counts
+    with pytest.raises(GuestError) as refused:
+        parse_answer(f"{MARK}{json.dumps({'error': {'code': 'not_found', 'message': 'no file'}})}")
+    assert (refused.value.code, str(refused.value)) == ("not_found", "no file")
+    for garbage in ("no answer at all", f"{MARK}{{not json", f"{MARK}[1, 2]"):
+        with pytest.raises(GuestError) as bad:
+            parse_answer(garbage)
+        assert bad.value.code == "internal"
+
+
+def test_result_and_error_events() -> None:
+    assert result_event({"text/plain": "'hi'", "image/png": "iVBOR", "x/custom": 1}, True) == {
+        "type": "result", "is_main_result": True, "text": "hi", "png": "iVBOR", "extra": {"x/custom": 1}}
+    traceback = ["Traceback (most recent call last):\n", '  File "<cell-0>", line 1, in <module>\n    x\n',
+                 '  File "<verl-sf-e2b>", line 300, in run_cell\n    exec(...)\n',
+                 '  File "<execution-2>", line 1, in <module>\n    1/0\n', "ZeroDivisionError: division by zero\n"]
+    event = error_event({"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": traceback})
+    assert event["traceback"] == ("Traceback (most recent call last):\n"
+                                  '  File "<execution-2>", line 1, in <module>\n    1/0\n'
+                                  "ZeroDivisionError: division by zero\n")
+    syntax = error_event({"ename": "SyntaxError", "evalue": "bad", "traceback": [
+        "Traceback (most recent call last):\n", '  File "<cell-0>", line 1, in <module>\n',
+        '  File "<execution-1>", line 1\n    def (:\n        ^\n', "SyntaxError: bad\n"]})
+    assert syntax["traceback"].startswith('  File "<execution-1>", line 1')
+
+
+def test_execution_events_mark_only_a_shown_value_as_main() -> None:
+    run = CellRunResult(stdout="out\n", display=[{"text/plain": "<Figure>", "image/png": "iVBOR"}])
+    noted = CellRunResult(display=[{"text/plain": "{'count': 3, 'has_value': False}"}])
+    events = execution_events([run, noted], "")
+    assert [e["type"] for e in events] == ["number_of_executions", "stdout", "result"]
+    assert events[0]["execution_count"] == 3 and events[2]["is_main_result"] is False
+    forged = CellRunResult(display=[{"text/plain": "__import__('os').system('x')"}])
+    assert [e["type"] for e in execution_events([run, forged], "")] == ["stdout", "result"]

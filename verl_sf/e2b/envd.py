@@ -1,0 +1,325 @@
+"""envd's API on a sandbox (port 49983): /health, /files, and the Filesystem and Process RPCs.
+
+Every call is one or more guest calls in the sandbox's session (see sandboxes.py).  A command
+runs as a child of the session: its start and first output come in one call, then it is polled
+(`E2BConfig.command_poll_s` per call) while its stream is open, so other calls of the sandbox
+interleave with a long command.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional
+
+from aiohttp import BodyPartReader, web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from verl_sf.e2b import connect
+from verl_sf.e2b.config import E2BConfig
+from verl_sf.e2b.connect import ConnectError
+from verl_sf.e2b.sandboxes import GuestError, Sandbox, Sandboxes, SandboxGone, call_code, parse_answer
+
+DEFAULT_RPC_TIMEOUT_S = 60.0
+SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
+GUEST_HTTP_STATUS = {"not_found": 404, "invalid_argument": 400, "already_exists": 409, "permission_denied": 403,
+                     "resource_exhausted": 507, "deadline_exceeded": 504}
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class PathRequest(_Message):
+    path: str
+
+
+class ListDirRequest(_Message):
+    path: str
+    depth: int = Field(default=0, ge=0, le=64)
+
+
+class MoveRequest(_Message):
+    source: str
+    destination: str
+
+
+class ProcessConfig(_Message):
+    cmd: str
+    args: list[str] = Field(default_factory=list)
+    envs: dict[str, str] = Field(default_factory=dict)
+    cwd: Optional[str] = None
+
+
+class StartRequest(_Message):
+    process: ProcessConfig
+    pty: Optional[dict[str, Any]] = None
+    tag: Optional[str] = None
+    stdin: Optional[bool] = None
+
+
+class ProcessSelector(_Message):
+    pid: Optional[int] = None
+    tag: Optional[str] = None
+
+
+class SendSignalRequest(_Message):
+    process: ProcessSelector
+    signal: Any = None
+
+
+def _parse(model: type[Any], body: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        raise ConnectError("invalid_argument", f"{field}: {first['msg']}") from None
+
+
+def _entry_info(entry: dict[str, Any]) -> dict[str, Any]:
+    """The guest's entry as envd's EntryInfo in proto JSON."""
+    seconds, nanos = divmod(int(entry["mtime_ns"]), 1_000_000_000)
+    stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    info = {"name": entry["name"], "type": "FILE_TYPE_DIRECTORY" if entry["type"] == "dir" else "FILE_TYPE_FILE",
+            "path": entry["path"], "size": str(entry["size"]), "mode": entry["mode"],
+            "permissions": entry["permissions"], "owner": entry["owner"], "group": entry["group"],
+            "modifiedTime": f"{stamp}.{nanos:09d}Z", "isSymlink": entry["is_symlink"]}
+    if "symlink_target" in entry:
+        info["symlinkTarget"] = entry["symlink_target"]
+    return info
+
+
+class Envd:
+    def __init__(self, sandboxes: Sandboxes, config: E2BConfig):
+        self.sandboxes = sandboxes
+        self.config = config
+        self.unary: dict[str, Callable[[Sandbox, dict[str, Any], float], Awaitable[dict[str, Any]]]] = {
+            "/filesystem.Filesystem/Stat": self.stat,
+            "/filesystem.Filesystem/ListDir": self.list_dir,
+            "/filesystem.Filesystem/MakeDir": self.make_dir,
+            "/filesystem.Filesystem/Move": self.move,
+            "/filesystem.Filesystem/Remove": self.remove,
+            "/process.Process/List": self.list_processes,
+            "/process.Process/SendSignal": self.send_signal,
+        }
+
+    async def handle(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
+        path = request.path
+        if path == "/health" and request.method == "GET":
+            return web.Response(status=204)
+        if path == "/files" and request.method == "GET":
+            return await self.read_file(request, sandbox)
+        if path == "/files" and request.method == "POST":
+            return await self.write_files(request, sandbox)
+        if path == "/process.Process/Start" and request.method == "POST":
+            return await self.start(request, sandbox)
+        if request.method == "POST" and (path.startswith("/filesystem.Filesystem/")
+                                         or path.startswith("/process.Process/")):
+            return await self._unary(request, sandbox)
+        return web.json_response({"code": 404, "message": f"envd has no {request.method} {path}"}, status=404)
+
+    async def _unary(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
+        method = self.unary.get(request.path)
+        try:
+            if method is None:
+                raise ConnectError("unimplemented", f"{request.path.lstrip('/')} is not implemented by verl-sf "
+                                                    f"(docs/e2b.md lists what is)")
+            body = await connect.unary_message(request)
+            answer = await method(sandbox, body, connect.timeout_s(request) or DEFAULT_RPC_TIMEOUT_S)
+        except ConnectError as exc:
+            return connect.unary_error(exc)
+        except GuestError as exc:
+            return connect.unary_error(ConnectError(exc.code, str(exc)))
+        return web.json_response(answer)
+
+    # ---- Filesystem ------------------------------------------------------------------------------
+    async def stat(self, sandbox: Sandbox, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        path = _parse(PathRequest, body).path
+        return {"entry": _entry_info(await self.sandboxes.call(sandbox, "fs_stat", {"path": path}, timeout))}
+
+    async def list_dir(self, sandbox: Sandbox, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        req = _parse(ListDirRequest, body)
+        entries = await self.sandboxes.call(sandbox, "fs_list", {"path": req.path, "depth": req.depth or 1}, timeout)
+        return {"entries": [_entry_info(entry) for entry in entries]}
+
+    async def make_dir(self, sandbox: Sandbox, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        path = _parse(PathRequest, body).path
+        return {"entry": _entry_info(await self.sandboxes.call(sandbox, "fs_make_dir", {"path": path}, timeout))}
+
+    async def move(self, sandbox: Sandbox, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        req = _parse(MoveRequest, body)
+        entry = await self.sandboxes.call(sandbox, "fs_move", {"source": req.source,
+                                                               "destination": req.destination}, timeout)
+        return {"entry": _entry_info(entry)}
+
+    async def remove(self, sandbox: Sandbox, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        await self.sandboxes.call(sandbox, "fs_remove", {"path": _parse(PathRequest, body).path}, timeout)
+        return {}
+
+    # ---- /files ----------------------------------------------------------------------------------
+    async def read_file(self, request: web.Request, sandbox: Sandbox) -> web.Response:
+        path = request.query.get("path")
+        if not path:
+            return _files_error(400, "query parameter 'path' is required")
+        inline_limit = self.sandboxes.executor.config.output_limit_bytes // 2
+        try:
+            result = await self.sandboxes.call(sandbox, "fs_read", {"path": path, "inline_limit": inline_limit})
+            if "data" in result:
+                data = base64.b64decode(result["data"])
+            else:
+                # Too large to come back inline: the session's file fetch reads it (its own size cap).
+                code = call_code("dispatch", {"op": "fs_stat", "args": {"path": result["fetch"]}})
+                stdout, files = await self.sandboxes.call_python(sandbox, code, DEFAULT_RPC_TIMEOUT_S,
+                                                                 [result["fetch"]])
+                parse_answer(stdout)
+                if result["fetch"] not in files:
+                    limit = self.sandboxes.executor.config.fetch_file_limit_bytes
+                    return _files_error(413, f"file '{path}' is larger than {inline_limit} bytes and cannot be "
+                                             f"fetched (over {limit} bytes, or outside /workdir, /tmp, /mnt/data)")
+                data = base64.b64decode(files[result["fetch"]])
+        except GuestError as exc:
+            return _files_error(GUEST_HTTP_STATUS.get(exc.code, 500), str(exc))
+        except (binascii.Error, TypeError, KeyError) as exc:
+            return _files_error(500, f"the sandbox's answer is malformed: {exc}")
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    async def write_files(self, request: web.Request, sandbox: Sandbox) -> web.Response:
+        uploads: list[tuple[str, bytes]] = []
+        query_path = request.query.get("path")
+        try:
+            if request.content_type.startswith("multipart/"):
+                reader = await request.multipart()
+                while True:
+                    part = await reader.next()
+                    if part is None:
+                        break
+                    if not isinstance(part, BodyPartReader) or part.name != "file":
+                        continue
+                    target = query_path or part.filename
+                    if not target:
+                        return _files_error(400, "a multipart file part needs a filename (its path) or ?path=")
+                    uploads.append((target, bytes(await part.read())))
+            else:
+                if not query_path:
+                    return _files_error(400, "query parameter 'path' is required for an octet-stream upload")
+                data = await request.read()
+                if request.headers.get("Content-Encoding", "").lower() == "gzip":
+                    data = _gunzip(data, request.app["max_body_bytes"])
+                uploads.append((query_path, data))
+        except ValueError as exc:
+            return _files_error(400, f"the upload is malformed: {exc}")
+        if not uploads:
+            return _files_error(400, "no file in the upload (a multipart part named 'file')")
+        written = []
+        try:
+            for path, data in uploads:
+                written.append(await self.sandboxes.call(
+                    sandbox, "fs_write", {"path": path, "data": base64.b64encode(data).decode()}))
+        except GuestError as exc:
+            return _files_error(GUEST_HTTP_STATUS.get(exc.code, 500), str(exc))
+        return web.json_response(written)
+
+    # ---- Process ---------------------------------------------------------------------------------
+    async def list_processes(self, sandbox: Sandbox, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        running = await self.sandboxes.call(sandbox, "proc_list", {}, timeout)
+        return {"processes": [{"pid": p["pid"], "config": {"cmd": p["cmd"], "args": p["args"], "envs": p["envs"],
+                                                           "cwd": p["cwd"]}} for p in running]}
+
+    async def send_signal(self, sandbox: Sandbox, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        req = _parse(SendSignalRequest, body)
+        if req.process.pid is None:
+            raise ConnectError("unimplemented", "selecting a process by tag is not implemented by verl-sf")
+        number = SIGNALS.get(req.signal)
+        if number is None:
+            raise ConnectError("invalid_argument", f"signal: expected SIGNAL_SIGKILL or SIGNAL_SIGTERM, got "
+                                                   f"{req.signal!r}")
+        await self.sandboxes.call(sandbox, "proc_signal", {"pid": req.process.pid, "number": number}, timeout)
+        return {}
+
+    async def start(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
+        """process.Process/Start: a server stream of start, data, keepalive and end events."""
+        # The request is read before the answer starts: an HTTP/1.1 client that sees the answer
+        # while its body is still on the way stops sending it.
+        message: dict[str, Any] | ConnectError
+        try:
+            message = await connect.stream_message(request)
+        except ConnectError as exc:
+            message = exc
+        response = web.StreamResponse(headers={"Content-Type": connect.STREAM_CONTENT_TYPE})
+        await response.prepare(request)
+        try:
+            if isinstance(message, ConnectError):
+                raise message
+            await self._run_command(request, message, response, sandbox)
+        except ConnectError as exc:
+            await response.write(connect.end_frame(exc))
+        except GuestError as exc:
+            await response.write(connect.end_frame(ConnectError(exc.code, str(exc))))
+        except SandboxGone as exc:
+            await response.write(connect.end_frame(ConnectError("unavailable", str(exc))))
+        else:
+            await response.write(connect.end_frame())
+        return response
+
+    async def _run_command(self, request: web.Request, message: dict[str, Any], response: web.StreamResponse,
+                           sandbox: Sandbox) -> None:
+        start = _parse(StartRequest, message)
+        if start.pty is not None:
+            raise ConnectError("unimplemented", "PTY processes are not implemented by verl-sf")
+        if start.stdin:
+            raise ConnectError("unimplemented", "stdin for commands is not implemented by verl-sf")
+        limit = connect.timeout_s(request)
+        deadline = None if limit is None else time.monotonic() + limit
+        keepalive_s = _keepalive_interval(request)
+        poll = self.config.command_poll_s
+        config = start.process
+        result = await self.sandboxes.call(sandbox, "proc_start", {
+            "cmd": config.cmd, "args": config.args, "envs": config.envs, "cwd": config.cwd, "wait": poll})
+        pid = int(result["pid"])
+        await response.write(connect.frame({"event": {"start": {"pid": pid}}}))
+        last_write = time.monotonic()
+        while True:
+            for stream in ("stdout", "stderr"):
+                if result.get(stream):
+                    await response.write(connect.frame({"event": {"data": {stream: result[stream]}}}))
+                    last_write = time.monotonic()
+            if "end" in result:
+                end = result["end"]
+                await response.write(connect.frame({"event": {"end": {
+                    "exitCode": end["exit_code"], "exited": True, "status": end["status"]}}}))
+                return
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                await self.sandboxes.call(sandbox, "proc_signal", {"pid": pid, "number": 9})
+                raise ConnectError("deadline_exceeded", f"the command ran past its timeout of {limit:g} s and "
+                                                        f"was killed")
+            if now - last_write >= keepalive_s:
+                await response.write(connect.frame({"event": {"keepalive": {}}}))
+                last_write = now
+            wait = poll if deadline is None else max(0.0, min(poll, deadline - now))
+            result = await self.sandboxes.call(sandbox, "proc_poll", {"pid": pid, "wait": wait})
+
+
+def _keepalive_interval(request: web.Request) -> float:
+    raw = request.headers.get("Keepalive-Ping-Interval", "")
+    return float(raw) if raw.isdigit() and 0 < int(raw) < 3600 else 50.0
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(f"gzip body: {exc}") from None
+    if len(out) > limit:
+        raise ValueError(f"the gzip body inflates past {limit} bytes")
+    return out
+
+
+def _files_error(status: int, message: str) -> web.Response:
+    return web.json_response({"code": status, "message": message}, status=status)

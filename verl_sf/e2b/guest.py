@@ -1,0 +1,380 @@
+"""The E2B sandbox's agent, run inside its python session (standard library only).
+
+The server sends this file's source into every new sandbox's session once, as the module
+`_verl_sf_e2b`; each later E2B call is one session call naming a function here with its
+arguments as one JSON string literal (user data is never pasted into code).  Files, directories,
+processes and code contexts are then handled by the sandbox's own unprivileged process, with
+exactly the rights its code has.
+
+Paths: the SDK's home, `/home/user`, is the session's working directory; relative paths are
+resolved there too.  Answers go back on stdout as one line after `MARK` (see `dispatch`).
+"""
+
+import base64
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from typing import Any
+
+HOME_ALIAS = "/home/user"
+MARK = "\x1e\x1fverl-sf-e2b:"
+"""Prefix of the answer line; whatever else a call printed comes before it."""
+READ_CHUNK = 1 << 16
+MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by default)
+
+_home = os.getcwd()
+_contexts: dict[str, dict[str, Any]] = {}  # context id -> {"globals": dict, "cwd": local path, "count": int}
+_processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
+_last = {"count": 0, "has_value": False}
+
+
+class GuestError(Exception):
+    """An answer with a Connect error code (not_found, invalid_argument, ...)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+def setup(payload):
+    """Sandbox-wide environment variables and the default context (the session's `__main__`)."""
+    request = json.loads(payload)
+    os.environ.update(request["envs"])
+    os.environ["HOME"] = _home
+    _contexts[request["default_context"]] = {"globals": sys.modules["__main__"].__dict__, "cwd": _home, "count": 0}
+    _answer({"ok": True})
+
+
+# ---- paths -------------------------------------------------------------------------------------
+def local_path(path):
+    """The session's path for an E2B path: `/home/user/...` and relative paths live in the home."""
+    if path == HOME_ALIAS or path.startswith(HOME_ALIAS + "/"):
+        path = _home + path[len(HOME_ALIAS):]
+    elif not path.startswith("/"):
+        path = os.path.join(_home, path)
+    return os.path.normpath(path)
+
+
+def public_path(path):
+    if path == _home or path.startswith(_home + "/"):
+        return HOME_ALIAS + path[len(_home):]
+    return path
+
+
+def _entry(path):
+    info = os.lstat(path)
+    link = stat.S_ISLNK(info.st_mode)
+    shown = info
+    if link:
+        try:
+            shown = os.stat(path)
+        except OSError:
+            shown = info
+    kind = "dir" if stat.S_ISDIR(shown.st_mode) else "file"
+    entry = {"name": os.path.basename(path) or path, "type": kind, "path": public_path(path), "size": info.st_size,
+             "mode": stat.S_IMODE(info.st_mode),
+             "permissions": stat.filemode(info.st_mode), "owner": _user_name(info.st_uid),
+             "group": _group_name(info.st_gid), "mtime_ns": info.st_mtime_ns, "is_symlink": link}
+    if link:
+        target = os.path.join(os.path.dirname(path), os.readlink(path))
+        entry["symlink_target"] = public_path(os.path.normpath(target))
+    return entry
+
+
+def _user_name(uid):
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _group_name(gid):
+    try:
+        import grp
+        return grp.getgrgid(gid).gr_name
+    except (ImportError, KeyError):
+        return str(gid)
+
+
+# ---- filesystem --------------------------------------------------------------------------------
+def fs_stat(path):
+    return _entry(local_path(path))
+
+
+def fs_list(path, depth):
+    root = local_path(path)
+    if not os.path.isdir(root):
+        if not os.path.lexists(root):
+            raise GuestError("not_found", f"path '{path}' does not exist")
+        raise GuestError("invalid_argument", f"path '{path}' is not a directory")
+    entries = []
+    level = [root]
+    for _ in range(max(1, depth)):
+        below = []
+        for directory in level:
+            for name in sorted(os.listdir(directory)):
+                full = os.path.join(directory, name)
+                entries.append(_entry(full))
+                if len(entries) > MAX_ENTRIES:
+                    raise GuestError("resource_exhausted", f"more than {MAX_ENTRIES} entries below '{path}'")
+                if os.path.isdir(full) and not os.path.islink(full):
+                    below.append(full)
+        level = below
+    return entries
+
+
+def fs_make_dir(path):
+    local = local_path(path)
+    if os.path.lexists(local):
+        raise GuestError("already_exists", f"directory '{path}' already exists")
+    os.makedirs(local)
+    return _entry(local)
+
+
+def fs_move(source, destination):
+    src, dst = local_path(source), local_path(destination)
+    parent = os.path.dirname(dst)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    os.rename(src, dst)
+    return _entry(dst)
+
+
+def fs_remove(path):
+    local = local_path(path)
+    if os.path.isdir(local) and not os.path.islink(local):
+        shutil.rmtree(local)
+    else:
+        os.unlink(local)
+    return None
+
+
+def fs_write(path, data):
+    local = local_path(path)
+    parent = os.path.dirname(local)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(local, "wb") as fh:
+        fh.write(base64.b64decode(data))
+    return {"name": os.path.basename(local), "type": "file", "path": public_path(local)}
+
+
+def fs_read(path, inline_limit):
+    """Small files come back inline; larger ones are named for the server to fetch (its own cap)."""
+    local = local_path(path)
+    if os.path.isdir(local):
+        raise GuestError("invalid_argument", f"path '{path}' is a directory")
+    real = os.path.realpath(local)
+    with open(real, "rb") as fh:
+        data = fh.read(inline_limit + 1)
+    if len(data) <= inline_limit:
+        return {"data": base64.b64encode(data).decode()}
+    return {"fetch": real}
+
+
+# ---- processes ---------------------------------------------------------------------------------
+def proc_start(cmd, args, envs, cwd, wait):
+    directory = local_path(cwd) if cwd else _home
+    if not os.path.isdir(directory):
+        raise GuestError("invalid_argument", f"cwd '{cwd}' does not exist")
+    popen = subprocess.Popen([cmd, *args], cwd=directory, env={**os.environ, **envs}, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    assert popen.stdout is not None and popen.stderr is not None
+    pipes = {"stdout": popen.stdout.fileno(), "stderr": popen.stderr.fileno()}
+    for fd in pipes.values():
+        os.set_blocking(fd, False)
+    _processes[popen.pid] = {"popen": popen, "pipes": pipes,
+                             "config": {"cmd": cmd, "args": args, "envs": envs, "cwd": public_path(directory)}}
+    return {"pid": popen.pid, **proc_poll(popen.pid, wait)}
+
+
+def proc_poll(pid, wait):
+    """New output (base64 per stream) and, once the process has exited and both pipes are drained,
+    its end; waits up to `wait` seconds for either."""
+    process = _process(pid)
+    pipes = process["pipes"]
+    out = {"stdout": b"", "stderr": b""}
+    deadline = time.monotonic() + wait
+    while pipes:
+        ready, _, _ = select.select(list(pipes.values()), [], [], max(0.0, deadline - time.monotonic()))
+        for name, fd in list(pipes.items()):
+            if fd not in ready:
+                continue
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                continue
+            if chunk:
+                out[name] += chunk
+            else:
+                del pipes[name]
+        if any(out.values()) or time.monotonic() >= deadline:
+            break
+    answer: dict[str, Any] = {name: base64.b64encode(data).decode() for name, data in out.items()}
+    popen = process["popen"]
+    if not pipes:
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            popen.wait(remaining)
+        except subprocess.TimeoutExpired:
+            return answer
+        popen.stdout.close()
+        popen.stderr.close()
+        del _processes[pid]
+        code = popen.returncode
+        answer["end"] = {"exit_code": code if code >= 0 else -1,
+                         "status": f"exit status {code}" if code >= 0 else f"signal: {_signal_name(-code)}"}
+    return answer
+
+
+def _signal_name(number):
+    names = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
+    return names.get(number, f"signal {number}")
+
+
+def proc_signal(pid, number):
+    _process(pid)
+    with contextlib.suppress(ProcessLookupError):  # exited already: the next poll reports its end
+        os.killpg(pid, number)
+    return None
+
+
+def proc_list():
+    running = []
+    for pid, process in _processes.items():
+        if process["popen"].poll() is None:
+            running.append({"pid": pid, **process["config"]})
+    return running
+
+
+def _process(pid):
+    process = _processes.get(pid)
+    if process is None:
+        raise GuestError("not_found", f"process with pid {pid} not found")
+    return process
+
+
+# ---- code contexts -----------------------------------------------------------------------------
+def ctx_create(context_id, cwd):
+    directory = local_path(cwd)
+    if not os.path.isdir(directory):
+        raise GuestError("invalid_argument", f"cwd '{cwd}' does not exist")
+    _contexts[context_id] = {"globals": _fresh_globals(), "cwd": directory, "count": 0}
+    return {"cwd": public_path(directory)}
+
+
+def ctx_restart(context_id, default):
+    context = _context(context_id)
+    if default:
+        namespace = context["globals"]
+        kept = {key: namespace[key] for key in ("__name__", "__builtins__", "__file__") if key in namespace}
+        namespace.clear()
+        namespace.update(kept)
+    else:
+        context["globals"] = _fresh_globals()
+    context["count"] = 0
+    return None
+
+
+def ctx_remove(context_id):
+    _context(context_id)
+    del _contexts[context_id]
+    return None
+
+
+def _fresh_globals():
+    return {"__name__": "__main__", "__builtins__": __builtins__}
+
+
+def _context(context_id):
+    context = _contexts.get(context_id)
+    if context is None:
+        raise GuestError("not_found", f"context {context_id} not found")
+    return context
+
+
+def run_cell(payload):
+    """Run one execution in its context; the last expression's value is returned for the cell to
+    show.  The context's working directory and the call's environment apply only while it runs."""
+    request = json.loads(payload)
+    context = _context(request["context"])
+    context["count"] += 1
+    _last.update(count=context["count"], has_value=False)
+    saved_env = {key: os.environ.get(key) for key in request["envs"]}
+    os.environ.update(request["envs"])
+    saved_cwd = os.getcwd()
+    os.chdir(context["cwd"])
+    name = f"<execution-{context['count']}>"
+    _cache_source(name, request["code"])
+    try:
+        # compile() to a tree rather than ast.parse(): no frame of ast.py in a syntax error's traceback
+        tree: Any = compile(request["code"], name, "exec", 0x400, dont_inherit=True)  # 0x400: ast.PyCF_ONLY_AST
+        last = tree.body.pop() if tree.body and type(tree.body[-1]).__name__ == "Expr" else None
+        exec(compile(tree, name, "exec"), context["globals"])
+        value = None
+        if last is not None:
+            import ast
+            value = eval(compile(ast.Expression(last.value), name, "eval"), context["globals"])
+        _last["has_value"] = value is not None
+        return value
+    finally:
+        context["cwd"] = os.getcwd()
+        os.chdir(saved_cwd)
+        for key, old in saved_env.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def last_info():
+    """What the previous `run_cell` did, read by the server from this cell's shown value."""
+    return dict(_last)
+
+
+def _cache_source(name, source):
+    import linecache
+    lines = source.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[name] = (len(source), None, lines, name)
+
+
+# ---- the call protocol -------------------------------------------------------------------------
+OPERATIONS: dict[str, Any] = {
+    "fs_stat": fs_stat, "fs_list": fs_list, "fs_make_dir": fs_make_dir, "fs_move": fs_move, "fs_remove": fs_remove,
+    "fs_write": fs_write, "fs_read": fs_read, "proc_start": proc_start, "proc_poll": proc_poll,
+    "proc_signal": proc_signal, "proc_list": proc_list, "ctx_create": ctx_create, "ctx_restart": ctx_restart,
+    "ctx_remove": ctx_remove,
+}
+ERRNO_CODES = {"ENOENT": "not_found", "EEXIST": "already_exists", "ENOTDIR": "invalid_argument",
+               "EISDIR": "invalid_argument", "ENOTEMPTY": "invalid_argument", "EACCES": "permission_denied",
+               "EPERM": "permission_denied", "EROFS": "permission_denied", "ENOSPC": "resource_exhausted",
+               "EDQUOT": "resource_exhausted", "EFBIG": "resource_exhausted", "ENAMETOOLONG": "invalid_argument"}
+
+
+def dispatch(payload):
+    """One E2B call: `{"op": name, "args": {...}}` in, one answer line on stdout."""
+    request = json.loads(payload)
+    try:
+        answer = {"ok": OPERATIONS[request["op"]](**request["args"])}
+    except GuestError as exc:
+        answer = {"error": {"code": exc.code, "message": str(exc)}}
+    except OSError as exc:
+        import errno
+        code = ERRNO_CODES.get(errno.errorcode.get(exc.errno or 0, ""), "internal")
+        answer = {"error": {"code": code, "message": f"{exc.strerror or exc}: {public_path(exc.filename or '')}"}}
+    _answer(answer)
+
+
+def _answer(answer):
+    sys.stdout.write("\n" + MARK + json.dumps(answer) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,211 @@
+"""The code interpreter's API on a sandbox (port 49999): /execute, /contexts, /health.
+
+An execution is two cells of a session `run_jupyter` call: the first runs the code in its
+context through the guest (so its value, PNG/HTML and errors are shown as Jupyter shows them),
+the second reads what the guest noted (whether a value was shown, the execution count).  The
+events are sent once the execution ends: the session answers a call as a whole.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import json
+import re
+import secrets
+from typing import Any, Optional
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+
+from verl_sf.e2b.config import E2BConfig
+from verl_sf.e2b.sandboxes import GUEST_FILENAME, GUEST_MODULE, Context, GuestError, Sandbox, Sandboxes, call_code
+from verl_sf.models import CellRunResult
+
+LANGUAGES = ("python",)
+OWN_FRAME = re.compile(r'^  File "(<cell-\d+>|' + re.escape(GUEST_FILENAME) + ')"')
+MIME_FIELDS = {"text/plain": "text", "text/html": "html", "image/png": "png", "text/markdown": "markdown",
+               "image/svg+xml": "svg", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
+               "application/json": "json", "application/javascript": "javascript"}
+
+
+class ExecuteRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    code: StrictStr
+    context_id: Optional[StrictStr] = None
+    language: Optional[StrictStr] = None
+    env_vars: Optional[dict[StrictStr, StrictStr]] = None
+
+
+class CreateContextRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    language: Optional[StrictStr] = None
+    cwd: Optional[StrictStr] = None
+
+
+def _language(name: Optional[str]) -> str:
+    language = (name or "python").strip().lower()
+    if language not in LANGUAGES:
+        raise web.HTTPBadRequest(text=f"language {name!r} is not supported by verl-sf: python only")
+    return language
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def result_event(data: dict[str, Any], main: bool) -> dict[str, Any]:
+    """A display bundle as the E2B server shows it: quotes of a string's repr dropped, like it does."""
+    event: dict[str, Any] = {"type": "result", "is_main_result": main}
+    extra = {}
+    for mime, value in data.items():
+        if mime in MIME_FIELDS:
+            event[MIME_FIELDS[mime]] = value
+        else:
+            extra[mime] = value
+    text = event.get("text")
+    if isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        event["text"] = text[1:-1]
+    event["extra"] = extra
+    return event
+
+
+def error_event(error: dict[str, Any]) -> dict[str, Any]:
+    frames = [line for line in error.get("traceback", []) if not OWN_FRAME.match(line)]
+    ran = any(line.startswith('  File "') and ", in " in line.split("\n", 1)[0] for line in frames)
+    if frames and frames[0].startswith("Traceback") and not ran:
+        frames = frames[1:]  # the code did not compile: no frame of it ran, as `python main.py` shows it
+    return {"type": "error", "name": str(error.get("ename", "Error")), "value": str(error.get("evalue", "")),
+            "traceback": "".join(frames)}
+
+
+def _note(cell: Optional[CellRunResult]) -> dict[str, Any]:
+    """What the guest noted about the execution (shown by the second cell); {} if unreadable."""
+    if cell is None or not cell.display:
+        return {}
+    try:
+        note = ast.literal_eval(str(cell.display[0].get("text/plain", "")))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    return note if isinstance(note, dict) else {}
+
+
+def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    run = cells[0] if cells else None
+    note = _note(cells[1] if len(cells) > 1 else None)
+    if isinstance(note.get("count"), int):
+        events.append({"type": "number_of_executions", "execution_count": note["count"]})
+    if run is None:
+        events.append({"type": "error", "name": "ExecutionError", "value": message or "the execution did not run",
+                       "traceback": ""})
+        return events
+    if run.stdout:
+        events.append({"type": "stdout", "text": run.stdout, "timestamp": _now()})
+    if run.stderr:
+        events.append({"type": "stderr", "text": run.stderr, "timestamp": _now()})
+    main = bool(note.get("has_value")) and not run.error
+    for index, data in enumerate(run.display):
+        events.append(result_event(dict(data), main and index == 0))
+    if run.error:
+        events.append(error_event(run.error[0]))
+    return events
+
+
+class Interpreter:
+    def __init__(self, sandboxes: Sandboxes, config: E2BConfig):
+        self.sandboxes = sandboxes
+        self.config = config
+
+    async def handle(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
+        path, method = request.path, request.method
+        try:
+            if path == "/health" and method == "GET":
+                return web.json_response("OK")
+            if path == "/execute" and method == "POST":
+                return await self.execute(request, sandbox)
+            if path == "/contexts" and method == "POST":
+                return await self.create_context(request, sandbox)
+            if path == "/contexts" and method == "GET":
+                return web.json_response([{"id": c.id, "language": c.language, "cwd": c.cwd}
+                                          for c in sandbox.contexts.values()])
+            match = re.fullmatch(r"/contexts/([^/]+)(/restart)?", path)
+            if match and method == "POST" and match.group(2):
+                return await self.restart_context(sandbox, match.group(1))
+            if match and method == "DELETE" and not match.group(2):
+                return await self.remove_context(sandbox, match.group(1))
+        except GuestError as exc:
+            status = {"not_found": 404, "invalid_argument": 400}.get(exc.code, 500)
+            return web.Response(status=status, text=str(exc))
+        return web.Response(status=404, text=f"the code interpreter has no {method} {path}")
+
+    async def _body(self, request: web.Request, model: type[Any]) -> Any:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise web.HTTPUnprocessableEntity(text="the body must be a JSON object")
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise web.HTTPUnprocessableEntity(text=f"{field}: {first['msg']}") from None
+
+    async def execute(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
+        req: ExecuteRequest = await self._body(request, ExecuteRequest)
+        if req.context_id and req.language:
+            return web.Response(status=400, text="Only one of context_id or language can be provided")
+        if req.context_id:
+            context = sandbox.contexts.get(req.context_id)
+            if context is None:
+                return web.Response(status=404, text=f"Context {req.context_id} not found")
+            context_id = context.id
+        else:
+            _language(req.language)
+            context_id = sandbox.default_context
+        cells = [call_code("run_cell", {"context": context_id, "code": req.code, "envs": req.env_vars or {}}),
+                 f"__import__({GUEST_MODULE!r}).last_info()"]
+        response = await self.sandboxes.run_cells(sandbox, cells, self.config.execute_timeout_s)
+        events = execution_events(response.cells, response.message)
+        if response.session_alive is False:
+            reason = self.sandboxes.end_reason(sandbox.id) or response.message
+            events = [e for e in events if e["type"] != "error"]
+            events.append({"type": "error", "name": "SandboxEnded", "value": f"the sandbox ended: {reason}",
+                           "traceback": ""})
+        stream = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await stream.prepare(request)
+        for event in events:
+            await stream.write(json.dumps(event).encode() + b"\n")
+        await stream.write(b'{"type": "end_of_execution"}\n')
+        await stream.write_eof()
+        return stream
+
+    async def create_context(self, request: web.Request, sandbox: Sandbox) -> web.Response:
+        req: CreateContextRequest = await self._body(request, CreateContextRequest)
+        language = _language(req.language)
+        context_id = secrets.token_hex(16)
+        created = await self.sandboxes.call(sandbox, "ctx_create", {"context_id": context_id,
+                                                                    "cwd": req.cwd or "/home/user"})
+        sandbox.contexts[context_id] = Context(context_id, language, created["cwd"])
+        return web.json_response({"id": context_id, "language": language, "cwd": created["cwd"]})
+
+    async def restart_context(self, sandbox: Sandbox, context_id: str) -> web.Response:
+        if context_id not in sandbox.contexts:
+            return web.Response(status=404, text=f"Context {context_id} not found")
+        await self.sandboxes.call(sandbox, "ctx_restart", {"context_id": context_id,
+                                                           "default": context_id == sandbox.default_context})
+        return web.json_response(None)
+
+    async def remove_context(self, sandbox: Sandbox, context_id: str) -> web.Response:
+        if context_id not in sandbox.contexts:
+            return web.Response(status=404, text=f"Context {context_id} not found")
+        if context_id == sandbox.default_context:
+            return web.Response(status=400, text="the default context cannot be removed (restart it instead)")
+        await self.sandboxes.call(sandbox, "ctx_remove", {"context_id": context_id})
+        del sandbox.contexts[context_id]
+        return web.json_response(None)
+

@@ -1,0 +1,243 @@
+"""E2B sandboxes on the executor's sessions: one live python session per sandbox.
+
+A sandbox is created as a session, then the guest agent (guest.py) is sent into it; every E2B
+call afterwards is one session call.  The executor runs one call at a time per session; the
+sandbox's lock makes that order explicit (code contexts, commands and file calls of one sandbox
+take turns).  Sandboxes end at their timeout (reaped here), on kill, or when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from verl_sf.e2b.config import E2BConfig
+from verl_sf.errors import SessionGone
+from verl_sf.executor import Executor
+from verl_sf.models import MAX_TIMEOUT_S, RunCodeRequest, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
+
+log = logging.getLogger(__name__)
+GUEST_MODULE = "_verl_sf_e2b"
+GUEST_FILENAME = "<verl-sf-e2b>"
+GUEST_SOURCE = Path(__file__).with_name("guest.py").read_text()
+MARK = "\x1e\x1fverl-sf-e2b:"  # guest.MARK
+ENDED_KEPT = 10_000  # ended sandboxes whose reason a late call is still told
+ENVD_VERSION = "0.5.7"
+"""The envd version we answer as: octet-stream uploads on; features of later versions (file
+metadata, watchers) are refused by the SDK itself with a clear message."""
+
+
+class SandboxGone(Exception):
+    """No live sandbox by that id (never created, killed, timed out, or its session ended)."""
+
+    def __init__(self, sandbox_id: str, reason: str):
+        super().__init__(f"The sandbox {sandbox_id} was not found: {reason}")
+        self.sandbox_id = sandbox_id
+        self.reason = reason
+
+
+class TooManySandboxes(Exception):
+    """The server's cap on live sandboxes is reached."""
+
+
+class GuestError(Exception):
+    """A call the sandbox refused or failed; `code` is a Connect error code (not_found, ...)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclasses.dataclass
+class Context:
+    id: str
+    language: str
+    cwd: str
+
+
+@dataclasses.dataclass
+class Sandbox:
+    id: str
+    session_id: str
+    access_token: str
+    template_id: str
+    metadata: dict[str, str]
+    started_at: float
+    end_at: float
+    """Unix times."""
+    default_context: str
+    contexts: dict[str, Context] = dataclasses.field(default_factory=dict)
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+
+def call_code(function: str, payload: Any) -> str:
+    """Python that calls the guest's `function` with one JSON string: data travels as a literal."""
+    return f"__import__({GUEST_MODULE!r}).{function}({json.dumps(payload)!r})"
+
+
+def _install_code(payload: dict[str, Any]) -> str:
+    """Load the guest as a module without leaving a name in the session's globals."""
+    body = (f"import sys, types\nmodule = types.ModuleType({GUEST_MODULE!r})\n"
+            f"exec(compile({GUEST_SOURCE!r}, {GUEST_FILENAME!r}, 'exec'), module.__dict__)\n"
+            f"sys.modules[{GUEST_MODULE!r}] = module\n")
+    return f"exec({body!r}, {{}})\n{call_code('setup', payload)}"
+
+
+def parse_answer(stdout: str) -> Any:
+    """The guest's answer line; GuestError when it is missing or says the call failed."""
+    _, found, tail = stdout.rpartition(MARK)
+    if not found:
+        raise GuestError("internal", "the sandbox gave no answer to the call")
+    try:
+        answer = json.loads(tail.split("\n", 1)[0])
+    except json.JSONDecodeError as exc:
+        raise GuestError("internal", f"the sandbox's answer is not JSON: {exc}") from None
+    if not isinstance(answer, dict):
+        raise GuestError("internal", "the sandbox's answer is not an object")
+    if "error" in answer:
+        error = answer["error"] if isinstance(answer["error"], dict) else {}
+        raise GuestError(str(error.get("code", "internal")), str(error.get("message", "the call failed")))
+    return answer.get("ok")
+
+
+class Sandboxes:
+    def __init__(self, executor: Executor, config: E2BConfig):
+        self.executor = executor
+        self.config = config
+        self.live: dict[str, Sandbox] = {}
+        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._reaper: Optional[asyncio.Task[None]] = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._reaper = asyncio.create_task(self._reap())
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for sandbox in list(self.live.values()):
+            self.kill(sandbox.id, "the server stopped")
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval_s)
+            now = time.time()
+            for sandbox in list(self.live.values()):
+                if sandbox.end_at <= now:
+                    self.kill(sandbox.id, "it reached its timeout")
+
+    @property
+    def max_timeout_s(self) -> float:
+        return min(MAX_TIMEOUT_S, self.executor.config.session_max_lifetime_s)
+
+    # ---- control plane -----------------------------------------------------------------------
+    async def create(self, template_id: str, timeout_s: int, metadata: dict[str, str],
+                     envs: dict[str, str]) -> Sandbox:
+        self._prune()
+        if len(self.live) >= self.config.max_sandboxes:
+            raise TooManySandboxes(f"{len(self.live)} sandboxes are running, the server's cap (max_sandboxes); "
+                                   f"kill some or wait for their timeout")
+        info = await self.executor.create_session(SessionCreateRequest(language="python", idle_ttl_s=MAX_TIMEOUT_S))
+        now = time.time()
+        sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id,
+                          access_token=secrets.token_urlsafe(24), template_id=template_id, metadata=metadata,
+                          started_at=now, end_at=now + timeout_s, default_context=secrets.token_hex(16))
+        sandbox.contexts[sandbox.default_context] = Context(sandbox.default_context, "python", "/home/user")
+        self.live[sandbox.id] = sandbox
+        try:
+            await self.call_python(sandbox, _install_code({"envs": envs, "default_context": sandbox.default_context}),
+                                   30.0)
+        except BaseException:
+            self.kill(sandbox.id, "it could not start")
+            raise
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        sandbox = self.live.get(sandbox_id)
+        if sandbox is None:
+            raise SandboxGone(sandbox_id, self._ended.get(sandbox_id, "no such sandbox"))
+        if sandbox.session_id not in self.executor.sessions:
+            self._forget(sandbox, "its session ended")
+            raise SandboxGone(sandbox_id, self._ended[sandbox_id])
+        return sandbox
+
+    def end_reason(self, sandbox_id: str) -> Optional[str]:
+        return self._ended.get(sandbox_id)
+
+    def listing(self) -> list[Sandbox]:
+        self._prune()
+        return list(self.live.values())
+
+    def kill(self, sandbox_id: str, reason: str = "it was killed") -> None:
+        sandbox = self.get(sandbox_id)
+        self._forget(sandbox, reason)
+        with contextlib.suppress(SessionGone):  # its session ended already
+            self.executor.end_session(sandbox.session_id)
+
+    def set_timeout(self, sandbox: Sandbox, timeout_s: float) -> None:
+        sandbox.end_at = time.time() + timeout_s
+
+    def extend(self, sandbox: Sandbox, timeout_s: float) -> None:
+        """Connect and refresh: the sandbox lives at least `timeout_s` more, never less than it had."""
+        sandbox.end_at = max(sandbox.end_at, time.time() + timeout_s)
+
+    def _forget(self, sandbox: Sandbox, reason: str) -> None:
+        if self.live.pop(sandbox.id, None) is None:
+            return
+        self._ended[sandbox.id] = reason
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+
+    def _prune(self) -> None:
+        for sandbox in list(self.live.values()):
+            if sandbox.session_id not in self.executor.sessions:
+                self._forget(sandbox, "its session ended")
+
+    # ---- calls into the sandbox ----------------------------------------------------------------
+    async def call(self, sandbox: Sandbox, operation: str, args: dict[str, Any], timeout_s: float = 60.0) -> Any:
+        """One guest operation; its result, or GuestError."""
+        stdout, _ = await self.call_python(sandbox, call_code("dispatch", {"op": operation, "args": args}), timeout_s)
+        return parse_answer(stdout)
+
+    async def call_python(self, sandbox: Sandbox, code: str, timeout_s: float,
+                          fetch: Optional[list[str]] = None) -> tuple[str, dict[str, str]]:
+        request = RunCodeRequest(code=code, language="python", session_id=sandbox.session_id,
+                                 run_timeout=min(max(timeout_s, 0.001), MAX_TIMEOUT_S), fetch_files=fetch or [])
+        async with sandbox.lock:
+            try:
+                response = await self.executor.run_code(request)
+            except SessionGone as exc:
+                self._forget(sandbox, exc.reason)
+                raise SandboxGone(sandbox.id, exc.reason) from None
+        if response.session_alive is False:
+            self._forget(sandbox, response.message)
+            raise SandboxGone(sandbox.id, response.message)
+        result = response.run_result
+        if result is None or result.status.value != "Finished":
+            raise GuestError("deadline_exceeded" if result is not None and result.status.value == "TimeLimitExceeded"
+                             else "internal", response.message or "the call did not finish")
+        if MARK not in (result.stdout or ""):
+            stderr = (result.stderr or "").strip()[-2000:]
+            raise GuestError("internal", f"the sandbox gave no answer to the call: {stderr or response.message}")
+        return result.stdout or "", response.files
+
+    async def run_cells(self, sandbox: Sandbox, cells: list[str], timeout_s: float) -> RunJupyterResponse:
+        request = RunJupyterRequest(cells=cells, total_timeout=min(timeout_s, MAX_TIMEOUT_S),
+                                    session_id=sandbox.session_id)
+        async with sandbox.lock:
+            try:
+                response = await self.executor.run_jupyter(request)
+            except SessionGone as exc:
+                self._forget(sandbox, exc.reason)
+                raise SandboxGone(sandbox.id, exc.reason) from None
+        if response.session_alive is False:
+            self._forget(sandbox, response.message)
+        return response
