@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
@@ -18,6 +18,7 @@ import pytest
 import requests
 
 import verl_sf
+from tests import container_profile
 from verl_sf.server.process import start_server_process, stop_server_process
 
 
@@ -33,9 +34,9 @@ class ServerHandle:
 
 
 def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
-                 stderr: IO[str] | None = None) -> ServerHandle:
+                 stderr: IO[str] | None = None, preexec_fn: Callable[[], None] | None = None) -> ServerHandle:
     """Start `verl-sf serve --port 0` and wait for its 'listening on' line."""
-    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, stderr=stderr)
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, stderr=stderr, preexec_fn=preexec_fn)
     return ServerHandle(url, proc)
 
 
@@ -58,7 +59,8 @@ def ci_account() -> pwd.struct_passwd:
 
 
 def start_server_as_user(*extra_args: str, extra_env: dict[str, str] | None = None, timeout: float = 120.0,
-                         stderr: IO[str] | None = None) -> tuple[ServerHandle, str]:
+                         stderr: IO[str] | None = None,
+                         preexec_fn: Callable[[], None] | None = None) -> tuple[ServerHandle, str]:
     """`verl-sf serve` as an ordinary account: as root, the CI account; otherwise ourselves.
     Returns the handle and the server's private HOME/TMPDIR (the caller removes it).
 
@@ -67,7 +69,8 @@ def start_server_as_user(*extra_args: str, extra_env: dict[str, str] | None = No
     if os.geteuid() != 0:
         home = tempfile.mkdtemp(prefix="verl-sf-user-")
         env = {**os.environ, **(extra_env or {}), "HOME": home, "TMPDIR": home}
-        return dataclasses.replace(start_server(*extra_args, env=env, timeout=timeout, stderr=stderr), as_root=False), home
+        handle = start_server(*extra_args, env=env, timeout=timeout, stderr=stderr, preexec_fn=preexec_fn)
+        return dataclasses.replace(handle, as_root=False), home
     account = ci_account()
     home = tempfile.mkdtemp(prefix="verl-sf-ci-", dir="/tmp")
     os.chown(home, account.pw_uid, account.pw_gid)
@@ -84,7 +87,8 @@ def start_server_as_user(*extra_args: str, extra_env: dict[str, str] | None = No
             f"imported {probe.stdout.strip() or 'nothing'}): {probe.stderr.strip()[-400:]}\n"
             "The non-root tests need the venv and the checkout readable by every user: clone into a "
             "directory whose parents are world-traversable (e.g. /opt or /tmp, not under a 0700 home).")
-    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT, stderr=stderr)
+    proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT, stderr=stderr,
+                                     preexec_fn=preexec_fn)
     return ServerHandle(url, proc, as_root=False), home
 
 
@@ -124,15 +128,18 @@ def run_code_batch(server: ServerHandle, cases: dict[str, tuple[str, str, dict[s
 
 SERVER_MODES = ["root", "non-root"] if os.geteuid() == 0 else ["non-root"]
 """How the isolation suites start their servers: as root (when we are) and as an ordinary account."""
+CONTAINER_MODES = [f"{mode}-container" for mode in SERVER_MODES]
+"""The same, inside a container's default profile (tests/container_profile.py): the landlock rung."""
 
 
 @contextlib.contextmanager
 def server_in_mode(mode: str, *extra_args: str, extra_env: dict[str, str] | None = None) -> Iterator[ServerHandle]:
     home = None
-    if mode == "root":
-        handle = start_server(*extra_args, env={**os.environ, **(extra_env or {})})
+    preexec_fn = container_profile.enter if mode.endswith("-container") else None
+    if mode.startswith("root"):
+        handle = start_server(*extra_args, env={**os.environ, **(extra_env or {})}, preexec_fn=preexec_fn)
     else:
-        handle, home = start_server_as_user(*extra_args, extra_env=extra_env)
+        handle, home = start_server_as_user(*extra_args, extra_env=extra_env, preexec_fn=preexec_fn)
     try:
         yield handle
     finally:

@@ -1,4 +1,4 @@
-"""`verl-sf`: one entry point, one subcommand per job (serve, rollout, languages, cluster)."""
+"""`verl-sf`: one entry point, one subcommand per job (serve, rollout, languages, doctor, cluster)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Optional
 
-from verl_sf import __version__, serve_cli
+from verl_sf import __version__, doctor_cli, serve_cli
 from verl_sf.cluster import cli as cluster_cli
 
 
@@ -32,6 +32,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     serve_cli.add_arguments(sub)
     _add_rollout(sub)
     _add_languages(sub)
+    doctor_cli.add_arguments(sub)
     cluster_cli.add_arguments(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),

@@ -1,0 +1,236 @@
+"""The isolation ladder: which rung `auto` picks where, refusals, and the landlock rung under attack.
+
+The container conditions are reproduced with tests/container_profile.py (CAP_SYS_ADMIN dropped,
+namespaces and mounts refused by seccomp); servers run as root and as the CI account in each.
+What the landlock rung promises, and what it gives less of, is in docs/security.md.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests import container_profile
+from tests.host_view import descendants
+from tests.server_fixtures import CONTAINER_MODES, SERVER_MODES, ServerHandle, run_code, server_in_mode
+
+SERVER_ARGS = ("--slots", "2", "--sandboxes", "1", "--preload", "numpy")
+SECRET = f"landlock-secret-{secrets.token_hex(4)}"
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def health(server: ServerHandle) -> dict:
+    return requests.get(server.url + "/health", timeout=10).json()
+
+
+# ---- which rung, where --------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", SERVER_MODES)
+def test_auto_picks_namespaces_on_this_host(mode: str) -> None:
+    with server_in_mode(mode, *SERVER_ARGS) as server:
+        assert health(server)["isolation"] == "namespaces"
+
+
+@pytest.mark.parametrize("mode", CONTAINER_MODES)
+def test_auto_picks_landlock_in_a_container_profile(mode: str) -> None:
+    with server_in_mode(mode, *SERVER_ARGS) as server:
+        status = health(server)
+        assert status["isolation"] == "landlock", status
+        assert "ABI" in status["limits"]["landlock"]
+
+
+def _serve(*args: str, container: bool) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "verl_sf.cli", "serve", "--port", "0", *args],
+                          capture_output=True, text=True, timeout=60,
+                          preexec_fn=container_profile.enter if container else None)
+
+
+def test_a_demanded_rung_the_host_cannot_give_is_refused_with_the_fix() -> None:
+    result = _serve("--isolation", "namespaces", container=True)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert "--isolation namespaces is not available here" in result.stderr
+    assert "seccomp=unconfined" in result.stderr  # the docker flag that would give it
+
+
+def test_an_unknown_rung_is_a_usage_error_naming_the_choices() -> None:
+    result = _serve("--isolation", "chroot", container=False)
+    assert result.returncode == 2 and "invalid choice: 'chroot'" in result.stderr
+    for rung in ("auto", "namespaces", "landlock", "none"):
+        assert rung in result.stderr
+
+
+def test_doctor_says_which_rung_and_what_is_missing() -> None:
+    normal = subprocess.run([sys.executable, "-m", "verl_sf.cli", "doctor"], capture_output=True, text=True,
+                            timeout=60)
+    assert normal.returncode == 0 and "auto would use: namespaces" in normal.stdout, normal.stdout
+    contained = subprocess.run([sys.executable, "-m", "verl_sf.cli", "doctor"], capture_output=True, text=True,
+                               timeout=60, preexec_fn=container_profile.enter)
+    assert contained.returncode == 0 and "auto would use: landlock" in contained.stdout, contained.stdout
+    assert "namespaces: missing" in contained.stdout and "fix:" in contained.stdout
+
+
+# ---- the landlock rung under attack -------------------------------------------------------------
+@pytest.fixture(scope="module", params=CONTAINER_MODES)
+def server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    with server_in_mode(request.param, *SERVER_ARGS, extra_env={"VERL_SF_TEST_SECRET": SECRET}) as handle:
+        assert health(handle)["isolation"] == "landlock"
+        yield handle
+
+
+@pytest.fixture(autouse=True)
+def server_survives(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "server" in request.fixturenames:
+        server = request.getfixturevalue("server")
+        assert server.process.poll() is None, "the server died"
+        assert run_code(server, "print('alive')")["run_result"]["stdout"] == "alive\n"
+
+
+def refused(server: ServerHandle, code: str) -> str:
+    """Run `code` (which prints 'escaped' if it got through); the run's output."""
+    body = run_code(server, code, run_timeout=10)
+    out = body["run_result"]["stdout"] + body["run_result"]["stderr"]
+    assert "escaped" not in out, out
+    return out
+
+
+def test_no_network(server: ServerHandle) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    out = refused(server, "import socket\ntry:\n"
+                          f"    socket.create_connection(('127.0.0.1', {port}), 2); print('escaped')\n"
+                          "except OSError as exc:\n    print('refused', exc.errno)\n")
+    assert "refused 1" in out
+
+
+def test_no_server_environment_or_files(server: ServerHandle) -> None:
+    server_pid = server.process.pid
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import os\n"
+            f"print('escaped' if {SECRET!r} in str(os.environ) else 'clean env')\n"
+            f"for path in ('/proc/{server_pid}/environ', '/etc/shadow', '/root/.bashrc', {checkout!r} + '/README.md',"
+            " '/home'):\n"
+            "    try:\n"
+            "        os.listdir(path) if path == '/home' else open(path, 'rb').read()\n"
+            "        print('escaped', path)\n"
+            "    except OSError as exc:\n"
+            "        print('refused', path, exc.errno)\n")
+    out = refused(server, code)
+    assert "clean env" in out and out.count("refused") == 5, out
+
+
+def test_no_writes_outside_the_runs_own_directory(server: ServerHandle) -> None:
+    out = refused(server, "import os\n"
+                          "for path in ('/tmp/planted', '/usr/planted', '/etc/planted', os.path.dirname(os.getcwd()) + "
+                          "'/planted', '/dev/shm/planted'):\n"
+                          "    try:\n        open(path, 'w').write('x'); print('escaped', path)\n"
+                          "    except OSError as exc:\n        print('refused', exc.errno)\n"
+                          "open('mine', 'w').write('ok'); print(open('mine').read())\n")
+    assert out.count("refused") == 5 and out.rstrip().endswith("ok"), out
+
+
+def test_no_signal_or_trace_reaches_the_server_or_the_zygote(server: ServerHandle) -> None:
+    targets = [server.process.pid, *descendants(server.process.pid)]
+    code = ("import ctypes, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"for pid in {targets!r}:\n"
+            "    if pid == os.getpid():\n        continue\n"
+            "    try:\n        os.kill(pid, 0); print('escaped signal', pid)\n"
+            "    except OSError:\n        pass\n"
+            "    if libc.ptrace(16, pid, 0, 0) == 0:\n        print('escaped ptrace', pid)\n"
+            "print('done')\n")
+    assert refused(server, code).strip().endswith("done")
+
+
+def test_no_signal_reaches_a_concurrent_run(server: ServerHandle) -> None:
+    marker = f"victim-{secrets.token_hex(4)}"
+    victim = f"import os, time\nopen('pid', 'w')\nprint(os.getpid(), flush=True)\ntime.sleep(3)\nprint('{marker}')\n"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_code, server, victim, run_timeout=8)
+        time.sleep(1.0)
+        pids = [pid for pid in descendants(server.process.pid) if b"python" in cmdline(pid)]
+        refused(server, "import os, signal\n"
+                        f"for pid in {pids!r}:\n"
+                        "    try:\n        os.kill(pid, signal.SIGKILL); print('escaped', pid)\n"
+                        "    except OSError:\n        pass\n")
+        assert running.result()["run_result"]["stdout"].endswith(f"{marker}\n")
+
+
+def test_nothing_outlives_the_run(server: ServerHandle) -> None:
+    marker = f"daemon-{secrets.token_hex(4)}"
+    code = ("import os, subprocess\n"
+            f"subprocess.Popen(['{marker}', '3600'], executable='/bin/sleep', start_new_session=True,\n"
+            "                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "if os.fork() == 0:\n    os.setsid()\n"
+            f"    os.execv('/bin/sleep', ['{marker}-2', '3600'])\n"
+            "os._exit(0)\n")
+    run_code(server, code)
+    alive = [pid for pid in descendants(server.process.pid) if marker.encode() in cmdline(pid)]
+    assert alive == [], "a process outlived its run's reply"
+
+
+def test_a_timed_out_run_is_ended_whole(server: ServerHandle) -> None:
+    marker = f"spin-{secrets.token_hex(4)}"
+    body = run_code(server, f"import subprocess\nsubprocess.Popen(['{marker}', '3600'], executable='/bin/sleep')\n"
+                            "while True: pass\n", run_timeout=1)
+    assert body["run_result"]["status"] == "TimeLimitExceeded"
+    assert not [pid for pid in descendants(server.process.pid) if marker.encode() in cmdline(pid)]
+
+
+def test_memory_cap(server: ServerHandle) -> None:
+    body = run_code(server, "x = bytearray(400 << 20)\nx[::4096] = b'1' * len(x[::4096])\nimport time; time.sleep(2)\n",
+                    memory_limit_MB=128, run_timeout=10)
+    assert body["status"] == "Failed" and "memory" in body["run_result"]["stderr"].lower(), body  # killed, or MemoryError
+
+
+def test_process_cap(server: ServerHandle) -> None:
+    body = run_code(server, "import os, time\nfor _ in range(2000):\n    if os.fork() == 0:\n        time.sleep(30)\n"
+                            "        os._exit(0)\nprint('escaped')\n", run_timeout=10)
+    assert "escaped" not in body["run_result"]["stdout"], body
+    assert run_code(server, "print(1)")["run_result"]["stdout"] == "1\n"
+
+
+def test_file_size_and_output_caps(server: ServerHandle) -> None:
+    big = run_code(server, "open('f', 'wb').write(b'x' * (300 << 20))\n", run_timeout=20)
+    assert big["status"] == "Failed", big
+    flood = run_code(server, "import sys\nfor _ in range(4096):\n    sys.stdout.write('y' * 4096)\n")
+    assert flood["truncated"] is True and len(flood["run_result"]["stdout"]) < (1 << 20) + 200
+
+
+def test_a_fresh_python_state_per_run(server: ServerHandle) -> None:
+    run_code(server, "import builtins, sys\nbuiltins.planted = 1\nsys.modules['json'].dumps = None\n")
+    body = run_code(server, "import builtins, json\nprint(hasattr(builtins, 'planted'), json.dumps([1]))\n")
+    assert body["run_result"]["stdout"] == "False [1]\n"
+
+
+def test_runs_do_not_see_each_others_files(server: ServerHandle) -> None:
+    first = run_code(server, "import os\nopen('mine', 'w').write('secret')\nprint(os.getcwd())\nimport time\n"
+                             "time.sleep(0)\n")
+    elsewhere = first["run_result"]["stdout"].strip()
+    out = refused(server, f"import os\ntry:\n    print('escaped', os.listdir({os.path.dirname(elsewhere)!r}))\n"
+                          "except OSError as exc:\n    print('refused', exc.errno)\n")
+    assert "refused" in out
+
+
+def test_languages_and_numpy_work(server: ServerHandle) -> None:
+    assert run_code(server, "import numpy\nprint(numpy.arange(4).sum())\n")["run_result"]["stdout"] == "6\n"
+    cpp = run_code(server, '#include <cstdio>\nint main(){int a,b;scanf("%d %d",&a,&b);printf("%d\\n",a+b);}',
+                   language="cpp", stdin="2 3", compile_timeout=60)
+    assert cpp["run_result"]["stdout"] == "5\n", cpp
+    node = run_code(server, "console.log([1,2,3].length)", language="nodejs")
+    assert node["run_result"]["stdout"] == "3\n", node
+    bash = run_code(server, "echo $((6 * 7))", language="bash")
+    assert bash["run_result"]["stdout"] == "42\n", bash
