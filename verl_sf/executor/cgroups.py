@@ -71,12 +71,20 @@ def _remove_tree(directory: Path, attempts: int = 50) -> None:
 
 
 class CgroupManager:
-    """Creates one parent group per server and one delegated group per sandbox."""
+    """Creates one parent group per server and one delegated group per sandbox.
 
-    def __init__(self, name: str, memory_cap_bytes: int = 0):
+    Under cgroup v2 the parent goes at the top of the tree when that is writable (root), else in
+    the subtree delegated to this process (`systemd-run --user --scope -p Delegate=yes`): the
+    server first moves itself to a leaf of its own there, as cgroup v2 keeps processes out of
+    groups that hand controllers down."""
+
+    def __init__(self, name: str, memory_cap_bytes: int = 0, root: Path = CGROUP_ROOT,
+                 own_group: Optional[str] = None):
         self.name = name
         self.memory_cap_bytes = memory_cap_bytes
-        self.v2 = (CGROUP_ROOT / "cgroup.controllers").exists()
+        self.root = root
+        self.own_group = own_group if own_group is not None else _own_v2_group()
+        self.v2 = (root / "cgroup.controllers").exists()
         self.available = False
         self.reason = ""
         self._parents: dict[str, Path] = {}
@@ -88,7 +96,11 @@ class CgroupManager:
             log.warning("verl-sf: %s", self.reason)
 
     def _setup(self) -> None:
-        bases = {c: CGROUP_ROOT for c in CONTROLLERS} if self.v2 else {c: CGROUP_ROOT / c for c in CONTROLLERS}
+        if self.v2:
+            top = self._v2_base()
+            bases = {c: top for c in CONTROLLERS}
+        else:
+            bases = {c: self.root / c for c in CONTROLLERS}
         for base in dict.fromkeys(bases.values()):
             _sweep_stale_groups(base)
         for controller, base in bases.items():
@@ -100,6 +112,20 @@ class CgroupManager:
         if self.memory_cap_bytes:  # an out-of-memory kill then stays among the runs
             _write(self._parents["memory"] / ("memory.max" if self.v2 else "memory.limit_in_bytes"),
                    str(self.memory_cap_bytes))
+
+    def _v2_base(self) -> Path:
+        """The top of the tree if we may write there, else our own delegated group."""
+        if os.access(self.root / "cgroup.subtree_control", os.W_OK) or not self.own_group:
+            return self.root
+        own = self.root / self.own_group.lstrip("/")
+        if not os.access(own / "cgroup.subtree_control", os.W_OK):
+            raise PermissionError(f"neither {self.root} nor this process's own group {own} is delegated to it")
+        leaf = own / "verl-sf-server"
+        leaf.mkdir(exist_ok=True)
+        for pid in (own / "cgroup.procs").read_text().split():  # no process may stay in a group that delegates
+            _write(leaf / "cgroup.procs", pid)
+        _write(own / "cgroup.subtree_control", "+memory +pids")
+        return own
 
     def sandbox(self, name: str) -> Optional[SandboxCgroup]:
         if not self.available:
@@ -143,6 +169,15 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         pass  # someone else's process: alive
     return True
+
+
+def _own_v2_group() -> str:
+    """This process's group in the unified hierarchy (/proc/self/cgroup's `0::` line), "" if none."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            return next((line.strip()[3:] for line in fh if line.startswith("0::")), "")
+    except OSError:
+        return ""
 
 
 def join_cgroups(procs_files: list[str]) -> None:

@@ -1,0 +1,94 @@
+"""cgroup v2 paths over a fake tree (this machine is cgroup v1 only): the server's groups at the
+top of the tree when it may write there, else in its own delegated subtree; run groups' limits
+and whose cap a memory kill was.  The kernel's own behaviour on a real v2 host is not tested here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from verl_sf.executor.cgroups import CgroupManager
+from verl_sf.executor.zygote.messages import Limits
+from verl_sf.executor.zygote.run_groups import RunGroups
+
+
+def _unified(root: Path) -> Path:
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    return root
+
+
+def test_as_root_the_servers_group_goes_at_the_top(tmp_path: Path) -> None:
+    root = _unified(tmp_path / "cg")
+    manager = CgroupManager("verl-sf-1-x", memory_cap_bytes=1 << 30, root=root, own_group="/user.slice")
+    assert manager.available and manager.v2, manager.reason
+    parent = root / "verl-sf-1-x"
+    assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (parent / "memory.max").read_text() == str(1 << 30)
+    sandbox = manager.sandbox("stdlib-0")
+    assert sandbox is not None and set(sandbox.dirs.values()) == {str(parent / "stdlib-0")}
+    if os.geteuid() == 0:  # delegation chowns to the sandbox's uid (and its gid, which only root may give)
+        sandbox.delegate(100000)
+        assert (parent / "stdlib-0").stat().st_uid == 100000
+        assert (parent / "stdlib-0" / "cgroup.subtree_control").read_text() == "+memory +pids"
+    (parent / "memory.current").write_text("12345\n")
+    assert manager.memory_usage() == 12345
+
+
+def test_without_root_it_uses_the_delegated_subtree_and_leaves_it_first(tmp_path: Path) -> None:
+    root = _unified(tmp_path / "cg")
+    own = root / "user.slice" / "run-1.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.subtree_control").write_text("")
+    (own / "cgroup.procs").write_text("4242\n")
+    os.chmod(root / "cgroup.subtree_control", 0o444)  # the top is not ours
+    try:
+        manager = CgroupManager("verl-sf-2-x", root=root, own_group="/user.slice/run-1.scope")
+        if os.geteuid() == 0:  # root writes anyway: the top of the tree is the base, as on a real host
+            assert (root / "verl-sf-2-x").is_dir()
+            return
+        assert manager.available, manager.reason
+        assert (own / "verl-sf-server" / "cgroup.procs").read_text() == "4242"  # the server moved to a leaf
+        assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+        assert (own / "verl-sf-2-x" / "cgroup.subtree_control").read_text() == "+memory +pids"
+    finally:
+        os.chmod(root / "cgroup.subtree_control", 0o644)
+
+
+def test_without_root_or_delegation_it_says_so(tmp_path: Path) -> None:
+    root = _unified(tmp_path / "cg")
+    (root / "user.slice").mkdir()
+    os.chmod(root / "cgroup.subtree_control", 0o444)
+    try:
+        manager = CgroupManager("verl-sf-3-x", root=root, own_group="/user.slice")
+        if os.geteuid() != 0:
+            assert not manager.available and "delegated" in manager.reason
+    finally:
+        os.chmod(root / "cgroup.subtree_control", 0o644)
+
+
+LIMITS: Limits = {"timeout": 1.0, "hard_timeout": 2.0, "output_limit": 1024, "memory": 64 << 20, "nproc": 8}
+
+
+@pytest.fixture
+def delegated(tmp_path: Path) -> int:
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    return fd
+
+
+def test_run_groups_under_v2_write_memory_max_and_read_memory_events(delegated: int) -> None:
+    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True})  # type: ignore[typeddict-item]
+    made = groups.make(1)
+    assert made["memory"] == made["pids"]  # one unified group
+    groups.set_limits(made, LIMITS)
+    base = Path(f"/proc/self/fd/{delegated}/run-1")
+    assert (base / "memory.max").read_text() == str(64 << 20)
+    assert (base / "pids.max").read_text() == str(8 + 8)
+    (base / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n")
+    assert groups.memory_kill(made) == "shared"
+    (base / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert groups.memory_kill(made) == "own"
+    os.close(delegated)
