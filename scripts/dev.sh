@@ -46,35 +46,15 @@ install_system_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${wanted[@]}" >/dev/null
   else
     echo "verl-sf: WARNING: ${wanted[*]} missing and this user cannot install it;" >&2
-    echo "verl-sf:          without it the server refuses to start unless given --isolation none." >&2
+    echo "verl-sf:          \`verl-sf doctor\` says which isolation the server can still give." >&2
   fi
 }
 
-check_sandbox_support() {
-  # An ordinary user isolates runs with unprivileged user namespaces and bwrap; say exactly what
-  # to ask an administrator for when either is missing (root needs neither request).
-  [ "$(id -u)" = 0 ] && return 0
+report_isolation() {
+  # Which isolation rung this user gets here, what is missing and the fix (the server picks the
+  # strongest itself; `--isolation <rung>` demands one). Informative: it never stops the start.
   case " $* " in *" --isolation none "*|*" --isolation=none "*) return 0 ;; esac
-  local missing=()
-  if ! command -v bwrap >/dev/null 2>&1; then
-    missing+=("the bubblewrap package (apt-get install bubblewrap / dnf install bubblewrap)")
-  elif ! bwrap --unshare-user --ro-bind / / true 2>/dev/null; then
-    local userns="unprivileged user namespaces ('bwrap --unshare-user --ro-bind / / true' fails): sysctl"
-    userns+=" kernel.unprivileged_userns_clone=1 (Debian/Ubuntu kernels), user.max_user_namespaces > 0, and on"
-    userns+=" Ubuntu 23.10+ kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile allowing userns for bwrap)"
-    missing+=("$userns")
-  fi
-  if ! has_libseccomp; then
-    missing+=("the libseccomp2 package (the seccomp filter every run gets)")
-  fi
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "verl-sf: this user cannot build the sandbox. Ask an administrator for:" >&2
-    printf 'verl-sf:   - %s\n' "${missing[@]}" >&2
-    echo "verl-sf: optional, for memory and process caps per run instead of rlimits and a watchdog: a delegated" >&2
-    echo "verl-sf:   cgroup (e.g. run under 'systemd-run --user --scope -p Delegate=yes')." >&2
-    echo "verl-sf: or start with '--isolation none' on a throwaway machine (code then runs unisolated)." >&2
-    exit 1
-  fi
+  "$VENV/bin/verl-sf" doctor >&2 || true
 }
 
 ensure_ci_account() {
@@ -138,9 +118,9 @@ install_languages() {
 case "$mode" in
   serve)
     install_system_packages
-    check_sandbox_support "$@"
     setup_venv serve
     install_languages default
+    report_isolation "$@"
     exec "$VENV/bin/verl-sf" serve "$@"
     ;;
   test)

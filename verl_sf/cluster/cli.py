@@ -63,7 +63,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     up.add_argument("--resource", help="only nodes with some of this Ray resource get a server, e.g. 'sandbox'")
     up.set_defaults(func=lambda args: _up(args, serve))
-    status = actions.add_parser("status", help="per server: node, URL, health, slots, in flight, sessions")
+    status = actions.add_parser("status", help="per server: node, URL, health, isolation rung, slots, in flight, sessions")
     status.add_argument("--json", action="store_true", help="one JSON object per server instead of a table")
     status.set_defaults(func=_status)
     down = actions.add_parser("down", help="stop every server and remove the fleet's actors")
@@ -112,9 +112,9 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def format_table(rows: Sequence[ServerStatus]) -> str:
-    header = ("NODE", "URL", "HEALTH", "SLOTS", "IN FLIGHT", "QUEUED", "SESSIONS", "RESTARTS")
+    header = ("NODE", "URL", "HEALTH", "ISOLATION", "SLOTS", "IN FLIGHT", "QUEUED", "SESSIONS", "RESTARTS")
     lines = [header] + [(row.node_id[:12], row.url or "-", row.health, *(_cell(v) for v in (
-        row.slots, row.in_flight, row.queued, row.sessions, row.restarts))) for row in rows]
+        row.isolation, row.slots, row.in_flight, row.queued, row.sessions, row.restarts))) for row in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
                      for line in lines)

@@ -39,6 +39,7 @@ class ServerStatus:
     pid: Optional[int]
     fronts: Optional[int]
     error: Optional[str] = None
+    isolation: Optional[str] = None  # the rung the server isolates with
 
 
 def connect(address: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE) -> None:
@@ -135,7 +136,7 @@ def status(namespace: str, timeout_s: float = INFO_TIMEOUT_S) -> list[ServerStat
             health="ok" if health.get("status") == "ok" else "down", slots=health.get("slots"),
             in_flight=health.get("in_flight"), queued=health.get("queued"), sessions=_sessions(health),
             restarts=info["restarts"], pid=info["pid"], fronts=health.get("fronts"),
-            error=health.get("error") or info["error"]))
+            error=health.get("error") or info["error"], isolation=health.get("isolation")))
     return sorted(rows, key=lambda row: row.node_id)
 
 
