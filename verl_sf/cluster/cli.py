@@ -63,7 +63,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     up.add_argument("--resource", help="only nodes with some of this Ray resource get a server, e.g. 'sandbox'")
     up.set_defaults(func=lambda args: _up(args, serve))
-    status = actions.add_parser("status", help="per server: node, URL, health, isolation rung, slots, in flight, sessions")
+    status = actions.add_parser("status", help="per server: node, URL, health, rung, slots, in flight, sessions")
     status.add_argument("--json", action="store_true", help="one JSON object per server instead of a table")
     status.set_defaults(func=_status)
     down = actions.add_parser("down", help="stop every server and remove the fleet's actors")
