@@ -152,6 +152,10 @@ class Job:
             zygote.unwatch(fd)
             self._exited(zygote)
             return
+        self._take(zygote, fd)
+
+    def _take(self, zygote: Zygote, fd: int) -> None:
+        """One read of a pipe of the job's: output, records, or its end."""
         chunk = os.read(fd, READ_CHUNK)
         if not chunk:
             self._close(zygote, fd)
@@ -209,6 +213,20 @@ class Job:
 
     def on_tick(self, zygote: Zygote, now: float) -> None:
         raise NotImplementedError
+
+    def past_deadline(self, now: float) -> bool:
+        """Keep the stage's clock: demote it past its first slice, sample it, and at its deadline
+        mark it timed out (starved: cut off by the client's deadline before it had its own time-out
+        of running time)."""
+        if not self.demoted and now >= self.stage_started + self.demote_after:
+            self.demoted = True
+        if self.demoted:
+            self.sample()
+        if now < self.deadline():
+            return False
+        self.timed_out = True
+        self.starved = self.hard_deadline < self.stage_started + self.stage_timeout + self.wait_seen
+        return True
 
     def sample(self) -> None:
         """CPU time used and time spent waiting for a CPU, over the job's processes; each of them
@@ -300,13 +318,7 @@ class Job:
         """Output already in the pipes is this job's (or this call's): take it without waiting."""
         for fd in (self.out_r, self.err_r, self.meta_r):
             while fd in self.open_fds and _readable(fd):
-                chunk = os.read(fd, READ_CHUNK)
-                if not chunk:
-                    self._close(zygote, fd)
-                elif fd == self.meta_r:
-                    self._take_meta(zygote, chunk)
-                else:
-                    self._keep(fd, chunk)
+                self._take(zygote, fd)
 
 
 def _readable(fd: int) -> bool:

@@ -40,14 +40,7 @@ class Run(Job):
             self.records.append(record)
 
     def on_tick(self, zygote: Zygote, now: float) -> None:
-        if not self.demoted and now >= self.stage_started + self.demote_after:
-            self.demoted = True
-        if self.demoted:
-            self.sample()
-        if now >= self.deadline():
-            self.timed_out = True
-            # Starved: cut off by the client's deadline before it had its own time-out of running time.
-            self.starved = self.hard_deadline < self.stage_started + self.stage_timeout + self.wait_seen
+        if self.past_deadline(now):
             self.kill(zygote, "timed out")  # answered once the kernel has ended it
 
     def on_exit(self, zygote: Zygote) -> None:

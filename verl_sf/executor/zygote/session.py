@@ -84,13 +84,7 @@ class Session(Job):
                 grace = self.call["grace"]
                 self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for {grace:g} s")
             return
-        if not self.demoted and now >= self.stage_started + self.demote_after:
-            self.demoted = True
-        if self.demoted:
-            self.sample()
-        if now >= self.deadline():
-            self.timed_out = True
-            self.starved = self.hard_deadline < self.stage_started + self.stage_timeout + self.wait_seen
+        if self.past_deadline(now):
             self.interrupted_at = now
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
