@@ -25,7 +25,7 @@ def test_options_map_to_executor_config() -> None:
                                                                       preload=("math",))).key()
     with pytest.raises(ValueError, match=r"executor\.bogus\n  Unexpected keyword argument"):
         parse_backend_config({"type": "local", "executor": {"bogus": 2}})
-    with pytest.raises(ValueError, match=r"executor\.isolation\n  Input should be 'sandbox' or 'none'"):
+    with pytest.raises(ValueError, match=r"executor\.isolation\n  Input should be 'auto', 'namespaces', 'landlock' or 'none'"):
         parse_backend_config({"type": "local", "executor": {"isolation": "docker"}})
 
 

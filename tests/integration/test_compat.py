@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 import sandbox_fusion
 from sandbox_fusion import RunCodeRequest, RunJupyterRequest, RunStatus
 from verl.utils.reward_score.sandbox_fusion.utils import _process_single_case, call_sandbox_api
 
-from tests.server_fixtures import ServerHandle
+from tests.server_fixtures import CONTAINER_MODES, ServerHandle, server_in_mode
 
 
-def test_sandbox_fusion_client_run_code_and_run_jupyter(sf_server: ServerHandle) -> None:
-    sandbox_fusion.set_endpoint(sf_server.url)
+@pytest.fixture(scope="module", params=["namespaces", *CONTAINER_MODES])
+def server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """The shared server (the namespaces rung here), then the landlock rung in a container profile."""
+    if request.param == "namespaces":
+        yield request.getfixturevalue("sf_server")
+        return
+    with server_in_mode(request.param, "--slots", "2", "--sandboxes", "1", "--preload", "") as handle:
+        yield handle
+
+
+def test_sandbox_fusion_client_run_code_and_run_jupyter(server: ServerHandle) -> None:
+    sandbox_fusion.set_endpoint(server.url)
     result = sandbox_fusion.run_code(RunCodeRequest(code="print(input()[::-1])", language="python", stdin="abc"))
     assert result.status == RunStatus.Success
     assert result.run_result.stdout == "cba\n"
@@ -30,22 +43,22 @@ def test_sandbox_fusion_client_run_code_and_run_jupyter(sf_server: ServerHandle)
     assert notebook.cells[2].stdout == "20\n"
 
 
-def test_verl_call_sandbox_api(sf_server: ServerHandle) -> None:
-    response, error = call_sandbox_api(sf_server.run_code_url, "print(sum(range(10)))", None, 10, 10, 256, "python")
+def test_verl_call_sandbox_api(server: ServerHandle) -> None:
+    response, error = call_sandbox_api(server.run_code_url, "print(sum(range(10)))", None, 10, 10, 256, "python")
     assert error is None
     assert response["status"] == "Success" and response["run_result"]["stdout"] == "45\n"
 
-    response, error = call_sandbox_api(sf_server.run_code_url, "import time; time.sleep(5)", None, 10, 1, 256, "python")
+    response, error = call_sandbox_api(server.run_code_url, "import time; time.sleep(5)", None, 10, 1, 256, "python")
     assert error is None
     assert response["status"] == "Failed" and response["run_result"]["status"] == "TimeLimitExceeded"
 
 
-def test_verl_process_single_case(sf_server: ServerHandle) -> None:
+def test_verl_process_single_case(server: ServerHandle) -> None:
     solution = "a, b = map(int, input().split())\nprint(a * b)"
     # verl returns (passed: True | False | -1 for errors, metadata)
-    passed, meta = _process_single_case(0, "6 7", "42", sf_server.run_code_url, solution, 10, 256, "python")
+    passed, meta = _process_single_case(0, "6 7", "42", server.run_code_url, solution, 10, 256, "python")
     assert passed is True and meta["status"] == "success", meta
-    passed, meta = _process_single_case(1, "6 7", "41", sf_server.run_code_url, solution, 10, 256, "python")
+    passed, meta = _process_single_case(1, "6 7", "41", server.run_code_url, solution, 10, 256, "python")
     assert passed is False and meta["status"] == "wrong_answer", meta
-    passed, meta = _process_single_case(2, "", "", sf_server.run_code_url, "while True: pass", 1, 256, "python")
+    passed, meta = _process_single_case(2, "", "", server.run_code_url, "while True: pass", 1, 256, "python")
     assert meta["status"] == "timeout", meta

@@ -54,7 +54,7 @@ def test_schema_defaults_to_code_interpreter() -> None:
     ({"sandbox_fusion_url": "http://x", "type": "mcp"}, "type: Input should be 'native'"),
     ({"backend": "docker"}, "unknown backend 'docker'; expected one of http, local, daytona"),
     ({"backend": "local", "local": {"wrokers": 2}}, "local.wrokers: unknown key"),
-    ({"backend": "local", "local": {"isolation": "chroot"}}, "local.isolation: Input should be 'sandbox' or 'none'"),
+    ({"backend": "local", "local": {"isolation": "chroot"}}, "local.isolation: Input should be 'auto', 'namespaces', 'landlock' or 'none'"),
     ({"backend": "local", "local": {"workers": "many"}}, "local.slots: Input should be a valid integer"),
     ({"sandbox_fusion_url": "http://x", "http": {"max_retries": -1}},
      "http.max_retries: Input should be greater than or equal to 0"),

@@ -44,6 +44,7 @@ SANDBOX_WORKDIR = "/workdir"
 SANDBOX_TMP = "/tmp"
 SANDBOX_DATA = "/mnt"  # writable anywhere below, as in Sandbox Fusion; /mnt/data is made in every run
 SANDBOX_DATA_DIRS = ("/mnt/data",)
+E2B_HOME = "/home/user"
 RUN_UIDS_OFFSET, RUN_UIDS = 10000, 50000  # the landlock rung as root: a uid of its own per run, above the base
 # Without a mount namespace /etc cannot be synthetic: these host entries are read as they are.
 LANDLOCK_HOST_ETC = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "hostname")
@@ -263,7 +264,8 @@ class SandboxLauncher:
                 if parent not in (SANDBOX_TMP, SANDBOX_WORKDIR):
                     args += ["--perms", "0711", "--dir", parent]
             args += ["--ro-bind", staged, extra]
-        args += ["--chdir", SANDBOX_WORKDIR]
+        # E2B's working directory is /home/user: the same per-run directory under that name too.
+        args += ["--symlink", SANDBOX_WORKDIR, E2B_HOME, "--chdir", SANDBOX_WORKDIR]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:

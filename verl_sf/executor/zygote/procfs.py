@@ -42,8 +42,9 @@ def kill_tree(pid: int) -> None:
 
 def demote_tree(pid: int) -> tuple[float, float]:
     """Every thread of `pid` and its descendants to nice 19 (nice is per thread, and a setsid'd
-    process is out of the job's process group); returns (seconds on a CPU, seconds waiting for
-    one) summed over them."""
+    process is out of the job's process group); returns (seconds on a CPU summed over them, the
+    longest any one of them waited for a CPU: a run of many busy processes must not pass for a
+    starved one by adding up their waits)."""
     cpu = wait = 0.0
     for current in tree(pid, 256):
         try:
@@ -57,7 +58,7 @@ def demote_tree(pid: int) -> tuple[float, float]:
             with open(f"/proc/{current}/schedstat", "rb") as fh:
                 fields = fh.read().split()
             cpu += int(fields[0]) / 1e9
-            wait += int(fields[1]) / 1e9
+            wait = max(wait, int(fields[1]) / 1e9)
         except (OSError, ValueError, IndexError):
             continue
     return cpu, wait
