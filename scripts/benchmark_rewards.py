@@ -34,7 +34,7 @@ from verl_sf.rewards.code_harness import (
     parse_task,
     read_harness_output,
 )
-from verl_sf.rewards.code_test import FAILURE_REWARD, CodeTestReward, candidate_of
+from verl_sf.rewards.code_reward import FAILURE_REWARD, CodeTestReward, candidate_of
 from verl_sf.rewards.example_tasks import EXAMPLE_TASKS
 from verl_sf.server.process import start_server_process, stop_server_process
 

@@ -18,7 +18,7 @@ from verl_sf.rewards.code_harness import (
     parse_task,
     read_harness_output,
 )
-from verl_sf.rewards.code_test import candidate_of, candidate_of_response, judge
+from verl_sf.rewards.code_reward import candidate_of, candidate_of_response, judge
 from verl_sf.rewards.example_tasks import EXAMPLE_TASKS
 
 SORTING = parse_task("sorting", EXAMPLE_TASKS["sorting"])

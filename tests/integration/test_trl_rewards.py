@@ -183,7 +183,7 @@ def test_grpo_trainer_two_steps_with_rewards_from_the_server(reward_server: Serv
 
 
 def test_verl_compute_score_reports_and_excludes_sandbox_failures(reward_server: ServerHandle) -> None:
-    from verl_sf.rewards.code_test import SandboxFailure, compute_score
+    from verl_sf.rewards.code_reward import SandboxFailure, compute_score
 
     task = dict(EXAMPLE_TASKS["max_subarray"])
     fenced = "Here it is:\n```python\ndef max_subarray_sum(xs):\n" + KADANE + "```"
