@@ -308,7 +308,10 @@ class _Parent:
 
 class _Decoy:
     """Bound to `want` and `expected` where the candidate is called (the example harness kept the answer there):
-    returning it is reading the harness's frame."""
+    returning it, or an item of it, is reading the harness's frame."""
+
+    def __getitem__(self, key: object) -> _Decoy:
+        return self
 
 
 def _child(program: str, func_name: str, inputs: list, results_w: int, output_w: int) -> None:
@@ -323,8 +326,8 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
     write = os.write
     dumps = json.JSONEncoder(separators=(",", ":")).encode
 
-    def send(message: dict) -> None:
-        data = (dumps(message) + "\n").encode("utf-8", "surrogatepass")
+    def send(*messages: dict) -> None:
+        data = "".join(dumps(message) + "\n" for message in messages).encode("utf-8", "surrogatepass")
         while data:
             data = data[write(3, data):]
 
@@ -339,7 +342,7 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
     def suspect(kind: str, detail: str) -> None:
         if kind not in reported:
             reported.add(kind)
-            send({"suspect": [kind, detail]})
+            send({"suspect": [kind, detail]})  # at once: a run that then times out still shows it
 
     main = types.ModuleType("__main__")
     filename = sys.modules["__main__"].__dict__.get("__file__") or "main.py"
@@ -358,22 +361,23 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
         _print_traceback(exc)
         os._exit(1)
     watched.check(suspect)
+    results = []  # sent together at the end: one wake-up of the parent, not one per test
     want = expected = _Decoy()  # noqa: F841 (read by frame inspection only)
     for value in inputs:
         try:
             got = function(value)
         except BaseException as exc:  # a test that raises, or calls sys.exit, fails that test only
-            send({"raised": _describe(exc)})
+            results.append({"raised": _describe(exc)})
             continue
         if got is want:
             suspect("frame_inspection", "returned the decoy expected value from the harness's frame")
         try:
-            send({"result": encode(got)})
+            results.append({"result": encode(got)})
         except (NotPlainData, RecursionError) as exc:
             suspect("non_plain_result", f"returned a {exc if isinstance(exc, NotPlainData) else 'nested value'}")
-            send({"not_plain": str(exc)})
+            results.append({"not_plain": str(exc)})
     watched.check(suspect)
-    send({"done": True})
+    send(*results, {"done": True})
     try:
         atexit._run_exitfuncs()  # as the interpreter would at exit; their output is the candidate's, not ours
     finally:
