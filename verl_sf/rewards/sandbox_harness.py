@@ -159,7 +159,7 @@ def candidate_run(spec_json: str) -> None:
         try:
             _child(spec["program"], spec["func_name"], inputs, results_w, output_w)
         finally:
-            os._exit(70)  # never back into the interpreter that started us
+            _leave(70)  # never back into the interpreter that started us
     os.close(results_w)
     os.close(output_w)
     parent.watch(pid, results_r, output_r)
@@ -209,10 +209,12 @@ class _Parent:
                     *lines, partial[fd] = (partial[fd] + chunk).split(b"\n")
                     for line in lines:
                         self.message(line)
-        _, status = os.waitpid(pid, 0)
         if self.phase in ("done", "program_error", "setup_error", "too_large"):
+            # No need to wait for the child's exit: the run's end takes it down with the rest of its processes.
             self.report("error" if self.phase == "too_large" else self.phase, self.detail)
-        elif self.phase == "violated":
+            return
+        _, status = os.waitpid(pid, 0)
+        if self.phase == "violated":
             self.report("error", "the candidate's process broke the harness protocol")
         elif os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name
@@ -335,7 +337,7 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
         _confine()
     except OSError as exc:
         send({"setup_error": f"cannot confine the candidate: {exc}"})
-        os._exit(0)
+        _leave(0)
     send({"ready": True})
     reported: set[str] = set()
 
@@ -359,7 +361,7 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
     except BaseException as exc:  # SystemExit too: the program ended before its function could be called
         send({"program_error": _describe(exc)})
         _print_traceback(exc)
-        os._exit(1)
+        _leave(1)
     watched.check(suspect)
     results = []  # sent together at the end: one wake-up of the parent, not one per test
     want = expected = _Decoy()  # noqa: F841 (read by frame inspection only)
@@ -381,7 +383,12 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
     try:
         atexit._run_exitfuncs()  # as the interpreter would at exit; their output is the candidate's, not ours
     finally:
-        os._exit(0)
+        _leave(0)
+
+
+def _leave(code: int) -> None:
+    os.closerange(0, 4)  # the parent sees the end now, not after the kernel has torn this process down
+    os._exit(code)
 
 
 class _Watched:
