@@ -3,6 +3,7 @@ no sandbox), its plain-data codec, reading what it prints, the verdict, configur
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -97,6 +98,12 @@ def test_reference_run_gives_inputs_and_answers_or_the_tasks_error() -> None:
     assert read_reference(_run(reference_code(bad_task))) == "NameError: name 'undefined_name' is not defined"
     odd_task = MAX_SUBARRAY.model_copy(update={"tests": ("object()",), "reference": "repr"})
     assert "must be plain data, found a object" in str(read_reference(_run(reference_code(odd_task))))
+
+
+def test_a_python_that_cannot_read_our_bytecode_runs_the_harness_source() -> None:
+    other_python = reference_code(MAX_SUBARRAY).replace(repr(importlib.util.MAGIC_NUMBER), repr(b"\x00\x00\r\n"), 1)
+    assert other_python != reference_code(MAX_SUBARRAY)
+    assert read_reference(_run(other_python)) == _reference(MAX_SUBARRAY)
 
 
 def _judged(task: CodeTask, body: str) -> tuple:
