@@ -194,7 +194,7 @@ def read_report(stdout: str) -> HarnessReport:
     for line in stdout.splitlines():
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a harness line is never nested deep, whatever it carries
             message = None
         suspect = message.get("suspect") if isinstance(message, dict) else None
         if (isinstance(suspect, list) and len(suspect) == 2 and suspect[0] in sandbox_harness.SUSPECT_KINDS

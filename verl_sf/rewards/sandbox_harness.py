@@ -29,12 +29,11 @@ import struct
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 # ---- plain data ---------------------------------------------------------------------------------------------------
 
 _SCALARS = (type(None), bool, int, float, str)
-_SEQUENCE_TAGS: dict[type, str] = {tuple: "tuple", set: "set", frozenset: "frozenset"}
 _SEQUENCE_TYPES: dict[str, Callable[[Any], Any]] = {"tuple": tuple, "set": set, "frozenset": frozenset}
 
 
@@ -44,15 +43,16 @@ class NotPlainData(ValueError):
 
 
 def encode(value: Any) -> Any:
-    """`value` as JSON-ready data; lists stay arrays, other containers and bytes become one-key tagged objects."""
+    """`value` as JSON-ready data; lists stay arrays, other containers and bytes become one-key tagged objects.
+
+    Types are told apart by identity only: a metaclass can make a class compare or hash equal to `int`."""
     kind = type(value)
-    if kind in _SCALARS:
+    if kind is int or kind is str or kind is float or kind is bool or value is None:
         return value
     if kind is list:
         return [encode(item) for item in value]
-    tag = _SEQUENCE_TAGS.get(kind)
-    if tag is not None:
-        return {tag: [encode(item) for item in value]}
+    if kind is tuple or kind is set or kind is frozenset:
+        return {kind.__name__: [encode(item) for item in value]}
     if kind is dict:
         return {"dict": [[encode(key), encode(item)] for key, item in value.items()]}
     if kind is bytes:
@@ -230,7 +230,7 @@ class _Parent:
     def message(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             message = None
         if type(message) is not dict or len(message) != 1:
             return self.violation("a message that is not one JSON object with one key")
@@ -280,7 +280,7 @@ class _Parent:
             return
         try:
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             import ast
 
             try:
@@ -302,7 +302,10 @@ class _Parent:
 
     def report(self, state: str, detail: str) -> None:
         """The last line: `state` done (with one entry per test), program_error, setup_error or error."""
-        _emit(1, {"report": {"state": state, "tests": self.tests if state == "done" else [], "detail": detail}})
+        try:
+            _emit(1, {"report": {"state": state, "tests": self.tests if state == "done" else [], "detail": detail}})
+        except (ValueError, RecursionError):  # results nested too deep to print again
+            _emit(1, {"report": {"state": "error", "tests": [], "detail": "results nested too deeply"}})
 
 
 # ---- the candidate run: the confined child ------------------------------------------------------------------------
@@ -328,23 +331,23 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
     write = os.write
     dumps = json.JSONEncoder(separators=(",", ":")).encode
 
-    def send(*messages: dict) -> None:
-        data = "".join(dumps(message) + "\n" for message in messages).encode("utf-8", "surrogatepass")
+    def send(*lines: str) -> None:
+        data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogatepass")
         while data:
             data = data[write(3, data):]
 
     try:
         _confine()
     except OSError as exc:
-        send({"setup_error": f"cannot confine the candidate: {exc}"})
+        send(dumps({"setup_error": f"cannot confine the candidate: {exc}"}))
         _leave(0)
-    send({"ready": True})
+    send(dumps({"ready": True}))
     reported: set[str] = set()
 
     def suspect(kind: str, detail: str) -> None:
         if kind not in reported:
             reported.add(kind)
-            send({"suspect": [kind, detail]})  # at once: a run that then times out still shows it
+            send(dumps({"suspect": [kind, detail]}))  # at once: a run that then times out still shows it
 
     main = types.ModuleType("__main__")
     filename = sys.modules["__main__"].__dict__.get("__file__") or "main.py"
@@ -359,7 +362,7 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
         if not callable(function):
             raise NameError(f"name {func_name!r} is not defined")
     except BaseException as exc:  # SystemExit too: the program ended before its function could be called
-        send({"program_error": _describe(exc)})
+        send(dumps({"program_error": _describe(exc)}))
         _print_traceback(exc)
         _leave(1)
     watched.check(suspect)
@@ -369,24 +372,26 @@ def _child(program: str, func_name: str, inputs: list, results_w: int, output_w:
         try:
             got = function(value)
         except BaseException as exc:  # a test that raises, or calls sys.exit, fails that test only
-            results.append({"raised": _describe(exc)})
+            results.append(dumps({"raised": _describe(exc)}))
             continue
         if got is want:
             suspect("frame_inspection", "returned the decoy expected value from the harness's frame")
         try:
-            results.append({"result": encode(got)})
-        except (NotPlainData, RecursionError) as exc:
-            suspect("non_plain_result", f"returned a {exc if isinstance(exc, NotPlainData) else 'nested value'}")
-            results.append({"not_plain": str(exc)})
+            results.append(dumps({"result": encode(got)}))
+        except NotPlainData as exc:
+            suspect("non_plain_result", f"returned a {exc}")
+            results.append(dumps({"not_plain": str(exc)}))
+        except (ValueError, RecursionError) as exc:  # nested too deep, an int too long for JSON
+            results.append(dumps({"not_plain": f"{type(exc).__name__}: {str(exc)[:100]}"}))
     watched.check(suspect)
-    send(*results, {"done": True})
+    send(*results, dumps({"done": True}))
     try:
         atexit._run_exitfuncs()  # as the interpreter would at exit; their output is the candidate's, not ours
     finally:
         _leave(0)
 
 
-def _leave(code: int) -> None:
+def _leave(code: int) -> NoReturn:
     os.closerange(0, 4)  # the parent sees the end now, not after the kernel has torn this process down
     os._exit(code)
 
