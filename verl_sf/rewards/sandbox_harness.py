@@ -1,4 +1,5 @@
-"""The code-test harness that runs inside the sandbox.  Standard library only: its source is sent with each request.
+"""The code-test harness that runs inside the sandbox.  Standard library only: it is sent with each request (as
+bytecode where the sandbox's Python reads ours, else as source; see `code_harness`).
 
 Two kinds of run, each one `/run_code` request:
 
@@ -217,11 +218,12 @@ class _Parent:
         if self.phase == "violated":
             self.report("error", "the candidate's process broke the harness protocol")
         elif os.WIFSIGNALED(status):
-            name = signal.Signals(os.WTERMSIG(status)).name
-            if name == "SIGSYS":
+            number = os.WTERMSIG(status)
+            if number == signal.SIGSYS:
                 self.suspect("forbidden_syscall", "killed by the filter for a call that reads or traces another "
                                                   "process")
-            self.report("error", f"the candidate's process was killed by {name}{self.last_output_line()}")
+            self.report("error", f"the candidate's process was killed by {_signal_name(number)}"
+                                 f"{self.last_output_line()}")
         else:
             self.suspect("early_exit", f"the candidate's process exited (status {os.WEXITSTATUS(status)}) after "
                                        f"{len(self.tests)} of {self.total} results")
@@ -306,6 +308,13 @@ class _Parent:
             _emit(1, {"report": {"state": state, "tests": self.tests if state == "done" else [], "detail": detail}})
         except (ValueError, RecursionError):  # results nested too deep to print again
             _emit(1, {"report": {"state": "error", "tests": [], "detail": "results nested too deeply"}})
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal, which a POSIX timer can deliver
+        return f"signal {number}"
 
 
 # ---- the candidate run: the confined child ------------------------------------------------------------------------
@@ -433,7 +442,7 @@ def _audit_hook(suspect: Callable[[str, str], None], harness_frames: set[int]) -
                 path = os.fsdecode(args[0])
                 if path.startswith("/proc/") and not path.startswith(own_proc) and path[6:7].isdigit():
                     suspect("proc_access", f"opened {path[:60]}")
-        except Exception:  # noqa: S110 (a hook that raises would fail the audited call instead)
+        except Exception:  # a hook that raises would fail the audited call instead
             pass
 
     return hook
@@ -463,7 +472,7 @@ def _print_traceback(exc: BaseException) -> None:
         import traceback
 
         traceback.print_exception(exc)
-    except BaseException:  # noqa: S110 (best effort: it only feeds the report's output tail)
+    except BaseException:  # best effort: it only feeds the report's output tail
         pass
 
 
