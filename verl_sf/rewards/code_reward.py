@@ -176,7 +176,7 @@ class CodeTestReward:
         if log_metric is not None:
             log_metric(f"{self.__name__}/sandbox_failures",
                        float(sum(r.outcome is Outcome.sandbox_failure for r in results)))
-            log_metric(f"{self.__name__}/suspected_hacks", float(sum(r.suspected_hack is not None for r in results)))
+            log_metric(f"{self.__name__}/suspected_hacks", float(sum(bool(r.suspects) for r in results)))
         return [result.reward for result in results]
 
     # ---- verl -----------------------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ class CodeTestReward:
         return result
 
     def _record(self, results: Sequence[CodeTestResult]) -> None:
-        hacks = [r for r in results if r.suspected_hack is not None]
+        hacks = [r for r in results if r.suspects]
         with self._outcomes_lock:
             self.outcomes.update(result.outcome.value for result in results)
             self.suspected_hacks += len(hacks)
