@@ -225,3 +225,16 @@ def test_breaking_the_harness_is_the_codes_failure_never_none(backend: dict) -> 
     assert rewards == [expected for _, _, expected in BREAKERS], [r.detail for r in reward.last_results]
     assert reward.sandbox_failures == 0
 
+
+
+def test_per_row_tasks_from_dataset_columns_get_the_same_protection(backend: dict) -> None:
+    """A dataset's own input/expected columns: the reference runs apart, the candidate's results are compared here."""
+    prompt = "def double(x: int) -> int:\n"
+    completions = ["    return 2 * x\n", "    class Anything:\n        def __eq__(self, other):\n"
+                   "            return True\n    return Anything()\n",
+                   "    import sys\n    return sys._getframe(1).f_locals['want']\n"]
+    columns = {"func_name": ["double"] * 3, "tests": [["1", "2", "-5"]] * 3, "reference": ["_double"] * 3,
+               "reference_code": ["def _double(x):\n    return x * 2\n"] * 3}
+    with CodeTestReward(name=f"rows_{id(backend)}", **backend) as reward:
+        assert reward([prompt] * 3, completions, **columns) == [1.0, 0.0, 0.0]
+        assert [bool(result.suspects) for result in reward.last_results] == [False, True, True]
