@@ -131,6 +131,7 @@ def reference_run(spec_json: str) -> None:
 # ---- the candidate run: the trusted parent ------------------------------------------------------------------------
 
 RESULTS_LIMIT = 900_000  # bytes of results relayed: the report must fit the server's 1 MB stdout cap
+OUTPUT_LIMIT = 1 << 20  # bytes of the candidate's output read; then its pipe closes, so a flood cannot keep us busy
 OUTPUT_TAIL = 2000  # bytes of the candidate's own output kept for the report's detail
 LINE_LIMIT = 65536  # longer output lines are not scanned for forged verdicts
 # What the candidate's process may report of itself, and what the parent sees (the caller rejects other kinds).
@@ -179,6 +180,7 @@ class _Parent:
         self.detail = ""
         self.suspects: set[str] = set()
         self.result_bytes = 0
+        self.output_bytes = 0
         self.tail = b""
         self.line = b""
         self.skipping_line = False
@@ -191,13 +193,15 @@ class _Parent:
         while partial:
             for fd, _ in poller.poll():
                 chunk = os.read(fd, 65536)
-                if not chunk:
+                if fd == output_r:
+                    self.output_bytes += len(chunk)
+                if not chunk or (fd == output_r and self.output_bytes > OUTPUT_LIMIT):
                     poller.unregister(fd)
                     os.close(fd)
                     if fd == results_r and partial[fd]:
                         self.message(partial[fd])
                     elif fd == output_r:
-                        self.scan_output(b"\n")
+                        self.scan_output(chunk + b"\n")
                     del partial[fd]
                 elif fd == output_r:
                     self.scan_output(chunk)
