@@ -238,3 +238,17 @@ def test_per_row_tasks_from_dataset_columns_get_the_same_protection(backend: dic
     with CodeTestReward(name=f"rows_{id(backend)}", **backend) as reward:
         assert reward([prompt] * 3, completions, **columns) == [1.0, 0.0, 0.0]
         assert [bool(result.suspects) for result in reward.last_results] == [False, True, True]
+
+
+def test_the_candidates_process_cannot_open_the_harness_through_proc(backend: dict) -> None:
+    """Reward 1.0 only if every open of the parent's /proc entries (its memory, its stdout to the server, its report
+    pipe, its environment) is refused: the reference says "denied" for each."""
+    probe = ("def probe(entry):\n    import os\n    path = f'/proc/{os.getppid()}/{entry}'\n    try:\n"
+             "        fd = os.open(path, os.O_WRONLY if entry.startswith('fd/') else os.O_RDONLY)\n"
+             "    except PermissionError:\n        return 'denied'\n    os.close(fd)\n    return 'opened ' + path\n")
+    entries = ["'mem'", "'fd/1'", "'fd/2'", "'fd/3'", "'environ'", "'task/1/mem'"]
+    with CodeTestReward(name=f"proc_{id(backend)}", **backend) as reward:
+        rewards = reward([[{"role": "user", "content": "probe"}]], [[{"role": "assistant", "content": probe}]],
+                         func_name=["probe"], tests=[entries], reference=["lambda entry: 'denied'"])
+        assert rewards == [1.0], reward.last_results
+        assert reward.last_results[0].suspects[0].startswith("proc_access: opened /proc/1/")
