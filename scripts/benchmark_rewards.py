@@ -4,8 +4,9 @@
 The batch is the example's step: 500 completions over its two tasks, bodies in known proportions (correct, wrong,
 banned, error, endless loop).  verl-sf evaluates it with `CodeTestReward` (the server the script starts, one given by
 --sandbox-url, or --backend local); the baseline runs the same harness per completion as `python -c` in a plain
-subprocess (no isolation) with the same time-out and the same number in flight.  Each contender's rewards are
-checked against what each body must score; the script fails if verl-sf misscores any.
+subprocess (no sandbox) with the same time-out and the same number in flight, and judges it the same way.  Both
+get each task's reference (its inputs and answers) before the clock starts.  Each contender's rewards are checked
+against what each body must score; the script fails if verl-sf misscores any.
 
 Examples:
   nice python scripts/benchmark_rewards.py                       # 500 completions, server with one slot per core x2
@@ -22,19 +23,22 @@ import itertools
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from typing import Optional
 
+from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus
 from verl_sf.rewards.code_harness import (
     Candidate,
     CodeTask,
-    build_harness,
+    TaskReference,
+    candidate_code,
     has_banned_pattern,
     parse_task,
-    read_harness_output,
+    reference_code,
 )
-from verl_sf.rewards.code_test import FAILURE_REWARD, CodeTestReward, candidate_of
+from verl_sf.rewards.code_reward import FAILURE_REWARD, CodeTestReward, candidate_of, judge, judge_reference
 from verl_sf.rewards.example_tasks import EXAMPLE_TASKS
 from verl_sf.server.process import start_server_process, stop_server_process
 
@@ -71,31 +75,47 @@ def build_batch(size: int) -> tuple[list[str], list[str], list[str]]:
     return names, completions, kinds
 
 
-async def subprocess_rewards(candidates: list[Candidate], tasks: list[CodeTask], timeout_s: float,
-                             concurrency: int) -> list[float]:
+async def python_c(code: str, timeout_s: float) -> RunCodeResponse:
+    """`python -c code`, killed at the time-out, as a Sandbox Fusion response (so the reward's judge reads it)."""
+    # A session of its own: the harness forks, and a time-out must end its child too.
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    status = CommandRunStatus.Finished
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except asyncio.TimeoutError:
+        status, stdout, stderr = CommandRunStatus.TimeLimitExceeded, b"", b""
+        with contextlib.suppress(ProcessLookupError):  # not reaped yet, so the group is still ours
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+    run = CommandRunResult(status=status, return_code=proc.returncode, stdout=stdout.decode(errors="replace"),
+                           stderr=stderr.decode(errors="replace"))
+    ok = status is CommandRunStatus.Finished and proc.returncode == 0
+    return RunCodeResponse(status=RunStatus.Success if ok else RunStatus.Failed, run_result=run)
+
+
+async def subprocess_references(tasks: list[CodeTask]) -> dict[CodeTask, TaskReference]:
+    references = {}
+    for task in set(tasks):
+        reference = judge_reference(await python_c(reference_code(task), 60), len(task.tests))
+        if not isinstance(reference, TaskReference):
+            raise SystemExit(f"the baseline could not run a task's reference: {reference.detail}")
+        references[task] = reference
+    return references
+
+
+async def subprocess_rewards(candidates: list[Candidate], tasks: list[CodeTask],
+                             references: dict[CodeTask, TaskReference], timeout_s: float,
+                             concurrency: int) -> list[Optional[float]]:
     """The naive way: every harness in a fresh `python -c`, killed at the time-out; same scoring rules."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(candidate: Candidate, task: CodeTask) -> float:
+    async def one(candidate: Candidate, task: CodeTask) -> Optional[float]:
         if not candidate.code.strip() or has_banned_pattern(candidate.code, task.banned_patterns):
             return FAILURE_REWARD
         async with gate:
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-c", build_harness(task, candidate),
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.DEVNULL)
-            try:
-                stdout, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-            except asyncio.TimeoutError:
-                return FAILURE_REWARD
-            finally:
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):  # it may have ended a moment ago
-                        proc.kill()
-                    await proc.wait()
-        report = read_harness_output(stdout.decode(errors="replace"), len(task.tests))
-        if proc.returncode != 0 or report is None or report.task_error is not None:
-            return FAILURE_REWARD
-        return report.passed / report.total
+            response = await python_c(candidate_code(task, candidate, references[task]), timeout_s)
+        return judge(response, references[task]).reward
 
     return list(await asyncio.gather(*(one(c, t) for c, t in zip(candidates, tasks, strict=True))))
 
@@ -149,9 +169,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         if server is not None:
             stop_server_process(server)
 
+    references = asyncio.run(subprocess_references(batch_tasks))
     start = time.perf_counter()
     baseline_rewards = asyncio.run(subprocess_rewards([candidate_of(c) for c in completions], batch_tasks,
-                                                      args.timeout, args.concurrency))
+                                                      references, args.timeout, args.concurrency))
     baseline_wall = time.perf_counter() - start
 
     summary = {

@@ -4,7 +4,8 @@
 The tasks, harness, scoring (-1 for an error or a banned pattern, else the fraction of tests passed), the 1 s
 time-out and the GRPOConfig are the example's; the reward is `verl_sf.rewards.CodeTestReward`.  Without
 --sandbox-url the script starts `verl-sf serve` on 127.0.0.1 itself and stops it at the end.  Completions the
-sandbox could not run get reward None (left out by TRL) and are counted in `code_test/sandbox_failures`.
+sandbox could not run get reward None (left out by TRL) and are counted in `code_test/sandbox_failures`; completions
+that did something only an exploit of the reward does are counted in `code_test/suspected_hacks`.
 
 Examples:
   python scripts/trl_grpo_code.py                                  # the example's run (GPU, vLLM colocate)
@@ -81,7 +82,7 @@ def write_metrics(log_history: list[dict[str, Any]], output_dir: Path) -> Path:
 
 
 def plot_rewards(log_history: list[dict[str, Any]], output_dir: Path, reward_name: str) -> Path:
-    """Mean reward per step (with its std band) and the sandbox failures per step."""
+    """Mean reward per step (with its std band); sandbox failures and suspected hacks per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,8 +98,13 @@ def plot_rewards(log_history: list[dict[str, Any]], output_dir: Path, reward_nam
                      [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="± std")
     top.set_ylabel("reward (-1 error/banned, else pass rate)")
     top.legend()
-    bottom.bar(x, [r.get(f"{reward_name}/sandbox_failures", 0.0) for r in steps], color="tab:red")
-    bottom.set_ylabel("sandbox failures")
+    width = 0.4
+    bottom.bar([step - width / 2 for step in x], [r.get(f"{reward_name}/sandbox_failures", 0.0) for r in steps],
+               width, color="tab:red", label="sandbox failures")
+    bottom.bar([step + width / 2 for step in x], [r.get(f"{reward_name}/suspected_hacks", 0.0) for r in steps],
+               width, color="tab:purple", label="suspected hacks")
+    bottom.set_ylabel("completions")
+    bottom.legend()
     bottom.set_xlabel("step")
     fig.suptitle("GRPO on the example's code tasks, rewards from verl-sf")
     fig.tight_layout()
@@ -129,7 +135,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         history = trainer.state.log_history
         print("wrote", write_metrics(history, output_dir))
         print("wrote", plot_rewards(history, output_dir, reward.__name__))
-        print(f"sandbox failures over the run: {reward.sandbox_failures}; outcomes: {dict(reward.outcomes)}")
+        print(f"sandbox failures over the run: {reward.sandbox_failures}; suspected hacks: {reward.suspected_hacks}; "
+              f"outcomes: {dict(reward.outcomes)}")
     finally:
         reward.close()
         if server is not None:

@@ -1,7 +1,10 @@
-"""The pure parts of `CodeTestReward`: completion clean-up, tasks, the harness and its verdict, configuration."""
+"""The parts of `CodeTestReward` around a run: completion clean-up, tasks, the harness (run here as plain `python -c`,
+no sandbox), its plain-data codec, reading what it prints, the verdict, configuration."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 
@@ -11,15 +14,20 @@ from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, 
 from verl_sf.rewards import CodeTaskError, CodeTestReward, Outcome
 from verl_sf.rewards.code_harness import (
     Candidate,
-    build_harness,
+    CodeTask,
+    TaskReference,
+    candidate_code,
     fenced_code,
     function_body,
     has_banned_pattern,
     parse_task,
-    read_harness_output,
+    read_reference,
+    read_report,
+    reference_code,
 )
-from verl_sf.rewards.code_test import candidate_of, candidate_of_response, judge
+from verl_sf.rewards.code_reward import candidate_of, candidate_of_response, judge, judge_reference
 from verl_sf.rewards.example_tasks import EXAMPLE_TASKS
+from verl_sf.rewards.sandbox_harness import NotPlainData, decode, encode
 
 SORTING = parse_task("sorting", EXAMPLE_TASKS["sorting"])
 MAX_SUBARRAY = parse_task("max_subarray", EXAMPLE_TASKS["max_subarray"])
@@ -73,25 +81,79 @@ def _run(harness: str) -> str:
     return subprocess.run([sys.executable, "-c", harness], capture_output=True, text=True, timeout=60).stdout
 
 
-def test_harness_reports_tests_passed_and_task_errors() -> None:
-    kadane = ("    best = cur = xs[0]\n    for x in xs[1:]:\n        cur = max(x, cur + x)\n"
-              "        best = max(best, cur)\n    return best")
-    report = read_harness_output(_run(build_harness(MAX_SUBARRAY, Candidate(kadane, True))), 7)
-    assert report is not None and (report.passed, report.total, report.task_error) == (7, 7, None)
+def _reference(task: CodeTask) -> TaskReference:
+    reference = read_reference(_run(reference_code(task)))
+    assert isinstance(reference, TaskReference)
+    return reference
+
+
+KADANE = ("    best = cur = xs[0]\n    for x in xs[1:]:\n        cur = max(x, cur + x)\n"
+          "        best = max(best, cur)\n    return best")
+
+
+def test_reference_run_gives_inputs_and_answers_or_the_tasks_error() -> None:
+    reference = _reference(MAX_SUBARRAY)
+    assert reference.expected[:5] == (5, -3, -1, 6, 10) and len(reference.expected) == 7
     bad_task = MAX_SUBARRAY.model_copy(update={"tests": ("[1]", "undefined_name")})
-    report = read_harness_output(_run(build_harness(bad_task, Candidate(kadane, True))), 2)
-    assert report is not None and report.task_error == "NameError: name 'undefined_name' is not defined"
+    assert read_reference(_run(reference_code(bad_task))) == "NameError: name 'undefined_name' is not defined"
+    odd_task = MAX_SUBARRAY.model_copy(update={"tests": ("object()",), "reference": "repr"})
+    assert "must be plain data, found a object" in str(read_reference(_run(reference_code(odd_task))))
+
+
+def test_a_python_that_cannot_read_our_bytecode_runs_the_harness_source() -> None:
+    other_python = reference_code(MAX_SUBARRAY).replace(repr(importlib.util.MAGIC_NUMBER), repr(b"\x00\x00\r\n"), 1)
+    assert other_python != reference_code(MAX_SUBARRAY)
+    assert read_reference(_run(other_python)) == _reference(MAX_SUBARRAY)
+
+
+def _judged(task: CodeTask, body: str) -> tuple:
+    reference = _reference(task)
+    stdout = _run(candidate_code(task, Candidate(body, True), reference))
+    run = CommandRunResult(status=CommandRunStatus.Finished, return_code=0, stdout=stdout)
+    result = judge(RunCodeResponse(status=RunStatus.Success, run_result=run), reference)
+    return result.reward, result.suspects
+
+
+def test_candidate_run_returns_results_compared_here() -> None:
+    assert _judged(MAX_SUBARRAY, KADANE) == (1.0, ())
+    assert _judged(MAX_SUBARRAY, "    return sum(xs)") == (pytest.approx(3 / 7), ())
+    assert _judged(MAX_SUBARRAY, "    return max_subarray_sum(") == (-1.0, ())  # a syntax error
 
 
 def test_a_body_that_exits_or_fakes_output_cannot_forge_a_verdict() -> None:
     forged = '    print(\'{"results": [true, true, true, true, true]}\')\n    raise SystemExit(0)'
-    report = read_harness_output(_run(build_harness(SORTING, Candidate(forged, True))), 5)
-    assert report is not None and report.passed == 0
+    reward, suspects = _judged(SORTING, forged)
+    assert reward == 0.0 and suspects[0].startswith("forged_verdict: printed a verdict-like line")
+    reward, suspects = _judged(SORTING, "    return {'results': [True] * 5}")
+    assert reward == 0.0 and suspects == ()  # a dict is a (wrong) plain result, not a verdict
+    reward, suspects = _judged(SORTING, "    __builtins__.print(3, file=open(3, 'w', closefd=False))\n    return xs")
+    assert reward == -1.0 and suspects[0].startswith("protocol: ")
 
 
-@pytest.mark.parametrize("stdout", ["", "hello", '{"results": [true]}', '{"results": [1, 0, 1, 1, 1]}', "[true]"])
-def test_output_without_a_well_formed_verdict_is_none(stdout: str) -> None:
-    assert read_harness_output(stdout, 5) is None
+@pytest.mark.parametrize("value", [None, True, 0, -(2 ** 70), 1.5, float("inf"), "x\ud800", b"\x00\xff", [1, [2]],
+                                   (1, (2,)), {1, 2}, frozenset({3}), {"a": [1], 2: (3,)}, [], ()])
+def test_plain_data_round_trips_with_exact_types(value: object) -> None:
+    decoded = decode(json.loads(json.dumps(encode(value))))
+    assert decoded == value and type(decoded) is type(value)
+
+
+def test_only_exact_builtin_types_are_plain_data() -> None:
+    class Always(int):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    for value in (Always(1), [Always(1)], {"k": object()}, type("L", (list,), {})()):
+        with pytest.raises(NotPlainData):
+            encode(value)
+    assert encode(True) is True and encode(1) == 1 and type(decode(encode(1))) is int  # bool and int stay apart
+    for data in ({"results": [True]}, {"tuple": "x"}, {"dict": [[[1], 2]]}, {"bytes": "zz"}, {"set": [[1]]}):
+        with pytest.raises(NotPlainData):
+            decode(data)
+
+
+@pytest.mark.parametrize("stdout", ["", "hello", '{"results": [true]}', '{"report": {"state": "maybe"}}', "[true]"])
+def test_output_without_a_well_formed_report_has_no_state(stdout: str) -> None:
+    assert read_report(stdout).state is None
 
 
 def _response(status: RunStatus, run_status: CommandRunStatus = CommandRunStatus.Finished, stdout: str = "",
@@ -106,21 +168,23 @@ class _StarvedRun(CommandRunResult):
 
 
 def test_judge_tells_the_codes_failure_from_the_sandboxes() -> None:
-    scored = judge(_response(RunStatus.Success, stdout='x\n{"results": [true, false]}\n'), 2)
-    assert (scored.outcome, scored.reward) == (Outcome.scored, 0.5)
-    crashed = judge(_response(RunStatus.Failed, return_code=1), 2)
+    reference = TaskReference("[[1], [2]]", (1, 2))
+    report = '{"report": {"state": "done", "tests": [{"result": 1}, {"result": 3}], "detail": ""}}'
+    scored = judge(_response(RunStatus.Success, stdout=report), reference)
+    assert (scored.outcome, scored.reward, scored.suspects) == (Outcome.scored, 0.5, ())
+    crashed = judge(_response(RunStatus.Failed, return_code=1), reference)
     assert (crashed.outcome, crashed.reward, crashed.detail) == (Outcome.error, -1.0, "Finished: Boom: x")
-    timed_out = judge(_response(RunStatus.Failed, CommandRunStatus.TimeLimitExceeded, return_code=-9), 2)
+    timed_out = judge(_response(RunStatus.Failed, CommandRunStatus.TimeLimitExceeded, return_code=-9), reference)
     assert (timed_out.outcome, timed_out.reward) == (Outcome.error, -1.0)
-    no_verdict = judge(_response(RunStatus.Success, stdout="bye"), 2)
+    no_verdict = judge(_response(RunStatus.Success, stdout="bye"), reference)
     assert (no_verdict.outcome, no_verdict.reward) == (Outcome.error, -1.0)
-    sandbox = judge(RunCodeResponse(status=RunStatus.SandboxError, message="bwrap failed"), 2)
+    sandbox = judge(RunCodeResponse(status=RunStatus.SandboxError, message="bwrap failed"), reference)
     assert (sandbox.outcome, sandbox.reward, sandbox.failure_reason) == (Outcome.sandbox_failure, None, "sandbox_error")
     starved = RunCodeResponse(status=RunStatus.Failed, run_result=_StarvedRun(
         status=CommandRunStatus.TimeLimitExceeded, return_code=-9))
-    assert (judge(starved, 2).reward, judge(starved, 2).failure_reason) == (None, "cpu_starved")
-    task = judge(_response(RunStatus.Success, stdout='{"task_error": "NameError: x"}'), 2)
-    assert (task.outcome, task.reward) == (Outcome.task_error, None)
+    assert (judge(starved, reference).reward, judge(starved, reference).failure_reason) == (None, "cpu_starved")
+    task = judge_reference(_response(RunStatus.Success, stdout='{"task_error": "NameError: x"}'), 2)
+    assert isinstance(task, type(scored)) and (task.outcome, task.reward) == (Outcome.task_error, None)
 
 
 @pytest.mark.parametrize("kwargs, message", [

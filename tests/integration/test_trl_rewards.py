@@ -106,7 +106,7 @@ def test_server_stopped_mid_batch_gives_none_never_a_score() -> None:
     unscored = rewards.count(None)
     assert rewards.count(1.0) >= 2 and unscored >= 1
     assert reward.sandbox_failures == unscored
-    assert logged == [("stopped_mid_batch/sandbox_failures", float(unscored))]
+    assert logged == [("stopped_mid_batch/sandbox_failures", float(unscored)), ("stopped_mid_batch/suspected_hacks", 0.0)]
     assert _sandbox_failures_metric("stopped_mid_batch") == unscored
 
 
@@ -174,18 +174,20 @@ def test_grpo_trainer_two_steps_with_rewards_from_the_server(reward_server: Serv
     for record in steps:
         assert -1.0 <= record["rewards/code_test/mean"] <= 1.0
         assert record["code_test/sandbox_failures"] == 0.0
+        assert record["code_test/suspected_hacks"] == 0.0
     assert sum(outcomes.values()) == 2 * 4
     ran = outcomes.get("scored", 0) + outcomes.get("error", 0)
-    assert ran >= 1 and runs_finished(reward_server) - runs_before == ran
+    # One run per completion that ran, plus one reference run for each of the two tasks that had such a completion.
+    assert ran >= 1 and ran + 1 <= runs_finished(reward_server) - runs_before <= ran + 2
 
 
 def test_verl_compute_score_reports_and_excludes_sandbox_failures(reward_server: ServerHandle) -> None:
-    from verl_sf.rewards.code_test import SandboxFailure, compute_score
+    from verl_sf.rewards.code_reward import SandboxFailure, compute_score
 
     task = dict(EXAMPLE_TASKS["max_subarray"])
     fenced = "Here it is:\n```python\ndef max_subarray_sum(xs):\n" + KADANE + "```"
     assert compute_score("code", fenced, task, sandbox_url=reward_server.url) == {
-        "score": 1.0, "acc": 1.0, "passed": 7.0, "total": 7.0, "sandbox_failure": 0.0}
+        "score": 1.0, "acc": 1.0, "passed": 7.0, "total": 7.0, "sandbox_failure": 0.0, "suspected_hack": 0.0}
     body = compute_score("code", "    return sum(xs)\n", task, sandbox_url=reward_server.url)
     assert (body["score"], body["sandbox_failure"]) == (pytest.approx(3 / 7), 0.0)
     with CodeTestReward(EXAMPLE_TASKS, sandbox_url="http://127.0.0.1:9", max_retries=0) as unreachable, \

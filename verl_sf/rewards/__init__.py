@@ -9,7 +9,7 @@ The scorer is chosen from `data_source`; every scorer returns a dict with `score
 verl trains on), `acc` and `pred`, which verl logs and writes into the rollout dump.
 
 Code-test rewards that run in the sandbox (TRL reward functions and verl's `compute_score`)
-are `CodeTestReward`, see `verl_sf.rewards.code_test`.
+are `CodeTestReward`, see `verl_sf.rewards.code_reward`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from verl_sf.rewards import boxed, gsm8k
-from verl_sf.rewards.code_test import (
+from verl_sf.rewards.code_reward import (
     CodeTask,
     CodeTaskError,
     CodeTestResult,

@@ -1,21 +1,29 @@
-"""Code-test tasks and the pure steps around one run: clean a completion, build its harness, read the verdict.
+"""Code-test tasks and the pure steps around the runs: clean a completion, build the runs' code, read what they print.
 
 The task shape (`prompt`, `func_name`, `banned_patterns`, `tests`, `reference`) and the scoring rules are those of
-the TRL + Daytona GRPO example, so a `TASKS` dict written for it works unchanged.  Nothing here touches a sandbox.
+the TRL + Daytona GRPO example, so a `TASKS` dict written for it works unchanged.  A task takes two kinds of run
+(see `sandbox_harness`): one reference run per task gives its inputs and expected answers, which stay here; each
+candidate run gets the inputs only and returns results as plain data, compared here.  Nothing here touches a sandbox.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import importlib.util
+import inspect
 import itertools
 import json
+import marshal
 import re
+import zlib
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from verl_sf.errors import VerlSfError
+from verl_sf.rewards import sandbox_harness
 
 # The example's body rule: a base model continues the function, so its body ends at the first unindented line.
 BODY_INDENT = "    "
@@ -103,43 +111,6 @@ def has_banned_pattern(code: str, banned_patterns: tuple[str, ...]) -> Optional[
     return next((pattern for pattern in banned_patterns if pattern.lower() in lowered), None)
 
 
-# Runs after the model's code in the same file.  Inputs and expected outputs are computed before the candidate runs,
-# in a namespace it cannot reach by name; a test that raises (or calls sys.exit) fails that test only.
-_RUNNER = '''
-
-def _verl_sf_run_tests(spec_json):
-    import copy, json, random
-
-    def _kadane(xs):
-        best = running = xs[0]
-        for x in xs[1:]:
-            running = max(x, running + x)
-            best = max(best, running)
-        return best
-
-    spec = json.loads(spec_json)
-    random.seed(0)
-    namespace = {"random": random, "_kadane": _kadane}
-    try:
-        exec(spec["reference_code"], namespace)
-        reference = eval(spec["reference"], namespace)
-        inputs = [eval(test, namespace) for test in spec["tests"]]
-        expected = [reference(copy.deepcopy(value)) for value in inputs]
-    except Exception as exc:
-        print(json.dumps({"task_error": f"{type(exc).__name__}: {exc}"}))
-        return
-    candidate = globals()[spec["func_name"]]
-    results = []
-    for value, want in zip(inputs, expected):
-        try:
-            results.append(bool(candidate(copy.deepcopy(value)) == want))
-        except BaseException:
-            results.append(False)
-    print(json.dumps({"results": results}))
-
-'''
-
-
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """The model's cleaned code: a body that continues the task's prompt, or a whole program (a chat answer)."""
@@ -148,36 +119,106 @@ class Candidate:
     continues_prompt: bool
 
 
-def build_harness(task: CodeTask, candidate: Candidate) -> str:
-    """The file the sandbox runs: the model's program (prompt + body, or a whole chat block), then the test runner."""
+# ---- the two runs: their code, and what they print ------------------------------------------------------------------
+
+HARNESS_SOURCE = inspect.getsource(sandbox_harness)
+
+
+def _shipped(source: str) -> str:
+    """The harness as the first lines of a run's code (it imports nothing of ours in the sandbox): its bytecode,
+    compressed, where the sandbox's Python reads this interpreter's bytecode (same magic number), else its source.
+    Compiling the harness took a run 3-4 ms of CPU; loading its bytecode takes under 1."""
+    bytecode = base64.b64encode(zlib.compress(marshal.dumps(compile(source, "verl_sf_harness.py", "exec")), 9))
+    text = base64.b64encode(zlib.compress(source.encode(), 9))
+    return ("import base64, importlib.util, marshal, zlib\n"
+            f"if importlib.util.MAGIC_NUMBER == {importlib.util.MAGIC_NUMBER!r}:\n"
+            f"    exec(marshal.loads(zlib.decompress(base64.b64decode({bytecode.decode()!r}))))\n"
+            "else:\n"
+            f"    exec(zlib.decompress(base64.b64decode({text.decode()!r})))\n")
+
+
+HARNESS = _shipped(HARNESS_SOURCE)
+
+
+def reference_code(task: CodeTask) -> str:
+    """The run that evaluates the task's inputs and the reference's answers, with no candidate code in it."""
+    spec = {key: getattr(task, key) for key in ("tests", "reference", "reference_code")}
+    return f"{HARNESS}reference_run({json.dumps(spec)!r})\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskReference:
+    """A task's inputs (encoded JSON, as sent to every candidate run) and the expected answers, kept by the caller."""
+
+    inputs_json: str
+    expected: tuple[Any, ...]
+
+
+def read_reference(stdout: str) -> Union[TaskReference, str]:
+    """What the reference run printed: the reference, or why the task itself cannot be checked."""
+    try:
+        printed = json.loads(stdout)
+        if isinstance(printed, dict) and isinstance(printed.get("task_error"), str):
+            return printed["task_error"]
+        inputs, expected = printed["inputs"], printed["expected"]
+        if not isinstance(inputs, list) or not isinstance(expected, list) or len(inputs) != len(expected):
+            raise ValueError("inputs and expected answers do not pair up")
+        return TaskReference(json.dumps(inputs), tuple(sandbox_harness.decode(value) for value in expected))
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        return f"the reference run printed no inputs and answers ({type(exc).__name__}: {str(exc)[:200]})"
+
+
+def candidate_code(task: CodeTask, candidate: Candidate, reference: TaskReference) -> str:
+    """The run of the model's program (prompt + body, or a whole chat block) on the task's inputs, confined."""
     program = f"{task.prompt}\n{candidate.code}" if candidate.continues_prompt else candidate.code
-    spec = {key: getattr(task, key) for key in ("func_name", "tests", "reference", "reference_code")}
-    return f"{program}\n{_RUNNER}\n_verl_sf_run_tests({json.dumps(spec)!r})\n"
+    spec = (f'{{"func_name": {json.dumps(task.func_name)}, "program": {json.dumps(program)}, '
+            f'"inputs": {reference.inputs_json}}}')
+    return f"{HARNESS}candidate_run({spec!r})\n"
 
 
 @dataclasses.dataclass(frozen=True)
 class HarnessReport:
-    """What the runner printed: tests passed out of `total`, or why the task itself could not be checked."""
+    """What a candidate run printed: its final state (None if it printed no report), one entry per test when the
+    state is `done`, and every suspicion, as `kind: detail`."""
 
-    passed: int
-    total: int
-    task_error: Optional[str] = None
+    state: Optional[str]
+    tests: tuple[dict, ...] = ()
+    detail: str = ""
+    suspects: tuple[str, ...] = ()
 
 
-def read_harness_output(stdout: str, num_tests: int) -> Optional[HarnessReport]:
-    """The verdict on stdout's last line, or None when there is none (the program broke the harness)."""
-    lines = stdout.strip().splitlines()
-    if not lines:
-        return None
-    try:
-        verdict = json.loads(lines[-1])
-    except ValueError:
-        return None
-    if not isinstance(verdict, dict):
-        return None
-    if isinstance(verdict.get("task_error"), str):
-        return HarnessReport(0, num_tests, task_error=verdict["task_error"])
-    results = verdict.get("results")
-    if not isinstance(results, list) or len(results) != num_tests or not all(isinstance(r, bool) for r in results):
-        return None
-    return HarnessReport(sum(results), num_tests)
+def read_report(stdout: str) -> HarnessReport:
+    """The harness parent's lines (nothing else writes this run's stdout): suspicions, then one report."""
+    suspects: list[str] = []
+    report: Optional[dict] = None
+    for line in stdout.splitlines():
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):  # a harness line is never nested deep, whatever it carries
+            message = None
+        suspect = message.get("suspect") if isinstance(message, dict) else None
+        if (isinstance(suspect, list) and len(suspect) == 2 and suspect[0] in sandbox_harness.SUSPECT_KINDS
+                and isinstance(suspect[1], str)):
+            suspects.append(f"{suspect[0]}: {suspect[1]}")
+        elif isinstance(message, dict) and isinstance(message.get("report"), dict) and report is None:
+            report = message["report"]
+        else:
+            suspects.append(f"protocol: the harness printed an unexpected line {line[:80]!r}")
+    if report is None or report.get("state") not in ("done", "program_error", "setup_error", "error"):
+        return HarnessReport(None, suspects=tuple(suspects))
+    tests = report.get("tests")
+    return HarnessReport(report["state"], tuple(tests) if isinstance(tests, list) else (),
+                         str(report.get("detail", "")), tuple(suspects))
+
+
+def passed_tests(report: HarnessReport, reference: TaskReference) -> tuple[int, list[str]]:
+    """Tests whose result equals the expected answer, compared here, as plain values of exact builtin types."""
+    passed, suspects = 0, []
+    for test, want in zip(report.tests, reference.expected, strict=False):  # lengths checked by the caller
+        if not isinstance(test, dict) or "result" not in test:
+            continue
+        try:
+            passed += sandbox_harness.decode(test["result"]) == want
+        except (sandbox_harness.NotPlainData, RecursionError) as exc:
+            suspects.append(f"non_plain_result: {str(exc)[:120]}")
+    return passed, suspects

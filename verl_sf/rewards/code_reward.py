@@ -1,10 +1,13 @@
-"""`CodeTestReward`: the TRL + Daytona example's code-test reward, run on verl-sf, with sandbox failures kept apart.
+"""`CodeTestReward`: the TRL + Daytona example's code-test reward, run on verl-sf, with verdicts the code cannot forge.
 
 A completion is cleaned (a continued function body, or a chat answer's fenced block), checked for banned patterns,
-and its harness run with a short time-out.  Reward -1 for a banned pattern, an empty body or a run that failed
-(exception, syntax error, time-out, no verdict), else tests passed / total.  When the sandbox could not run the code
-(unreachable, overloaded after bounded retries, SandboxError, a time-out spent waiting for a CPU), the reward is
-None: TRL leaves it out of the reward sum, and the count is logged and exported as a metric.
+and run with a short time-out in a confined process that gets the task's inputs and returns its function's results
+as plain data; the expected answers never enter that run (one reference run per task computes them), and the
+comparison happens here.  Reward -1 for a banned pattern, an empty body or a program that failed (syntax error,
+exception at top level, time-out, crash, exit before the results), else tests passed / total.  When the sandbox
+could not run the code (unreachable, overloaded after bounded retries, SandboxError, a time-out spent waiting for a
+CPU), the reward is None: TRL leaves it out of the reward sum, and the count is logged and exported as a metric.
+What only an exploit does is counted too (`suspected_hacks`), with a reason per completion.
 
 TRL::
 
@@ -13,7 +16,7 @@ TRL::
 
 verl (`custom_reward_function`, per-row tasks in `reward_model.ground_truth`)::
 
-    reward.custom_reward_function.path=pkg://verl_sf.rewards.code_test
+    reward.custom_reward_function.path=pkg://verl_sf.rewards.code_reward
     reward.custom_reward_function.name=compute_score
     +reward.custom_reward_function.reward_kwargs.sandbox_url=http://127.0.0.1:8080
 """
@@ -40,20 +43,28 @@ from verl_sf.rewards.code_harness import (
     Candidate,
     CodeTask,
     CodeTaskError,
-    build_harness,
+    TaskReference,
+    candidate_code,
     fenced_code,
     function_body,
     has_banned_pattern,
     parse_task,
-    read_harness_output,
+    passed_tests,
+    read_reference,
+    read_report,
+    reference_code,
 )
-from verl_sf.rewards.reward_metrics import SANDBOX_FAILURES, TASK_ERRORS
+from verl_sf.rewards.reward_metrics import SANDBOX_FAILURES, SUSPECTED_HACKS, TASK_ERRORS
 
 logger = logging.getLogger(__name__)
 
 FAILURE_REWARD = -1.0
 DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_MAX_CONCURRENCY = 64
+# The reference run executes only the task author's code: it gets at least this long, whatever `timeout_s` is.
+REFERENCE_TIMEOUT_S = 10.0
+# Task references kept per reward object (a dataset with per-row tests has one per distinct row task).
+REFERENCE_CACHE_SIZE = 4096
 # Batches at least this long get a progress bar unless `progress` says otherwise.
 PROGRESS_MIN_BATCH = 64
 
@@ -69,7 +80,7 @@ class Outcome(str, enum.Enum):
     scored = "scored"  # the harness ran to the end: reward passed / total
     banned = "banned"  # -1
     empty = "empty"  # -1
-    error = "error"  # the run executed and failed (exception, syntax error, time-out, no verdict): -1
+    error = "error"  # the program failed (syntax error, exception at top level, time-out, crash, early exit): -1
     sandbox_failure = "sandbox_failure"  # the sandbox could not run it: None
     task_error = "task_error"  # the task's tests or reference raised: None
 
@@ -83,7 +94,13 @@ class CodeTestResult:
     passed: int = 0
     total: int = 0
     detail: str = ""
-    failure_reason: Optional[str] = None  # for sandbox failures: unavailable | sandbox_error | cpu_starved
+    failure_reason: Optional[str] = None  # for sandbox failures: unavailable | sandbox_error | cpu_starved | harness
+    suspects: tuple[str, ...] = ()  # what only an exploit does, each "kind: detail"
+
+    @property
+    def suspected_hack(self) -> Optional[str]:
+        """A short reason for logging, or None when the completion did nothing only an exploit does."""
+        return "; ".join(self.suspects) or None
 
 
 class CodeTestReward:
@@ -100,7 +117,7 @@ class CodeTestReward:
         max_retries: HTTP retries (connection errors, 429/502/503/504, Retry-After respected) before a
             completion counts as a sandbox failure.
         progress: tqdm bar per batch; None shows it for batches of at least PROGRESS_MIN_BATCH.
-        name: TRL logs `rewards/<name>/mean` and `<name>/sandbox_failures`.
+        name: TRL logs `rewards/<name>/mean`, `<name>/sandbox_failures` and `<name>/suspected_hacks`.
         on_sandbox_failure / failure_score: what `compute_score` (verl) returns for a sample the sandbox could
             not run: "raise" `SandboxFailure`, or "score" it `failure_score` with `sandbox_failure=1` reported.
     """
@@ -119,6 +136,8 @@ class CodeTestReward:
         self._request_fields = RunCodeRequest(code="", language="python", run_timeout=timeout_s,
                                               memory_limit_MB=memory_limit_mb).model_dump(
             include={"run_timeout", "memory_limit_MB"})
+        self._reference_fields = {**self._request_fields,
+                                  "run_timeout": max(REFERENCE_TIMEOUT_S, self._request_fields["run_timeout"])}
         self.tasks: dict[str, CodeTask] = {key: parse_task(key, spec) for key, spec in (tasks or {}).items()}
         self._tasks_by_prompt = {task.prompt: task for task in self.tasks.values() if task.prompt}
         self.backend = _backend_from(sandbox_url, backend, local_options, max_retries)
@@ -128,9 +147,15 @@ class CodeTestReward:
         self.on_sandbox_failure = on_sandbox_failure
         self.failure_score = float(failure_score)
         self.outcomes: collections.Counter[str] = collections.Counter()
+        self.suspected_hacks = 0
+        self.last_results: list[CodeTestResult] = []  # the last batch's verdicts, with reasons for logging
         self._outcomes_lock = threading.Lock()
         self._loop = BackgroundLoop(f"{name}-sandbox-loop")
         self._in_flight: Optional[asyncio.Semaphore] = None
+        # Reference runs: finished ones (a reference or a task error) by task, and those in flight on the loop.
+        self._references: collections.OrderedDict[CodeTask, Union[TaskReference, CodeTestResult]] = \
+            collections.OrderedDict()
+        self._reference_runs: dict[CodeTask, asyncio.Task[Union[TaskReference, CodeTestResult]]] = {}
 
     def __repr__(self) -> str:
         return f"CodeTestReward({self.__name__!r}, backend={self.backend!r}, tasks={sorted(self.tasks)})"
@@ -151,6 +176,7 @@ class CodeTestReward:
         if log_metric is not None:
             log_metric(f"{self.__name__}/sandbox_failures",
                        float(sum(r.outcome is Outcome.sandbox_failure for r in results)))
+            log_metric(f"{self.__name__}/suspected_hacks", float(sum(bool(r.suspects) for r in results)))
         return [result.reward for result in results]
 
     # ---- verl -----------------------------------------------------------------------------------------------
@@ -160,7 +186,8 @@ class CodeTestReward:
         """verl's custom reward: `ground_truth` is a task dict (or its JSON, or a name in `tasks`).
 
         A sample the sandbox could not run raises `SandboxFailure` (on_sandbox_failure="raise") or scores
-        `failure_score` with `sandbox_failure=1.0` in the returned dict, which verl logs per sample.
+        `failure_score` with `sandbox_failure=1.0` in the returned dict, which verl logs per sample, as it does
+        `suspected_hack` (1.0 when the completion did something only an exploit does).
         """
         task = self._task_for_ground_truth(ground_truth)
         (result,) = self.evaluate([candidate_of_response(solution_str)], [task])
@@ -173,7 +200,7 @@ class CodeTestReward:
             score = result.reward
         return {"score": score, "acc": float(result.total > 0 and result.passed == result.total),
                 "passed": float(result.passed), "total": float(result.total),
-                "sandbox_failure": float(result.reward is None)}
+                "sandbox_failure": float(result.reward is None), "suspected_hack": float(bool(result.suspects))}
 
     # ---- evaluation -----------------------------------------------------------------------------------------
 
@@ -188,6 +215,7 @@ class CodeTestReward:
         self._loop.run(self.backend.close())
         self._loop.stop()
         self._in_flight = None
+        self._reference_runs.clear()  # bound to the stopped loop; finished references stay
 
     def __enter__(self) -> CodeTestReward:
         return self
@@ -216,18 +244,60 @@ class CodeTestReward:
         banned = has_banned_pattern(candidate.code, task.banned_patterns)
         if banned is not None:
             return CodeTestResult(Outcome.banned, FAILURE_REWARD, 0, total, f"banned pattern {banned!r}")
-        request = RunCodeRequest(code=build_harness(task, candidate), language="python", **self._request_fields)
+        reference = await self._reference(task)
+        if isinstance(reference, CodeTestResult):
+            return reference
+        request = RunCodeRequest(code=candidate_code(task, candidate, reference), language="python",
+                                 **self._request_fields)
+        try:
+            response = await self._run(request)
+        except Exception as exc:  # the backend boundary: whatever went wrong, the code never got a verdict
+            return _sandbox_failure(total, "unavailable", f"{type(exc).__name__}: {exc}")
+        return judge(response, reference)
+
+    async def _run(self, request: RunCodeRequest) -> RunCodeResponse:
         assert self._in_flight is not None
         async with self._in_flight:
-            try:
-                response = await self.backend.run_code(request)
-            except Exception as exc:  # the backend boundary: whatever went wrong, the code never got a verdict
-                return _sandbox_failure(total, "unavailable", f"{type(exc).__name__}: {exc}")
-        return judge(response, total)
+            return await self.backend.run_code(request)
+
+    async def _reference(self, task: CodeTask) -> Union[TaskReference, CodeTestResult]:
+        """The task's inputs and expected answers: one reference run per task, shared by concurrent completions."""
+        known = self._references.get(task)
+        if known is not None:
+            self._references.move_to_end(task)
+            return known
+        run = self._reference_runs.get(task)
+        if run is None:
+            run = self._reference_runs[task] = asyncio.ensure_future(self._run_reference(task))
+            run.add_done_callback(lambda _: self._reference_runs.pop(task, None))
+        return await asyncio.shield(run)
+
+    async def _run_reference(self, task: CodeTask) -> Union[TaskReference, CodeTestResult]:
+        total = len(task.tests)
+        request = RunCodeRequest(code=reference_code(task), language="python", **self._reference_fields)
+        try:
+            response = await self._run(request)
+        except Exception as exc:
+            return _sandbox_failure(total, "unavailable", f"the task's reference run: {type(exc).__name__}: {exc}")
+        result = judge_reference(response, total)
+        if isinstance(result, TaskReference) or result.outcome is Outcome.task_error:
+            self._references[task] = result
+            if len(self._references) > REFERENCE_CACHE_SIZE:
+                self._references.popitem(last=False)
+        return result
 
     def _record(self, results: Sequence[CodeTestResult]) -> None:
+        hacks = [r for r in results if r.suspects]
         with self._outcomes_lock:
             self.outcomes.update(result.outcome.value for result in results)
+            self.suspected_hacks += len(hacks)
+            self.last_results = list(results)
+        for result in hacks:
+            for kind in dict.fromkeys(suspect.split(":", 1)[0] for suspect in result.suspects):
+                SUSPECTED_HACKS.labels(self.__name__, kind).inc()
+        if hacks:
+            logger.info("%s: %d of %d completions did what only an exploit does; first: %s", self.__name__,
+                        len(hacks), len(results), hacks[0].suspected_hack)
         failures = [r for r in results if r.outcome is Outcome.sandbox_failure]
         for result in failures:
             SANDBOX_FAILURES.labels(self.__name__, result.failure_reason or "unavailable").inc()
@@ -273,22 +343,56 @@ class CodeTestReward:
             raise CodeTaskError(f"{self.__name__}: unknown task {name!r}; known: {sorted(self.tasks)}") from None
 
 
-def judge(response: RunCodeResponse, total: int) -> CodeTestResult:
-    """The verdict of one harness run: the code's failure is -1, the sandbox's failure None."""
+def judge(response: RunCodeResponse, reference: TaskReference) -> CodeTestResult:
+    """The verdict of one candidate run: its results compared with the reference's answers here; the code's
+    failure is -1, the sandbox's failure None."""
+    total = len(reference.expected)
     run = response.run_result
     if response.status == RunStatus.SandboxError or run is None:
         return _sandbox_failure(total, "sandbox_error", response.message or "SandboxError without a run result")
     if getattr(run, "cpu_starved", False):
         return _sandbox_failure(total, "cpu_starved", "the run's time went to waiting for a CPU")
+    report = read_report(run.stdout or "")
+    suspects = list(report.suspects)
     if response.status != RunStatus.Success:
         last_error = (run.stderr or "").strip().splitlines()[-1:] or [f"exit code {run.return_code}"]
-        return CodeTestResult(Outcome.error, FAILURE_REWARD, 0, total, f"{run.status.value}: {last_error[0]}")
-    report = read_harness_output(run.stdout or "", total)
-    if report is None:
-        return CodeTestResult(Outcome.error, FAILURE_REWARD, 0, total, "the run printed no test verdict")
-    if report.task_error is not None:
-        return CodeTestResult(Outcome.task_error, None, 0, total, report.task_error)
-    return CodeTestResult(Outcome.scored, report.passed / total, report.passed, total)
+        return _failed(total, f"{run.status.value}: {last_error[0]}", suspects)
+    if report.state == "setup_error":
+        return _sandbox_failure(total, "harness", f"the harness could not confine the candidate: {report.detail}")
+    if report.state in ("program_error", "error"):
+        return _failed(total, report.detail, suspects)
+    if report.state != "done" or len(report.tests) != total:
+        return _failed(total, "the harness printed no report", [*suspects, "protocol: no harness report"])
+    passed, more = passed_tests(report, reference)
+    return CodeTestResult(Outcome.scored, passed / total, passed, total, suspects=_distinct([*suspects, *more]))
+
+
+def judge_reference(response: RunCodeResponse, total: int) -> Union[TaskReference, CodeTestResult]:
+    """The reference run's inputs and answers; a task that cannot be checked is a task error (None), as is a
+    sandbox failure."""
+    run = response.run_result
+    if response.status == RunStatus.SandboxError or run is None:
+        return _sandbox_failure(total, "sandbox_error", response.message or "SandboxError without a run result")
+    if getattr(run, "cpu_starved", False):
+        return _sandbox_failure(total, "cpu_starved", "the task's reference run waited for a CPU")
+    if response.status != RunStatus.Success:
+        last_error = (run.stderr or "").strip().splitlines()[-1:] or [f"exit code {run.return_code}"]
+        return CodeTestResult(Outcome.task_error, None, 0, total,
+                              f"the task's tests and reference failed: {run.status.value}: {last_error[0]}")
+    reference = read_reference(run.stdout or "")
+    if isinstance(reference, str):
+        return CodeTestResult(Outcome.task_error, None, 0, total, reference)
+    if len(reference.expected) != total:
+        return CodeTestResult(Outcome.task_error, None, 0, total, "the reference run gave a wrong number of inputs")
+    return reference
+
+
+def _failed(total: int, detail: str, suspects: list[str]) -> CodeTestResult:
+    return CodeTestResult(Outcome.error, FAILURE_REWARD, 0, total, detail, suspects=_distinct(suspects))
+
+
+def _distinct(suspects: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(suspects))
 
 
 def _sandbox_failure(total: int, reason: str, detail: str) -> CodeTestResult:
@@ -362,4 +466,4 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
 
 
 __all__ = ["Candidate", "CodeTask", "CodeTaskError", "CodeTestResult", "CodeTestReward", "Outcome", "SandboxFailure",
-           "candidate_of", "candidate_of_response", "compute_score", "judge"]
+           "candidate_of", "candidate_of_response", "compute_score", "judge", "judge_reference"]
