@@ -15,7 +15,7 @@ from tests.server_fixtures import ServerHandle, run_code, start_server, stop_ser
 def test_ping_and_health(sf_server: ServerHandle) -> None:
     assert requests.get(sf_server.url + "/v1/ping").json() == "pong"
     health = requests.get(sf_server.url + "/health").json()
-    assert health["isolation"] == "sandbox"
+    assert health["isolation"] == "namespaces"
     assert health["cgroups"] == "on"
     assert {"python", "pytest", "bash", "cpp"} <= set(health["languages"])
     assert health["in_flight"] == 0 and health["queued"] == 0

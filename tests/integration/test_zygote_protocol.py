@@ -25,7 +25,7 @@ BODY_LIMITS = {"fsize": 1 << 20, "nofile": 256, "nproc": 64, "memory": 0, "outpu
 class Zygote:
     def __init__(self, workdir: str):
         config: ZygoteConfig = {
-            "isolated": False, "single_uid": True, "workdir": workdir, "tmpdir": workdir, "datadir": workdir,
+            "isolated": False, "landlock": None, "run_uids": [], "single_uid": True, "workdir": workdir, "tmpdir": workdir, "datadir": workdir,
             "premade": [],
             "sizes": {}, "keep": {}, "uid": os.getuid(), "gid": os.getgid(),
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "preload": [], "fetch_limit": 1 << 20,

@@ -80,7 +80,7 @@ class ControlPlane:
 
     async def _body(self, request: web.Request, model: type[Any]) -> Any:
         try:
-            body = await request.json() if request.can_read_body else {}
+            body = await request.json() if request.body_exists else {}
         except ValueError as exc:
             return error(400, f"the body is not JSON: {exc}")
         if not isinstance(body, dict):
@@ -198,7 +198,7 @@ class ControlPlane:
         if isinstance(sandbox, web.Response):
             return sandbox
         try:
-            body = await request.json() if request.can_read_body else {}
+            body = await request.json() if request.body_exists else {}
             duration = int(body.get("duration", self.config.default_timeout_s))
         except (ValueError, TypeError, AttributeError):
             return error(400, "duration: must be an integer number of seconds")

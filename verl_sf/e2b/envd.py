@@ -8,6 +8,7 @@ interleave with a long command.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import datetime
@@ -16,7 +17,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, MultipartReader, StreamReader, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verl_sf.e2b import connect
@@ -193,7 +194,7 @@ class Envd:
         query_path = request.query.get("path")
         try:
             if request.content_type.startswith("multipart/"):
-                reader = await request.multipart()
+                reader = await _multipart(request)
                 while True:
                     part = await reader.next()
                     if part is None:
@@ -323,3 +324,12 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 
 def _files_error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
+
+
+async def _multipart(request: web.Request) -> MultipartReader:
+    """A reader over the body the server's middleware has already read (the stream is spent)."""
+    data = await request.read()
+    stream = StreamReader(request.protocol, limit=len(data) + 1, loop=asyncio.get_running_loop())
+    stream.feed_data(data)
+    stream.feed_eof()
+    return MultipartReader(request.headers, stream)
