@@ -285,3 +285,17 @@ def test_new_system_calls_are_refused(server: ServerHandle, name: str, number: i
             f"print(libc.syscall({number}, 0, 0, 0, 0), ctypes.get_errno())\n")
     body = run_code(server, code)
     assert body["run_result"]["stdout"] == f"-1 {errno_expected}\n", (name, body)
+
+
+def test_a_port_an_earlier_run_closed_is_free_for_the_next(server: ServerHandle) -> None:
+    """Network namespaces are reused once emptied: nothing an earlier run did to a port (a TIME_WAIT
+    left by closing an accepted connection first) keeps a later run from binding it."""
+    leave_time_wait = ("import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 8003))\ns.listen()\n"
+                       "c = socket.create_connection(('127.0.0.1', 8003))\na, _ = s.accept()\n"
+                       "a.close(); c.close(); s.close()\nprint('closed')\n")
+    bind_again = "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 8003))\ns.listen()\nprint('bound')\n"
+    for _ in range(4):
+        assert run_code(server, leave_time_wait)["run_result"]["stdout"] == "closed\n"
+        for _ in range(3):
+            body = run_code(server, bind_again)
+            assert body["run_result"]["stdout"] == "bound\n", body

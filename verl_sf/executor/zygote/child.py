@@ -55,8 +55,9 @@ class Blueprint:
 
 
 class Child:
-    def __init__(self, blueprint: Blueprint, groups: Groups, sequence: int):
+    def __init__(self, blueprint: Blueprint, groups: Groups, sequence: int, network: int = -1):
         self.blueprint = blueprint
+        self.network = network  # an emptied network namespace of an earlier run to join, or -1: make one
         self.cfg = blueprint.cfg
         self.groups = groups
         self.workdir = self.cfg["workdir"]
@@ -134,9 +135,15 @@ class Child:
         """The run's own view: every mount of the sandbox read-only (nothing one run plants there
         reaches another), then fresh writable tmpfs, /proc, /dev/shm, /dev/pts and a network of
         its own whose loopback only it can reach."""
-        linux.check(linux.libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare(CLONE_NEWNS)")
+        linux.check(linux.libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
+        if self.network >= 0:
+            linux.check(linux.libc.setns(self.network, CLONE_NEWNET), "setns(CLONE_NEWNET)")
+        else:
+            linux.check(linux.libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
         linux.read_only_tree()
         linux.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        if self.network < 0:
+            linux.new_network()
         for mount in self.blueprint.mounts:
             kept = [os.open(f"{mount.target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in mount.keep]
             linux.mount(b"tmpfs", mount.target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, mount.options)
@@ -154,7 +161,6 @@ class Child:
         shm_options = f"size={self.cfg['sizes'][self.cfg['tmpdir']]},mode=1777".encode()
         linux.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_options)
         linux.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=0620")
-        linux.loopback_up()
 
     def _drop_privileges(self) -> None:
         """The uid change clears the effective and permitted capabilities (an unmapped single

@@ -118,10 +118,14 @@ def read_only_tree() -> None:
         mount(None, fields[4].replace("\\040", " ").encode(), None, flags, None)
 
 
-def loopback_up() -> None:
-    """A new network namespace starts with its loopback down: bring it up (SIOCSIFFLAGS)."""
+def new_network() -> None:
+    """Set up the network namespace this process just made (its /proc mounted): the loopback up
+    (SIOCSIFFLAGS), and no TIME_WAIT sockets, so that when it is reused for a later run no port is
+    still held by an earlier one."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+    with open("/proc/sys/net/ipv4/tcp_max_tw_buckets", "w") as buckets:
+        buckets.write("0")
 
 
 def no_new_privs() -> None:

@@ -29,6 +29,7 @@ from .warmup import preload, reseed_generators
 from .wire import READ_CHUNK, Lines, dumps, loads, write_all
 
 Ready = tuple[int, int, int, int, int, Groups]  # pid, stdout, stderr, fd 3 and job pipe ends, cgroups
+MAX_FREE_NETWORKS = 256  # network namespaces kept for reuse
 
 
 class Zygote:
@@ -63,6 +64,12 @@ class Zygote:
         install_stdio(stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
         preload(config["preload"])
         self.groups = RunGroups(config)
+        # A run's network namespace outlives it here, empty (its sockets died with its processes, and
+        # TIME_WAIT is off in it), for a later run: making one per run costs more than the run itself.
+        self.free_networks: list[int] = []
+        self.ready_network = -1  # the network namespace handed to the ready child (-1: it makes its own)
+        self.networks: dict[int, int] = {}  # job pid -> its network namespace, to free when the job is gone
+        self.own_network = os.stat("/proc/self/ns/net").st_ino
         self.sequence = 0
         self.ready: Optional[Ready] = None  # the pre-forked child waiting for its job
         self.runs: dict[int, Run] = {}  # request id -> run
@@ -167,6 +174,7 @@ class Zygote:
         meta_r, meta_w = os.pipe()
         job_r, job_w = os.pipe()
         reseed_generators()
+        network = self.free_networks.pop() if self.isolated and self.free_networks else -1
         if self.isolated:
             # The child becomes PID 1 of a brand-new PID namespace.
             linux.check(linux.libc.setns(self.pidns_fd, linux.CLONE_NEWPID), "setns")
@@ -176,7 +184,7 @@ class Zygote:
             try:
                 for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep_fd):
                     os.close(fd)
-                Child(self.blueprint, groups, self.sequence).setup(job_r, out_w, err_w, meta_w)
+                Child(self.blueprint, groups, self.sequence, network).setup(job_r, out_w, err_w, meta_w)
             except BaseException:
                 try:
                     os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
@@ -185,12 +193,26 @@ class Zygote:
         for fd in (out_w, err_w, meta_w, job_r):
             os.close(fd)
         self.ready = (pid, out_r, err_r, meta_r, job_w, groups)
+        self.ready_network = network
 
     def take_ready(self) -> Ready:
         self.prepare()
         assert self.ready is not None
         ready, self.ready = self.ready, None
+        if self.isolated:
+            self.networks[ready[0]] = self.ready_network if self.ready_network >= 0 else self._network_of(ready[0])
         return ready
+
+    def _network_of(self, pid: int) -> int:
+        """A descriptor of the network namespace a fresh child made, or -1 if it has not made it yet."""
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1
+        if os.fstat(fd).st_ino == self.own_network:
+            os.close(fd)
+            return -1
+        return fd
 
     def watch(self, job: Job, fds: Iterable[int]) -> None:
         for fd in fds:
@@ -249,6 +271,12 @@ class Zygote:
         are empty and go back to the pool (the limits are rewritten by the next job)."""
         os.close(job.pidfd)
         self.groups.release(job.groups, job.memory_exceeded or bool(job.failure))
+        network = self.networks.pop(job.pid, -1)
+        if network >= 0:
+            if len(self.free_networks) < MAX_FREE_NETWORKS and not job.failure:
+                self.free_networks.append(network)
+            else:
+                os.close(network)
         if not self.isolated:
             shutil.rmtree(f"{self.cfg['workdir']}/run-{job.pid}", ignore_errors=True)
 
