@@ -69,7 +69,7 @@ class Zygote:
         self.free_networks: list[int] = []
         self.ready_network = -1  # the network namespace handed to the ready child (-1: it makes its own)
         self.networks: dict[int, int] = {}  # job pid -> its network namespace, to free when the job is gone
-        self.own_network = os.stat("/proc/self/ns/net").st_ino
+        self.own_namespaces = {kind: os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("net",)}
         self.sequence = 0
         self.ready: Optional[Ready] = None  # the pre-forked child waiting for its job
         self.runs: dict[int, Run] = {}  # request id -> run
@@ -200,16 +200,17 @@ class Zygote:
         assert self.ready is not None
         ready, self.ready = self.ready, None
         if self.isolated:
-            self.networks[ready[0]] = self.ready_network if self.ready_network >= 0 else self._network_of(ready[0])
+            pid = ready[0]
+            self.networks[pid] = self.ready_network if self.ready_network >= 0 else self._namespace(pid, "net")
         return ready
 
-    def _network_of(self, pid: int) -> int:
-        """A descriptor of the network namespace a fresh child made, or -1 if it has not made it yet."""
+    def _namespace(self, pid: int, kind: str) -> int:
+        """A descriptor of a namespace the ready child made for itself, or -1 if it has not made it yet."""
         try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return -1
-        if os.fstat(fd).st_ino == self.own_network:
+        if os.fstat(fd).st_ino == self.own_namespaces[kind]:
             os.close(fd)
             return -1
         return fd
