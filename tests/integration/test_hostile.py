@@ -444,7 +444,7 @@ def test_memory_bomb_is_killed_and_reported(server: ServerHandle, bomb: str) -> 
 
 def test_health_says_how_each_limit_is_enforced(server: ServerHandle) -> None:
     health = requests.get(server.url + "/health", timeout=10).json()
-    assert health["isolation"] == "sandbox" and health["limits"]["seccomp"] == "on"
+    assert health["isolation"] == "namespaces" and health["limits"]["seccomp"] == "on"
     if server.as_root:
         assert health["cgroups"] == "on" and "cgroup" in health["limits"]["memory"]
     else:

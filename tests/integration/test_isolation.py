@@ -325,7 +325,7 @@ def test_an_ordinary_user_gets_an_isolated_server_by_default(tmp_path: Path) -> 
         import requests
 
         health = requests.get(server.url + "/health", timeout=10).json()
-        assert health["isolation"] == "sandbox" and health["limits"]["seccomp"] == "on"
+        assert health["isolation"] == "namespaces" and health["limits"]["seccomp"] == "on"
         assert "watchdog" in health["limits"]["memory"] and "single-uid" in health["limits"]["uid"]
         out = run_code(server, "import socket\nprint(sorted(n for _, n in socket.if_nameindex()))")
         assert out["run_result"]["stdout"] == "['lo']\n"
