@@ -39,15 +39,29 @@ def descendants(root: int) -> dict[int, int]:
     return below
 
 
-def run_processes(server_pid: int) -> list[int]:
-    """Processes of a server's runs: below a zygote (the first non-bwrap process under bwrap),
-    but for the child each zygote forks ahead of the next run (named verl-sf-ready until it has one)."""
+def _bootstrapped(pid: int) -> bool:
+    try:
+        return b"from zygote.main import main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def zygotes(server_pid: int) -> list[int]:
+    """A server's warm interpreters: started by the zygote bootstrap (under bwrap, or straight under
+    the server); their forked children carry the same command line, below one."""
     tree = descendants(server_pid)
-    zygotes = {pid for pid, ppid in tree.items() if comm(pid) != "bwrap" and comm(ppid) == "bwrap"}
+    return [pid for pid, ppid in tree.items() if _bootstrapped(pid) and not _bootstrapped(ppid)]
+
+
+def run_processes(server_pid: int) -> list[int]:
+    """Processes of a server's runs: below a zygote, but for the child each zygote forks ahead of
+    the next run (named verl-sf-ready until it has one)."""
+    tree = descendants(server_pid)
+    warm = set(zygotes(server_pid))
     runs = []
     for pid in tree:
         ancestor = tree.get(pid)
-        while ancestor is not None and ancestor not in zygotes:
+        while ancestor is not None and ancestor not in warm:
             ancestor = tree.get(ancestor)
         if ancestor is not None and comm(pid) != "verl-sf-ready":
             runs.append(pid)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.host_view import comm, descendants, run_processes
+from tests.host_view import descendants, run_processes, zygotes
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
 
 SERVER_ARGS = ("--slots", "2", "--sandboxes", "1", "--preload", "")
@@ -68,11 +68,10 @@ def processes_with(server: ServerHandle, marker: str) -> list[int]:
 
 
 def zygote_rss_kb(server: ServerHandle) -> int:
-    tree = descendants(server.process.pid)
-    zygotes = [pid for pid, ppid in tree.items() if comm(pid) != "bwrap" and comm(ppid) == "bwrap"]
-    assert zygotes, "no zygote found"
+    warm = zygotes(server.process.pid)
+    assert warm, "no zygote found"
     total = 0
-    for pid in zygotes:
+    for pid in warm:
         with open(f"/proc/{pid}/status") as fh:
             total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
     return total

@@ -181,6 +181,7 @@ class Child:
         assert self.cfg["landlock"] is not None
         rules = landlock.ruleset(self.cfg["landlock"], self.workdir)
         if self.run_uid is not None:
+            linux.shrink_capabilities()  # the bounding set empty for good, before the uid change clears the rest
             os.setgroups([])
             os.setresgid(self.run_uid, self.run_uid, self.run_uid)
             os.setresuid(self.run_uid, self.run_uid, self.run_uid)
@@ -197,6 +198,11 @@ class Child:
         if not self.groups and (self.blueprint.isolated or self.run_uid is not None):
             # Per uid: with no pids cgroup, and only where the uid is the run's (or its namespace's) alone.
             limits[resource.RLIMIT_NPROC] = job["nproc"]
+        elif not self.groups and self.cfg["landlock"] is not None:
+            # The uid is the server's: no fewer than `nproc` more than every thread of the machine now
+            # (a bound on fork and thread bombs; the watchdog then counts the run's own processes).
+            with open("/proc/loadavg") as loadavg:
+                limits[resource.RLIMIT_NPROC] = int(loadavg.read().split()[3].split("/")[1]) + job["nproc"]
         if not self.groups and job.get("memory"):
             limits[resource.RLIMIT_DATA] = job["memory"]  # the best cap without a memory cgroup
         for which, value in limits.items():

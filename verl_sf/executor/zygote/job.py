@@ -87,6 +87,10 @@ class Job:
         # Without a pids cgroup or a uid of its own (RLIMIT_NPROC counts a uid's every process), the
         # zygote counts a job's processes every tick and ends it past its cap.
         own_uid = bool(zygote.cfg["run_uids"] and zygote.cfg["run_uids"][1])
+        # Without a tmpfs of its own (the landlock rung), a run's directory has no size cap but this one.
+        self.files_cap = zygote.cfg["sizes"].get(zygote.cfg["workdir"], 0) if zygote.cfg["landlock"] else 0
+        self.files_dir = ""  # set at start: the run's own directory
+        self.files_checked = 0.0
         self.watch_processes = not zygote.cfg["cgroups"] and not zygote.cfg["isolated"] and not own_uid
         self.demote_after = zygote.cfg["demote_after"]
 
@@ -94,6 +98,7 @@ class Job:
     def start(self, zygote: Zygote) -> None:
         pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready()
         self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
+        self.files_dir = f"{zygote.cfg['workdir']}/run-{pid}"
         self.groups: Groups = groups
         self.pidfd = os.pidfd_open(pid)
         self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
@@ -209,6 +214,11 @@ class Job:
         if self.watch_processes and self.alive and self._over_processes():
             self.kill(zygote, f"killed: more than {self.limits['nproc']} processes")
             return
+        if self.files_cap and self.alive and now - self.files_checked >= TICK:
+            self.files_checked = now
+            if procfs.directory_size(self.files_dir, self.files_cap) > self.files_cap:
+                self.kill(zygote, f"killed: its files passed {self.files_cap >> 20} MB")
+                return
         self.on_tick(zygote, now)
 
     def on_tick(self, zygote: Zygote, now: float) -> None:

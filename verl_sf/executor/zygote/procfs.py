@@ -92,3 +92,21 @@ def tree_memory(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue
     return total + sum(memfds.values())
+
+
+def directory_size(path: str, stop_past: int) -> int:
+    """Bytes the files below `path` hold (their blocks), counted until past `stop_past`."""
+    total = 0
+    stack = [path]
+    while stack and total <= stop_past:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
