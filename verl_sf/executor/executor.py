@@ -195,8 +195,12 @@ class Executor:
         }
         if self.rung == "landlock":
             first, count = self._launcher.run_uid_range()
+            unreachable = self._launcher.unreachable_dirs() if count else []
             status["uid"] = (f"a host uid of its own per run ({first}-{first + count - 1})" if count else
                              "the server's own uid, no capabilities; Landlock scopes signals and tracing to the run")
+            if unreachable:
+                status["unreachable"] = (f"{', '.join(unreachable)}: out of the runs' uids' reach (a parent "
+                                         "directory another uid cannot traverse); move it, or chmod o+x the parent")
             status["landlock"] = f"ABI {rungs.landlock_abi()}: filesystem allow-list, no TCP, scoped signals and " \
                                  "abstract unix sockets"
             status["network"] = "none: socket() refused (socketpair works)"

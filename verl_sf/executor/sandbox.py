@@ -85,6 +85,16 @@ def _runtime_dirs(python: str) -> list[str]:
     return sorted(d for d in dirs if not d.startswith("/usr"))
 
 
+def _reachable_by_others(directory: str) -> bool:
+    """May a uid other than the owner traverse every parent of `directory` and list it?"""
+    try:
+        if (os.stat(directory).st_mode & 0o005) != 0o005:
+            return False
+        return all(os.stat(parent).st_mode & 0o001 for parent in _ancestors(directory + "/x"))
+    except OSError:
+        return False
+
+
 def _ancestors(path: str) -> list[str]:
     parts = path.strip("/").split("/")[:-1]
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
@@ -115,10 +125,16 @@ class SandboxLauncher:
                         } if self.isolated else {}
 
     def run_uid_range(self) -> tuple[int, int]:
-        """(first, count) of the uids runs get one of each on the landlock rung; count 0: they keep ours."""
+        """(first, count) of the uids runs get one of each on the landlock rung; count 0: they keep
+        ours (without CAP_SETUID)."""
         if self.rung == "landlock" and can_change_uids():
             return self.config.host_uid_base + RUN_UIDS_OFFSET, RUN_UIDS
         return 0, 0
+
+    def unreachable_dirs(self) -> list[str]:
+        """Runtime and toolchain directories a run's own uid could not traverse to (or list), as under
+        a 0700 /root: what lives there is out of the runs' reach on the landlock rung."""
+        return [d for d in self.bound_dirs() if os.path.isdir(d) and not _reachable_by_others(d)]
 
     @property
     def run_uid(self) -> int:
