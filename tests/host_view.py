@@ -39,18 +39,19 @@ def descendants(root: int) -> dict[int, int]:
     return below
 
 
-def _bootstrapped(pid: int) -> bool:
+def _interpreter(pid: int) -> bool:
+    """A python started by the zygote bootstrap, or forked from one (bwrap's own argv holds it too)."""
     try:
-        return b"from zygote.main import main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return comm(pid) != "bwrap" and b"from zygote.main import main" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
 
 def zygotes(server_pid: int) -> list[int]:
-    """A server's warm interpreters: started by the zygote bootstrap (under bwrap, or straight under
-    the server); their forked children carry the same command line, below one."""
+    """A server's warm interpreters (under bwrap, or straight under the server on the landlock rung);
+    their forked children carry the same command line, below one."""
     tree = descendants(server_pid)
-    return [pid for pid, ppid in tree.items() if _bootstrapped(pid) and not _bootstrapped(ppid)]
+    return [pid for pid, ppid in tree.items() if _interpreter(pid) and not _interpreter(ppid)]
 
 
 def run_processes(server_pid: int) -> list[int]:

@@ -239,17 +239,20 @@ def test_code_writes_anywhere_under_mnt(server: ServerHandle) -> None:
 
 
 # ---- sessions always exist on record ----------------------------------------------------------
-def _post_and_leave(url: str, body: bytes) -> None:
+def _post_and_leave(url: str, body: bytes, after: float) -> None:
+    """Send a whole POST /sessions, then leave `after` seconds later, while the session is opening."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as conn:
         conn.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(after)
 
 
 def test_clients_that_leave_during_session_creation_leave_no_session(server: ServerHandle) -> None:
     before = len(run_processes(server.process.pid))
-    body = json.dumps({"language": "python", "files": {"blob": base64.b64encode(b"f" * (4 << 20)).decode()}})
-    threads = [threading.Thread(target=_post_and_leave, args=(server.url, body.encode())) for _ in range(20)]
+    body = json.dumps({"language": "python", "files": {"blob": base64.b64encode(b"f" * (20 << 20)).decode()}})
+    threads = [threading.Thread(target=_post_and_leave, args=(server.url, body.encode(), 0.05 + 0.03 * (i % 10)))
+               for i in range(20)]
     for thread in threads:
         thread.start()
     for thread in threads:
