@@ -146,8 +146,7 @@ class ControlPlane:
                 "metadata": sandbox.metadata, "state": "running", "envdVersion": ENVD_VERSION}
 
     async def get(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        sandbox = refused or self._sandbox(request)
+        sandbox = self._authorized(request) or self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         return web.json_response({**self._listed(sandbox), "envdAccessToken": sandbox.access_token, "domain": None})
@@ -170,16 +169,14 @@ class ControlPlane:
         return web.json_response([self._listed(s) for s in page], headers=headers)
 
     async def kill(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        sandbox = refused or self._sandbox(request)
+        sandbox = self._authorized(request) or self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         self.sandboxes.kill(sandbox.id)
         return web.Response(status=204)
 
     async def set_timeout(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        sandbox = refused or self._sandbox(request)
+        sandbox = self._authorized(request) or self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         body = await self._body(request, TimeoutBody)
@@ -193,8 +190,7 @@ class ControlPlane:
 
     async def refresh(self, request: web.Request) -> web.Response:
         """The older SDKs' keep-alive: `{"duration": s}` extends the sandbox's life to now + s."""
-        refused = self._authorized(request)
-        sandbox = refused or self._sandbox(request)
+        sandbox = self._authorized(request) or self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         try:
@@ -210,8 +206,7 @@ class ControlPlane:
 
     async def connect(self, request: web.Request) -> web.Response:
         """Connect to a running sandbox: its access details; a longer timeout extends its life."""
-        refused = self._authorized(request)
-        sandbox = refused or self._sandbox(request)
+        sandbox = self._authorized(request) or self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         body = await self._body(request, ConnectBody)

@@ -16,13 +16,23 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar, Union
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor
-from verl_sf.models import MAX_TIMEOUT_S, RunCodeRequest, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
+from verl_sf.models import (
+    MAX_TIMEOUT_S,
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    SessionCreateRequest,
+)
+
+Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
 
 log = logging.getLogger(__name__)
 GUEST_MODULE = "_verl_sf_e2b"
@@ -211,14 +221,8 @@ class Sandboxes:
                           fetch: Optional[list[str]] = None) -> tuple[str, dict[str, str]]:
         request = RunCodeRequest(code=code, language="python", session_id=sandbox.session_id,
                                  run_timeout=min(max(timeout_s, 0.001), MAX_TIMEOUT_S), fetch_files=fetch or [])
-        async with sandbox.lock:
-            try:
-                response = await self.executor.run_code(request)
-            except SessionGone as exc:
-                self._forget(sandbox, exc.reason)
-                raise SandboxGone(sandbox.id, exc.reason) from None
+        response = await self._in_session(sandbox, self.executor.run_code(request))
         if response.session_alive is False:
-            self._forget(sandbox, response.message)
             raise SandboxGone(sandbox.id, response.message)
         result = response.run_result
         if result is None or result.status.value != "Finished":
@@ -232,9 +236,13 @@ class Sandboxes:
     async def run_cells(self, sandbox: Sandbox, cells: list[str], timeout_s: float) -> RunJupyterResponse:
         request = RunJupyterRequest(cells=cells, total_timeout=min(timeout_s, MAX_TIMEOUT_S),
                                     session_id=sandbox.session_id)
+        return await self._in_session(sandbox, self.executor.run_jupyter(request))
+
+    async def _in_session(self, sandbox: Sandbox, call: Awaitable[Response]) -> Response:
+        """One call into the sandbox's session, one at a time; a session that is gone ends the sandbox."""
         async with sandbox.lock:
             try:
-                response = await self.executor.run_jupyter(request)
+                response = await call
             except SessionGone as exc:
                 self._forget(sandbox, exc.reason)
                 raise SandboxGone(sandbox.id, exc.reason) from None
