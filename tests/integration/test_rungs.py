@@ -234,3 +234,11 @@ def test_languages_and_numpy_work(server: ServerHandle) -> None:
     assert node["run_result"]["stdout"] == "3\n", node
     bash = run_code(server, "echo $((6 * 7))", language="bash")
     assert bash["run_result"]["stdout"] == "42\n", bash
+
+
+def test_a_runs_files_are_capped_in_all(server: ServerHandle) -> None:
+    """No tmpfs of its own: many files under the per-file cap still stop at the directory cap (256 MB)."""
+    body = run_code(server, "import time\nfor i in range(4):\n    open(f'f{i}', 'wb').write(b'x' * (100 << 20))\n"
+                            "time.sleep(5)\nprint('escaped')\n", run_timeout=20)
+    assert "escaped" not in body["run_result"]["stdout"], body
+    assert "[verl-sf: killed: its files passed 256 MB]" in body["run_result"]["stderr"], body

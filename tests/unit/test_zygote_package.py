@@ -145,3 +145,17 @@ def test_memory_kills_name_whose_cap(delegated: int) -> None:
     groups.release(made, killed_for_memory=False)
     assert Path(base, "memory.failcnt").read_text() == "0"  # reset for the group's next job
     assert groups.make(4) is made  # reused
+
+
+def test_directory_size_counts_files_and_never_follows_a_symlink(tmp_path: Path) -> None:
+    from verl_sf.executor.zygote.procfs import directory_size
+
+    run = tmp_path / "run"
+    (run / "sub").mkdir(parents=True)
+    (run / "sub" / "f").write_bytes(b"x" * (1 << 20))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"y" * (8 << 20))
+    (run / "link").symlink_to(outside)
+    size = directory_size(str(run), 1 << 30)
+    assert (1 << 20) <= size < (2 << 20)  # the 8 MB behind the symlink is not counted

@@ -77,6 +77,7 @@ class Job:
         # What fd 3 may carry: cells' output (capped by the child), their displays and the fetched files.
         self.meta_budget = 4 * self.limits["output_limit"] + zygote.cfg["fetch_limit"] * 4 // 3 + (1 << 20)
         self.overflowed = False
+        self.cap_exceeded = ""  # the cap the zygote ended the job for (records, processes, files)
         self.end_reason = ""
         self.failure = ""  # the zygote could not set the job up: answered as a sandbox error
         # Without a memory cgroup, RLIMIT_DATA caps each process alone (not shared mappings, not
@@ -187,7 +188,7 @@ class Job:
             if not self.overflowed:
                 self.overflowed = True
                 self.meta.clear()
-                self.kill(zygote, f"its records to the server passed {self.meta_budget} bytes")
+                self.kill_for_cap(zygote, f"its records to the server passed {self.meta_budget} bytes")
             return
         for line in self.meta.feed(chunk):
             try:
@@ -212,12 +213,12 @@ class Job:
             self.kill(zygote, MEMORY_KILLS["own"])
             return
         if self.watch_processes and self.alive and self._over_processes():
-            self.kill(zygote, f"killed: more than {self.limits['nproc']} processes")
+            self.kill_for_cap(zygote, f"more than {self.limits['nproc']} processes")
             return
         if self.files_cap and self.alive and now - self.files_checked >= TICK:
             self.files_checked = now
             if procfs.directory_size(self.files_dir, self.files_cap) > self.files_cap:
-                self.kill(zygote, f"killed: its files passed {self.files_cap >> 20} MB")
+                self.kill_for_cap(zygote, f"its files passed {self.files_cap >> 20} MB")
                 return
         self.on_tick(zygote, now)
 
@@ -271,6 +272,11 @@ class Job:
         elif not self.exited:
             procfs.kill_tree(self.pid)
 
+    def kill_for_cap(self, zygote: Zygote, cap: str) -> None:
+        """Ended past a cap the kernel does not enforce here: its stderr says which."""
+        self.cap_exceeded = self.cap_exceeded or cap
+        self.kill(zygote, f"killed: {cap}")
+
     def _exited(self, zygote: Zygote) -> None:
         """PID 1 is gone, and with it (its PID namespace ended) every process of the job: collect
         it, take what is left in the pipes (no writer is left), then answer."""
@@ -313,8 +319,8 @@ class Job:
                 out += marker
             if len(self.buffers[self.err_r]) >= self.limits["output_limit"]:
                 err += marker
-        if self.overflowed:
-            err += f"\n[verl-sf: killed: {self.end_reason}]\n"
+        if self.cap_exceeded:
+            err += f"\n[verl-sf: killed: {self.cap_exceeded}]\n"
         result["stdout"], result["stderr"] = out, err
         result["truncated"] = self.dropped > 0 or self.overflowed or any(
             record.get("truncated") is True for record in self.records)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 from collections.abc import Iterator
 
 
@@ -95,18 +96,27 @@ def tree_memory(pid: int) -> int:
 
 
 def directory_size(path: str, stop_past: int) -> int:
-    """Bytes the files below `path` hold (their blocks), counted until past `stop_past`."""
+    """Bytes the files below `path` hold (their blocks), counted until past `stop_past`.  Walked by
+    descriptor, never through a symlink: the run owning the directory may swap one in meanwhile."""
     total = 0
-    stack = [path]
-    while stack and total <= stop_past:
+    try:
+        stack = [os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+    except OSError:
+        return 0
+    while stack:
+        fd = stack.pop()
         try:
-            entries = list(os.scandir(stack.pop()))
+            if total <= stop_past:
+                for entry in os.scandir(fd):
+                    with contextlib.suppress(OSError):
+                        info = entry.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(info.st_mode):
+                            stack.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                                 | os.O_CLOEXEC, dir_fd=fd))
+                        else:
+                            total += info.st_blocks * 512
         except OSError:
-            continue
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
-                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            pass
+        finally:
+            os.close(fd)
     return total
