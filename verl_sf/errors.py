@@ -19,3 +19,32 @@ class SessionGone(VerlSfError, LookupError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses Ray and process pools intact
         return type(self), (self.session_id, self.reason)
+
+
+class SnapshotGone(VerlSfError, LookupError):
+    """The snapshot a request named does not exist (deleted, expired, or its server restarted)."""
+
+    def __init__(self, snapshot_id: str, reason: str):
+        super().__init__(f"snapshot {snapshot_id!r} is gone: {reason}")
+        self.snapshot_id = snapshot_id
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.snapshot_id, self.reason)
+
+
+class SessionBusy(VerlSfError, RuntimeError):
+    """The session cannot be forked or snapshotted now (a call is running, or it runs threads or
+    background processes that a fork would not copy); `reason` says which.  HTTP 409."""
+
+    def __init__(self, session_id: str, reason: str):
+        super().__init__(f"session {session_id!r} cannot be forked now: {reason}")
+        self.session_id = session_id
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.session_id, self.reason)
+
+
+class ForkUnavailable(VerlSfError, RuntimeError):
+    """This server cannot fork sessions (its isolation rung or architecture lacks what a fork needs).  HTTP 501."""

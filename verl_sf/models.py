@@ -198,6 +198,9 @@ class SessionCreateRequest(BaseModel):
     idle_ttl_s: Optional[float] = None
     """Seconds without a call after which the session ends (default: the server's)."""
     files: dict[str, Optional[str]] = Field(default_factory=dict)
+    from_snapshot: Optional[str] = None
+    """Start from this snapshot's state (POST /sessions/{id}/snapshot) instead of a fresh interpreter;
+    `language` and `files` must then be left out."""
 
     _memory = field_validator("memory_limit_MB")(classmethod(lambda cls, v: _check_memory(v)))
     _files = field_validator("files")(classmethod(lambda cls, v: _check_paths(v)))
@@ -224,6 +227,49 @@ class SessionInfo(BaseModel):
     """Memory the session uses now (its cgroup), when the server has cgroups."""
     memory_limit_MB: int
     executor_pod_name: Optional[str] = None
+
+
+MAX_FORK_COUNT = 256  # forks per request; the server's own cap (--max-sessions) may be lower
+
+
+class SessionForkRequest(BaseModel):
+    """POST /sessions/{id}/fork body: `count` copies of an idle session's live state."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = Field(default=1, ge=1, le=MAX_FORK_COUNT)
+    reseed: bool = False
+    """Reseed the forks' random generators (random, numpy; bash's $RANDOM): by default each fork
+    draws what its parent would have drawn next, as after fork(2)."""
+    idle_ttl_s: Optional[float] = None
+    """The forks' idle time-out (default: the parent's)."""
+
+    @field_validator("idle_ttl_s")
+    @classmethod
+    def _ttl(cls, value: Optional[float]) -> Optional[float]:
+        return value if value is None else _check_timeout(value)
+
+
+class SessionForkResponse(BaseModel):
+    session_ids: list[str]
+
+
+class SnapshotInfo(BaseModel):
+    """POST /sessions/{id}/snapshot answer and GET /snapshots entries: a frozen copy of a session."""
+
+    snapshot_id: str
+    language: SessionLanguage
+    source_session_id: str
+    created_at: float
+    """Unix time."""
+    expires_at: float
+    """Unix time after which the snapshot is deleted."""
+    sessions_started: int = 0
+    memory_limit_MB: int
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo]
 
 
 def summarize_status(compile_result: Optional[CommandRunResult], run_result: Optional[CommandRunResult]) -> RunStatus:

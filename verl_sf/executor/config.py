@@ -104,6 +104,10 @@ class ExecutorConfig:
     session_max_lifetime_s: float = 3600.0
     session_interrupt_grace_s: float = 2.0
     """A timed-out session call is interrupted (KeyboardInterrupt); one still running this long after is killed."""
+    max_snapshots: int = 64
+    """Frozen session copies kept at once (POST /sessions/{id}/snapshot beyond it: 503)."""
+    snapshot_ttl_s: float = 3600.0
+    """Seconds a snapshot is kept after it was taken."""
     pod_name: str = dataclasses.field(default_factory=lambda: os.uname().nodename)
     runtime_dir: str = dataclasses.field(default_factory=default_runtime_dir)
     """verl-sf's own runtime directory (npm packages for nodejs, jest, typescript), bound read-only."""
