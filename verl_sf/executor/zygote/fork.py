@@ -100,9 +100,7 @@ def _set_up(blueprint: Blueprint, copy: tracing.Tracee, source: tracing.Tracee, 
     """Make one stopped copy a session of its own; the zygote's ends of its channels."""
     cfg = blueprint.cfg
     ids = "0 0 1" if cfg["single_uid"] else f"{cfg['uid']} {cfg['uid']} 1"
-    for name in ("uid_map", "gid_map"):
-        with open(f"/proc/{copy.pid}/{name}", "w") as mapping:
-            mapping.write(ids)
+    _run_helper(lambda: _map_ids(source.pid, copy.pid, ids))
     token = secrets.token_hex(8)
     fifos = [f"{cfg['tmpdir']}/.verl-sf-fork-{token}-{fd}" for fd in CHANNELS]
     _run_helper(lambda: _helper(blueprint, copy.pid, groups, fifos))
@@ -159,6 +157,16 @@ def _run_helper(work: object) -> None:
     _, status = os.waitpid(pid, 0)
     if status != 0:
         raise ForkFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
+
+
+def _map_ids(source: int, pid: int, ids: str) -> None:
+    """The copy keeps its ids: written from its parent's user namespace, as the kernel asks."""
+    user = os.open(f"/proc/{source}/ns/user", os.O_RDONLY)
+    if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
+        linux.check(linux.libc.setns(user, CLONE_NEWUSER), "setns(user)")
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{name}", "w") as mapping:
+            mapping.write(ids)
 
 
 def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) -> None:
