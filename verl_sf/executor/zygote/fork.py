@@ -120,6 +120,14 @@ def _set_up(blueprint: Blueprint, copy: tracing.Tracee, source: tracing.Tracee, 
         copy.check("close", theirs)
         os.unlink(root + path)
         ends.append(ours)
+    # Copies of the parent's channels on other numbers (bash reads its calls through `<&9`, on fd 0)
+    # take the copy's own.
+    channels = {os.readlink(f"/proc/{source.pid}/fd/{fd}"): fd for fd in CHANNELS}
+    for entry in os.listdir(f"/proc/{copy.pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = channels.get(os.readlink(f"/proc/{copy.pid}/fd/{entry}"))
+            if target is not None and int(entry) not in CHANNELS:
+                copy.check("dup2", target, int(entry))
     address = copy.put(cwd.encode() + b"\0")
     if copy.call("chdir", address) < 0:
         copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
