@@ -18,7 +18,7 @@ from verl_sf.models import RunCodeRequest, SessionCreateRequest, SessionForkRequ
 
 # About `mb` megabytes of Python objects: rows of a parsed dataset, as a data-analysis task's set-up
 # would hold them (parsing, not allocating, is what set-ups spend their time on).
-BUILD = ("import json\nrows = json.loads('[' + ','.join('{\"id\": %d, \"text\": \"%s\"}' % (i, 'x' * 900)"
+BUILD = ("import json\nrows = json.loads('[' + ','.join('{{\"id\": %d, \"text\": \"%s\"}}' % (i, 'x' * 900)"
          " for i in range({count})) + ']')")
 # Memory the process holds alone (private pages) and its share of the rest (PSS), in MB.
 MEMORY = ("import re\nfields = dict(re.findall(r'^(\\w+):\\s+(\\d+)', open('/proc/self/smaps_rollup').read(), re.M))\n"

@@ -92,8 +92,8 @@ class Forking:
                     os.close(fd)
             for group in self.groups:
                 zygote.groups.release(group, True)
-            error = self.error or ("the session ended while it was being forked" if not source.alive
-                                   else "the forker ended before making every copy")
+            error = ("the session ended while it was being forked" if not source.alive
+                     else self.error or "the forker ended before making every copy")
             zygote.reply({"id": head["id"], "status": "Error", "busy": self.busy, "session_alive": source.alive,
                           "error": error if self.busy else f"verl-sf: the fork failed: {error}"})
             return
