@@ -74,7 +74,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     try:
         key = blueprint.seccomp.key()
         source = tracing.Tracee(parent)
-        if not parent_frozen and linux.landlock_abi() < 6:
+        if not parent_frozen and linux.landlock_abi() < linux.LANDLOCK_SCOPED_SIGNALS_ABI:
             raise ForkFailed("this kernel's Landlock cannot scope signals (ABI 6, Linux 6.12): a live parent "
                              "could signal its forks")
         try:
