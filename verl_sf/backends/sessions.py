@@ -95,8 +95,8 @@ class ServerSessionBackend(SandboxBackend):
 
     async def open_session(self, session: str, language: SessionLanguage = "python", *,
                            from_snapshot: Optional[str] = None) -> str:
-        create = SessionCreateRequest(from_snapshot=from_snapshot) if from_snapshot \
-            else SessionCreateRequest(language=language)
+        # The server refuses a `language` that is not the snapshot's.
+        create = SessionCreateRequest(language=language, from_snapshot=from_snapshot)
         return await self._session_id((session, language), lambda: create)
 
     async def fork_session(self, session: str, count: int = 1, *, language: SessionLanguage = "python",
@@ -148,7 +148,7 @@ class ServerSessionBackend(SandboxBackend):
         """The key's server session, created once even when its first calls race."""
         future = self._session_ids.get(key)
         if future is None:
-            future = self._session_ids[key] = asyncio.ensure_future(self._created(create(), key[1]))
+            future = self._session_ids[key] = asyncio.ensure_future(self._new_session(create()))
         try:
             return await asyncio.shield(future)
         except Exception:
@@ -156,14 +156,8 @@ class ServerSessionBackend(SandboxBackend):
                 del self._session_ids[key]
             raise
 
-    async def _created(self, request: SessionCreateRequest, language: str) -> str:
-        """A new server session's id, checked to be in the key's language (a snapshot fixes its own)."""
-        info = await self._create_session(request)
-        if info.language != language:
-            await self._delete_session(info.session_id)
-            raise ValueError(f"snapshot {request.from_snapshot!r} holds a {info.language} session, "
-                             f"not a {language} one")
-        return info.session_id
+    async def _new_session(self, request: SessionCreateRequest) -> str:
+        return (await self._create_session(request)).session_id
 
     async def _open_id(self, key: SessionKey) -> str:
         """The server id of a key's session, which must be open already (a fork or a snapshot of nothing is a bug)."""

@@ -19,12 +19,12 @@ from aiohttp import web
 
 from verl_sf import __version__
 from verl_sf.e2b import E2BConfig, install_e2b
-from verl_sf.errors import SessionGone, SnapshotGone
+from verl_sf.errors import ForkUnavailable, SessionGone, SnapshotGone
 from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.metrics import ServerMetrics
-from verl_sf.server.rejections import invalid, overloaded, session_not_found, snapshot_not_found
+from verl_sf.server.rejections import fork_unavailable, invalid, overloaded, session_not_found, snapshot_not_found
 from verl_sf.server.requests import (
     EXECUTOR_KEY,
     METRICS_KEY,
@@ -34,7 +34,7 @@ from verl_sf.server.requests import (
     get_metrics,
     parse,
 )
-from verl_sf.server.snapshot_routes import add_snapshot_routes, refuse_snapshot_conflicts
+from verl_sf.server.snapshot_routes import add_snapshot_routes
 from verl_sf.server.verl_tool_routes import add_verl_tool_routes
 from verl_sf.verl_tool import VerlToolConfig
 
@@ -94,17 +94,16 @@ async def create_session(request: web.Request) -> web.Response:
     parsed = await parse(request, SessionCreateRequest)
     if isinstance(parsed, web.Response):
         return parsed
-    refused = refuse_snapshot_conflicts(request, parsed)
-    if refused is not None:
-        return refused
     try:
         info = await get_executor(request).create_session(parsed)
     except Overloaded as exc:
         return overloaded(request, exc)
-    except InvalidRequest as exc:
-        return invalid(request, exc)
+    except InvalidRequest as exc:  # from a snapshot: a field that clashes with it, as pydantic's would
+        return invalid(request, exc, status=400 if parsed.from_snapshot is None else 422)
     except SnapshotGone as exc:
         return snapshot_not_found(request, exc)
+    except ForkUnavailable as exc:
+        return fork_unavailable(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
 
 

@@ -7,13 +7,11 @@ does the work; these handlers turn its typed refusals into FastAPI-shaped answer
 
 from __future__ import annotations
 
-from typing import Optional
-
 from aiohttp import web
 
 from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone
 from verl_sf.executor import InvalidRequest, Overloaded
-from verl_sf.models import SessionCreateRequest, SessionForkRequest, SnapshotList
+from verl_sf.models import SessionForkRequest, SnapshotList
 from verl_sf.server.rejections import (
     fork_unavailable,
     invalid,
@@ -22,10 +20,7 @@ from verl_sf.server.rejections import (
     session_not_found,
     snapshot_not_found,
 )
-from verl_sf.server.requests import error, get_executor, get_metrics, parse
-
-SNAPSHOT_FIXED_FIELDS = ("language", "files")
-"""What a session started from a snapshot takes from the snapshot, so a request may not set it."""
+from verl_sf.server.requests import get_executor, parse
 
 
 async def fork_session(request: web.Request) -> web.Response:
@@ -82,18 +77,6 @@ async def delete_snapshot(request: web.Request) -> web.Response:
     except SnapshotGone as exc:
         return snapshot_not_found(request, exc)
     return web.json_response({"snapshot_id": snapshot_id, "deleted": True})
-
-
-def refuse_snapshot_conflicts(request: web.Request, parsed: SessionCreateRequest) -> Optional[web.Response]:
-    """422 naming each field a POST /sessions `from_snapshot` request set that the snapshot fixes."""
-    if parsed.from_snapshot is None:
-        return None
-    clashes = [name for name in SNAPSHOT_FIXED_FIELDS if name in parsed.model_fields_set]
-    if not clashes:
-        return None
-    get_metrics(request).rejections.labels("invalid").inc()
-    return error(422, [{"loc": ["body", name], "msg": f"{name} comes from the snapshot: leave it out with "
-                                                      f"from_snapshot", "type": "value_error"} for name in clashes])
 
 
 def add_snapshot_routes(app: web.Application) -> None:
