@@ -18,7 +18,7 @@ import re
 import time
 from typing import Optional, Union
 
-from verl_sf.errors import SessionGone, VerlSfError
+from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, VerlSfError
 from verl_sf.executor import jobs, rungs
 from verl_sf.executor.cgroups import CgroupManager, SandboxCgroup
 from verl_sf.executor.config import ExecutorConfig
@@ -27,6 +27,7 @@ from verl_sf.executor.responses import ResponseContext, jupyter_response, note_s
 from verl_sf.executor.sandbox import SandboxLauncher, describe
 from verl_sf.executor.session_table import Session, SessionTable
 from verl_sf.executor.slots import CpuSlots
+from verl_sf.executor.snapshot_table import Snapshot, SnapshotTable
 from verl_sf.executor.zygote.messages import Reply, SessionCallBody, SessionCallHead
 from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, encode_body
 from verl_sf.models import (
@@ -38,17 +39,29 @@ from verl_sf.models import (
     RunJupyterResponse,
     RunStatus,
     SessionCreateRequest,
+    SessionForkRequest,
+    SessionForkResponse,
     SessionInfo,
+    SnapshotInfo,
 )
 
 log = logging.getLogger(__name__)
 STDLIB, FULL = "stdlib", "full"  # interpreter flavors beside one per preloaded library
 
-__all__ = ["Executor", "ExecutorStats", "InvalidRequest", "Overloaded"]
+__all__ = ["Executor", "ExecutorStats", "ForkFailed", "InvalidRequest", "Overloaded"]
+# A fork's first call, when the request asks its random generators reseeded (they otherwise
+# draw what the parent would have drawn next, as after fork(2)).
+RESEED = {"python": "import random as _r, sys as _s\n_r.seed()\nif 'numpy' in _s.modules:\n"
+                    "    _s.modules['numpy'].random.seed()\ndel _r, _s\n",
+          "bash": "RANDOM=$SRANDOM"}
 
 
 class Overloaded(VerlSfError, RuntimeError):
     """Too many runs in flight; the HTTP layer turns this into 503 + Retry-After."""
+
+
+class ForkFailed(VerlSfError, RuntimeError):
+    """The sandbox could not make the copies (not the session's doing); none is left behind.  HTTP 500."""
 
 
 class InvalidRequest(VerlSfError, ValueError):
@@ -82,6 +95,7 @@ class Executor:
         self._zygotes: dict[str, list[ZygoteProcess]] = {}
         self._heavy_names: Optional[re.Pattern[str]] = None
         self._table = SessionTable()
+        self._snapshots = SnapshotTable(self._table.boot_tag)
         self._reaper: Optional[asyncio.Task[None]] = None
         self.rung, self.rung_reason = "", ""  # chosen at start
 
@@ -338,6 +352,8 @@ class Executor:
     # ---- sessions --------------------------------------------------------------------------
     async def create_session(self, request: SessionCreateRequest) -> SessionInfo:
         assert self.toolchains is not None, "Executor.start() first"
+        if request.from_snapshot is not None:
+            return await self._start_from(request)
         if request.language == "bash" and "bash" in self.toolchains.missing:
             raise InvalidRequest("language", self.toolchains.missing_message("bash"))
         if len(self._table) + self._table.opening >= self.config.max_sessions:
@@ -399,13 +415,156 @@ class Executor:
         session = self._table.by_open_id(open_id)
         if session is not None and self._table.forget(session, reason):
             self.stats.sessions_killed += 1
+        snapshot = self._snapshots.by_open_id(open_id)
+        if snapshot is not None:
+            self._snapshots.forget(snapshot, reason)
 
     async def _expire_sessions(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            for session, reason in self._table.expired(time.time(), self.config.session_max_lifetime_s):
+            now = time.time()
+            for session, reason in self._table.expired(now, self.config.session_max_lifetime_s):
                 self.stats.sessions_expired += 1
                 self._end(session, reason)
+            for snapshot in self._snapshots.expired(now):
+                self._drop_snapshot(snapshot, f"expired: kept for its TTL of {self.config.snapshot_ttl_s:g} s")
+
+    # ---- forks and snapshots -----------------------------------------------------------------
+    async def fork_session(self, session_id: str, request: SessionForkRequest) -> SessionForkResponse:
+        source = self._table.get(session_id)
+        self._check_forkable()
+        if request.count > self.config.max_sessions:
+            raise InvalidRequest("count", f"count={request.count} is above the server's cap of "
+                                          f"{self.config.max_sessions} sessions (--max-sessions)")
+        self._reserve(request.count)
+        if source.busy.locked():
+            raise SessionBusy(session_id, "a call is running in it (a fork never copies a half-run call)")
+        async with source.busy:
+            copies = await self._fork(source.zygote, source.open_id, session_id, source.memory_mb, request.count,
+                                      freeze=False)
+        sessions = [self._adopt(open_id, group, source.language, source.zygote, source.memory_mb,
+                                request.idle_ttl_s or source.idle_ttl_s) for open_id, group in copies]
+        if request.reseed:
+            await self._reseed(sessions)
+        return SessionForkResponse(session_ids=[session.id for session in sessions])
+
+    async def snapshot_session(self, session_id: str) -> SnapshotInfo:
+        source = self._table.get(session_id)
+        self._check_forkable()
+        if len(self._snapshots) >= self.config.max_snapshots:
+            self.stats.rejected += 1
+            raise Overloaded(f"{len(self._snapshots)} snapshots kept (max_snapshots); delete one, or wait for "
+                             f"one to expire")
+        if source.busy.locked():
+            raise SessionBusy(session_id, "a call is running in it (a snapshot never copies a half-run call)")
+        async with source.busy:
+            [(open_id, _)] = await self._fork(source.zygote, source.open_id, session_id, source.memory_mb, 1,
+                                              freeze=True)
+        snapshot = Snapshot(id=self._snapshots.new_id(), language=source.language, source_session_id=session_id,
+                            zygote=source.zygote, open_id=open_id, memory_mb=source.memory_mb,
+                            idle_ttl_s=source.idle_ttl_s, expires_at=time.time() + self.config.snapshot_ttl_s)
+        self._snapshots.add(snapshot)
+        return self.snapshot_info(snapshot.id)
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
+        snapshot = self._snapshots.get(snapshot_id)
+        return SnapshotInfo(snapshot_id=snapshot.id, language=snapshot.language,
+                            source_session_id=snapshot.source_session_id, created_at=snapshot.created_at,
+                            expires_at=snapshot.expires_at, sessions_started=snapshot.sessions_started,
+                            memory_limit_MB=snapshot.memory_mb)
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        return [self.snapshot_info(snapshot_id) for snapshot_id in list(self._snapshots.live)]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._drop_snapshot(self._snapshots.get(snapshot_id), "deleted by DELETE /snapshots")
+
+    def _drop_snapshot(self, snapshot: Snapshot, reason: str) -> None:
+        if self._snapshots.forget(snapshot, reason):
+            snapshot.zygote.close_session(snapshot.open_id)
+
+    async def _start_from(self, request: SessionCreateRequest) -> SessionInfo:
+        assert request.from_snapshot is not None
+        snapshot = self._snapshots.get(request.from_snapshot)
+        for name in ("language", "files"):
+            if name in request.model_fields_set:
+                raise InvalidRequest(name, f"a session started from a snapshot takes the snapshot's {name} "
+                                           f"(snapshot {snapshot.id!r} runs {snapshot.language})")
+        self._check_forkable()
+        self._reserve(1)
+        memory_mb = snapshot.memory_mb if request.memory_limit_MB == -1 else self._memory_mb(request.memory_limit_MB)
+        [(open_id, group)] = await self._fork(snapshot.zygote, snapshot.open_id, snapshot.id, memory_mb, 1,
+                                              freeze=False)
+        snapshot.sessions_started += 1
+        session = self._adopt(open_id, group, snapshot.language, snapshot.zygote, memory_mb,
+                              request.idle_ttl_s or snapshot.idle_ttl_s)
+        return self.session_info(session.id)
+
+    def _check_forkable(self) -> None:
+        if self.rung != "namespaces":
+            raise ForkUnavailable(f"forks and snapshots need the namespaces isolation rung; this server runs "
+                                  f"{self.rung!r} ({self.rung_reason})")
+
+    def _reserve(self, count: int) -> None:
+        """Room for `count` more sessions, under the session cap and the memory cap, or 503."""
+        live = len(self._table) + self._table.opening
+        if live + count > self.config.max_sessions:
+            self.stats.rejected += 1
+            raise Overloaded(f"{live} live sessions and {count} more asked for: past max_sessions="
+                             f"{self.config.max_sessions}")
+        if self.cgroups is not None and self.cgroups.available:
+            used = self.cgroups.memory_usage()
+            cap = self.config.runs_memory_mb << 20
+            if used is not None and used > cap * 0.9:
+                self.stats.rejected += 1
+                raise Overloaded(f"runs and sessions hold {used >> 20} MB of the server's cap of "
+                                 f"{self.config.runs_memory_mb} MB (--runs-memory-mb)")
+
+    async def _fork(self, zygote: ZygoteProcess, open_id: int, name: str, memory_mb: int, count: int,
+                    freeze: bool) -> list[tuple[int, Optional[str]]]:
+        """The copies' open ids and cgroups; every copy or none."""
+        head = jobs.session_fork(open_id, count, self.config, memory_mb, freeze)
+        self._table.opening += count
+        try:
+            forking = asyncio.ensure_future(zygote.fork_session(head))
+            try:
+                reply = await asyncio.shield(forking)
+            except asyncio.CancelledError:  # its client left: the copies are made all the same, and closed
+                def close_copies(done: asyncio.Future[Reply]) -> None:
+                    for copy in done.result().get("sessions", []):
+                        zygote.close_session(copy["id"])
+                forking.add_done_callback(close_copies)
+                raise
+        except SandboxCrashed as exc:
+            raise SessionGone(name, f"its sandbox crashed: {exc}") from exc
+        finally:
+            self._table.opening -= count
+        if reply.get("status") != "Finished":
+            error = reply.get("error", "the sandbox gave no reason")
+            if reply.get("busy"):
+                raise SessionBusy(name, error)
+            if not reply.get("session_alive", True):
+                raise SessionGone(name, error)
+            raise ForkFailed(f"{name!r} could not be forked: {error}")
+        return [(copy["id"], copy.get("group")) for copy in reply.get("sessions", [])]
+
+    def _adopt(self, open_id: int, group: Optional[str], language: str, zygote: ZygoteProcess, memory_mb: int,
+               idle_ttl_s: float) -> Session:
+        session = Session(id=self._table.new_id(), language=language, zygote=zygote, open_id=open_id,
+                          memory_mb=memory_mb, idle_ttl_s=idle_ttl_s, group=group)
+        self._table.add(session)
+        self.stats.sessions_created += 1
+        return session
+
+    async def _reseed(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            body: SessionCallBody = {"code": RESEED[session.language], "output_limit": 4096}
+            reply, _ = await self._session_call(session, 10.0, body)
+            session.calls = 0
+            if reply.get("return_code") != 0:
+                for copy in sessions:
+                    self._end(copy, "its random generators could not be reseeded")
+                raise ForkFailed(f"reseeding a fork failed: {reply.get('stderr', '')[-500:]}")
 
     async def _session_call(self, session: Session, timeout: float, body: SessionCallBody) -> tuple[Reply, float]:
         arrived = time.monotonic()

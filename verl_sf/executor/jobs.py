@@ -16,6 +16,7 @@ from verl_sf.executor.zygote.messages import (
     RunHead,
     SessionCallBody,
     SessionCallHead,
+    SessionForkHead,
     SessionLanguage,
     SessionOpenHead,
 )
@@ -94,6 +95,12 @@ def session_open(language: SessionLanguage, files: dict[str, Optional[str]], con
     head: SessionOpenHead = {"op": "open", "id": next_id(), "language": language,
                              "limits": limits(config, SESSION_OPEN_TIMEOUT_S, SESSION_OPEN_TIMEOUT_S, memory_mb)}
     return head, body
+
+
+def session_fork(open_id: int, count: int, config: ExecutorConfig, memory_mb: int,
+                 freeze: bool) -> SessionForkHead:
+    return {"op": "fork", "id": next_id(), "session": open_id, "ids": [next_id() for _ in range(count)],
+            "limits": limits(config, SESSION_OPEN_TIMEOUT_S, SESSION_OPEN_TIMEOUT_S, memory_mb), "freeze": freeze}
 
 
 def session_call(open_id: int, timeout: float, config: ExecutorConfig, memory_mb: int) -> SessionCallHead:

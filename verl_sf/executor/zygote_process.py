@@ -20,7 +20,14 @@ from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
 from verl_sf.executor.jobs import next_id
 from verl_sf.executor.sandbox import SandboxLauncher
-from verl_sf.executor.zygote.messages import Head, Reply, RunBody, SessionCallBody, SessionOpenHead
+from verl_sf.executor.zygote.messages import (
+    Head,
+    Reply,
+    RunBody,
+    SessionCallBody,
+    SessionForkHead,
+    SessionOpenHead,
+)
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
@@ -143,6 +150,12 @@ class ZygoteProcess:
         reply = await self.request(head, encode_body(body))
         if not reply.get("session_alive"):
             self.sessions.discard(head["id"])
+        return reply
+
+    async def fork_session(self, head: SessionForkHead) -> Reply:
+        """Fork a session; its copies are this zygote's sessions from the reply on."""
+        reply = await self.request(head)
+        self.sessions.update(copy["id"] for copy in reply.get("sessions", []))
         return reply
 
     def close_session(self, open_id: int) -> None:

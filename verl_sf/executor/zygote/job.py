@@ -65,6 +65,7 @@ class Job:
         self.alive = True
         self.exited = False
         self.collected = False  # its PID 1 was waited for already
+        self.adopted = False  # its PID 1 is not our child (a session's fork): nothing to wait for
         self.status = 0  # PID 1's wait status, once collected
         self.cpu_used = 0.0  # CPU seconds of PID 1 and every process it waited for (wait4's rusage)
         self.memory_exceeded = False
@@ -98,13 +99,8 @@ class Job:
     # -- start and stages ------------------------------------------------------------------------
     def start(self, zygote: Zygote) -> None:
         pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready()
-        self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
+        self.attach(zygote, pid, out_r, err_r, meta_r, job_w, groups)
         self.files_dir = f"{zygote.cfg['workdir']}/run-{pid}"
-        self.groups: Groups = groups
-        self.pidfd = os.pidfd_open(pid)
-        self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
-        zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
-        self.register(zygote)
         self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]  # for all stages: the client waits for all
         self.begin_stage(self.first_timeout())
         try:
@@ -115,6 +111,16 @@ class Job:
             return
         write_all(job_w, self.body + b"\n")
         self.body = b""  # a session lives long: its creation body is not kept
+
+    def attach(self, zygote: Zygote, pid: int, out_r: int, err_r: int, meta_r: int, job_w: int,
+               groups: Groups) -> None:
+        """Take on a child: its pipes, its cgroups, and a pidfd that says when it is gone."""
+        self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
+        self.groups: Groups = groups
+        self.pidfd = os.pidfd_open(pid)
+        self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
+        zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
+        self.register(zygote)
 
     def register(self, zygote: Zygote) -> None:
         raise NotImplementedError
@@ -283,11 +289,12 @@ class Job:
         if self.exited:
             return
         self.exited = True
-        _, self.status, usage = os.wait4(self.pid, 0)
         self.collected = True
+        if not self.adopted:
+            _, self.status, usage = os.wait4(self.pid, 0)
+            self.cpu_used = usage.ru_utime + usage.ru_stime
         if not zygote.isolated:
             zygote.reap_orphans()  # no PID namespace ended them: its reaper does
-        self.cpu_used = usage.ru_utime + usage.ru_stime
         self.drain(zygote)
         self.on_exit(zygote)
 

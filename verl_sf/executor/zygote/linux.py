@@ -138,6 +138,12 @@ def become_subreaper() -> None:
     check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
 
 
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none)."""
+    version: int = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    return max(version, 0)
+
+
 def set_name(name: bytes) -> None:
     """What `ps` shows for this process."""
     libc.prctl(PR_SET_NAME, name, 0, 0, 0)

@@ -88,7 +88,19 @@ class SessionCloseHead(TypedDict):
     session: int
 
 
-Head = Union[RunHead, CancelHead, SessionOpenHead, SessionCallHead, SessionCloseHead]
+class SessionForkHead(TypedDict):
+    """Copies of an idle session, one per id in `ids` (each a session of its own from then on);
+    `freeze` keeps them stopped (snapshots: started from by forking them in turn)."""
+
+    op: Literal["fork"]
+    id: int
+    session: int
+    ids: list[int]
+    limits: Limits
+    freeze: bool
+
+
+Head = Union[RunHead, CancelHead, SessionOpenHead, SessionCallHead, SessionCloseHead, SessionForkHead]
 
 
 class RunBody(TypedDict, total=False):
@@ -175,6 +187,11 @@ class StageResult(TypedDict, total=False):
     truncated: bool
 
 
+class ForkedSession(TypedDict):
+    id: int
+    group: Optional[str]
+
+
 class Reply(StageResult, total=False):
     id: int
     ready: bool  # the zygote's first line: it is up
@@ -186,6 +203,8 @@ class Reply(StageResult, total=False):
     session_alive: bool  # a session's reply: does the session live on
     session_end: str  # why a session ended (sent unprompted when it dies between calls)
     group: Optional[str]  # a new session's cgroup, below the sandbox's (its memory use is read there)
+    sessions: list[ForkedSession]  # a fork's copies
+    busy: bool  # a fork refused for the session's state (a call, threads, background processes), not a fault
 
 
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"

@@ -1,13 +1,20 @@
 """The runs' seccomp filter: compiled once by libseccomp, loaded by each child with one prctl
 (compiling per run would cost far more than the fork).  It fails closed: a listed call the
 library cannot name is taken by number or refused at start, and calls newer than its table are
-refused as missing (ENOSYS, so runtimes fall back)."""
+refused as missing (ENOSYS, so runtimes fall back).
+
+clone with namespace flags passes only with a key in two arguments the kernel ignores: the fork
+of a session (fork.py) puts it in the registers of a stopped process.  The key, and the program
+that holds it, never enter the memory of the zygote, whose every page its children inherit: a
+throwaway child makes both into sealed files, a child reads the program into a buffer it zeroes
+once loaded, and only the forker reads the key."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
 import os
+import traceback
 from typing import Optional
 
 from .linux import NAMESPACE_FLAGS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, check, libc
@@ -15,7 +22,8 @@ from .messages import ZygoteConfig
 
 SCMP_ERROR = -1  # __NR_SCMP_ERROR: libseccomp does not know the name
 SCMP_ACT_ALLOW, SCMP_ACT_ERRNO = 0x7FFF0000, 0x00050000
-SCMP_FLTATR_CTL_OPTIMIZE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 8, 4, 7
+SCMP_FLTATR_CTL_OPTIMIZE, SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 8, 1, 4, 7
+KEY_BYTES = 16  # two 64-bit words: clone's parent_tid and child_tid (x86-64), unread without their flags
 # System calls added since 5.1 have one number on every architecture; these are the ones an
 # older libseccomp may not resolve.  Everything from FIRST_UNKNOWN_SYSCALL on is refused.
 NEW_SYSCALLS = {"memfd_secret": 447, "cachestat": 451, "fchmodat2": 452, "map_shadow_stack": 453,
@@ -35,20 +43,60 @@ class _ArgCmp(ctypes.Structure):
 
 
 class Filter:
-    """The compiled program, held where a child only hands its address to prctl."""
+    """The compiled program in a sealed file (-1: none); a child reads it, loads it, and zeroes its copy."""
 
-    def __init__(self, program: bytes):
-        self._buffer = ctypes.create_string_buffer(program, len(program) or 1)
-        self._fprog = _SockFprog(len(program) // 8, ctypes.cast(self._buffer, ctypes.c_char_p))
-        self.address: Optional[ctypes.c_void_p] = ctypes.c_void_p(ctypes.addressof(self._fprog)) if program else None
+    def __init__(self, program_fd: int, key_fd: int):
+        self.program_fd = program_fd
+        self.key_fd = key_fd
+        self._buffer: Optional[ctypes.Array[ctypes.c_char]] = None
+
+    def prepare(self) -> None:
+        """Read the program, before the child closes the descriptors it inherited."""
+        if self.program_fd < 0:
+            return
+        size = os.fstat(self.program_fd).st_size
+        self._buffer = ctypes.create_string_buffer(size)
+        os.preadv(self.program_fd, [memoryview(self._buffer).cast("B")], 0)
 
     def load(self) -> None:
         """The filter (no_new_privs first; an exec keeps both)."""
-        if self.address is not None:
-            check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self.address, 0, 0), "seccomp")
+        if self._buffer is None:
+            return
+        fprog = _SockFprog(len(self._buffer) // 8, ctypes.cast(self._buffer, ctypes.c_char_p))
+        try:
+            check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+        finally:
+            ctypes.memset(self._buffer, 0, len(self._buffer))
+
+    def key(self) -> tuple[int, int]:
+        """The two words that let clone make namespaces (read by the forker only)."""
+        key = os.pread(self.key_fd, KEY_BYTES, 0)
+        return int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
 
 
-def compile_filter(config: ZygoteConfig) -> bytes:
+def sealed_filter(config: ZygoteConfig) -> Filter:
+    """Compile in a throwaway child, which draws the key: the program and the key come back as files."""
+    if not config["seccomp"]:
+        return Filter(-1, -1)
+    program_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
+    key_fd = os.memfd_create("fork-key", os.MFD_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            key = os.urandom(KEY_BYTES)
+            os.write(program_fd, compile_filter(config, key))
+            os.write(key_fd, key)
+            os._exit(0)
+        except BaseException:
+            os.write(2, traceback.format_exc().encode())
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError("the seccomp filter could not be compiled (see the message above)")
+    return Filter(program_fd, key_fd)
+
+
+def compile_filter(config: ZygoteConfig, key: bytes) -> bytes:
     """The filter as a BPF program (native ABI only: 32-bit and x32 calls hit the bad-arch kill)."""
     lib = ctypes.CDLL(config["libseccomp"], use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
@@ -91,8 +139,11 @@ def compile_filter(config: ZygoteConfig) -> bytes:
                 rule(enosys, number)
         for family in config["seccomp_socket_families"]:
             rule(eperm, number_of("socket"), _ArgCmp(0, SCMP_CMP_EQ, family, 0))
+        words = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
         for flag in NAMESPACE_FLAGS:
-            rule(eperm, number_of("clone"), _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag))
+            for arg, word in zip((2, 3), words, strict=True):  # refused unless both words are the key
+                rule(eperm, number_of("clone"), _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag),
+                     _ArgCmp(arg, SCMP_CMP_NE, word, 0))
         exported = os.memfd_create("seccomp")
         try:
             result = lib.seccomp_export_bpf(ctx, exported)

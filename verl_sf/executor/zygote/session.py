@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 from . import procfs
 from .job import Job, Zygote
-from .messages import Reply, SessionCallBody, SessionCallHead, SessionOpenHead
+from .messages import Limits, Reply, SessionCallBody, SessionCallHead, SessionOpenHead
+from .run_groups import Groups
 from .wire import loads, write_all
 
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
@@ -23,6 +24,30 @@ class Session(Job):
         self.call: Optional[SessionCallHead] = None  # the call in progress
         self.fetch_paths: list[str] = []  # a bash call's fetch_files, in order
         self.interrupted_at: Optional[float] = None
+        # Forks (forks.py): a copy lives in its parent's PID namespace, so a parent ended while
+        # copies live is held, stopped, until the last one ends.
+        self.parent: Optional[Session] = None
+        self.forks: set[Session] = set()
+        self.fork_pids: set[int] = set()  # every copy ever made of it (our pids): its children, not its own work
+        self.frozen = False  # a snapshot: stopped for good, only forked
+        self.held = False
+        self.announced = False  # its end was told to the server
+
+    @classmethod
+    def adopt(cls, zygote: Zygote, new_id: int, source: Session, limits: Limits, pid: int, fds: list[int],
+              groups: Groups, frozen: bool) -> Session:
+        """A copy forked from `source`, taken on as a session of its own, idle."""
+        head: SessionOpenHead = {"op": "open", "id": new_id, "language": source.language, "limits": limits}
+        copy = cls(zygote, head, b"")
+        copy.adopted = True
+        copy.frozen = frozen
+        copy.parent = source
+        out_r, err_r, meta_r, job_w = fds
+        copy.attach(zygote, pid, out_r, err_r, meta_r, job_w, groups)
+        copy.begin_stage(0)
+        source.forks.add(copy)
+        source.fork_pids.add(pid)
+        return copy
 
     def register(self, zygote: Zygote) -> None:
         zygote.sessions[self.id] = self
@@ -39,9 +64,10 @@ class Session(Job):
 
     # -- calls -----------------------------------------------------------------------------------
     def begin_call(self, zygote: Zygote, head: SessionCallHead, body: bytes) -> None:
-        if self.call is not None:
+        if self.call is not None or self.frozen:
             zygote.reply({"id": head["id"], "status": "Error", "session_alive": True,
-                          "error": "the session is busy with another call"})
+                          "error": "the session is a snapshot: it takes no calls" if self.frozen
+                          else "the session is busy with another call"})
             return
         self.drain(zygote)  # output of background work between calls is not this call's
         self.call = head
@@ -111,10 +137,44 @@ class Session(Job):
         zygote.reply(reply)
 
     # -- ending ----------------------------------------------------------------------------------
+    def kill(self, zygote: Zygote, reason: str) -> None:
+        if any(not copy.exited for copy in self.forks) and not self.exited:
+            self._hold(zygote, reason)
+        else:
+            super().kill(zygote, reason)
+
+    def _hold(self, zygote: Zygote, reason: str) -> None:
+        """Ended while copies live: its own processes die, its interpreter stops (its PID
+        namespace, theirs too, lives on) until the last copy ends."""
+        self.end_reason = self.end_reason or reason
+        for child in procfs.children(self.pid):
+            if child not in self.fork_pids:
+                procfs.kill_tree(child)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGSTOP)
+        if not self.held:
+            self.held = True
+            self._announce(zygote)
+            self.alive = False
+
     def on_exit(self, zygote: Zygote) -> None:
         if self.id not in zygote.sessions:
             return
         self.alive = False
+        if self.parent is not None:
+            self.parent.forks.discard(self)
+            if self.parent.held and not any(not copy.exited for copy in self.parent.forks):
+                Job.kill(self.parent, zygote, self.parent.end_reason)
+            if self.parent.exited and not self.end_reason:
+                self.end_reason = ("its parent session's interpreter exited (a fork lives in its parent's "
+                                   "PID namespace)")
+        if not self.announced:
+            self._announce(zygote)
+        zygote.retire(self)
+
+    def _announce(self, zygote: Zygote) -> None:
+        """Tell the server the session ended (and the call in progress, if any, with it)."""
+        self.announced = True
         ended: Reply = {}
         self.note_memory(zygote, ended)
         reason = self.failure or self.end_reason or "its interpreter exited"
@@ -127,4 +187,3 @@ class Session(Job):
         if self.job_w >= 0:
             os.close(self.job_w)
             self.job_w = -1
-        zygote.retire(self)

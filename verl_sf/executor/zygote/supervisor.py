@@ -16,14 +16,14 @@ import traceback
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
-from . import linux, procfs
+from . import forks, linux, procfs
 from .child import Blueprint, Child, Mount
 from .job import Job
 from .messages import Head, Reply, ZygoteConfig
 from .python_runner import install_stdio, stdio_for_runs
 from .run import Run
 from .run_groups import Groups, RunGroups
-from .seccomp import Filter, compile_filter
+from .seccomp import sealed_filter
 from .session import Session
 from .warmup import preload, reseed_generators
 from .wire import READ_CHUNK, Lines, dumps, loads, write_all
@@ -49,14 +49,14 @@ class Zygote:
         os.set_blocking(self.req_fd, False)
         os.environ.clear()  # children inherit the environment: set once here, not in every run
         os.environ.update(config["env"])
-        program = compile_filter(config) if config["seccomp"] else b""
+        seccomp = sealed_filter(config)
         owner = 0 if config["single_uid"] else config["uid"]
         mounts = [Mount(target, _tmpfs_options(config["sizes"][target], target == config["tmpdir"], owner),
                         config["keep"].get(target, []))
                   for target in dict.fromkeys((config["workdir"], config["tmpdir"], config["datadir"]))
                   if target in config["sizes"]]
         os.makedirs(config["workdir"], exist_ok=True)
-        self.blueprint = Blueprint(config, Filter(program), mounts, name, os.path.realpath(config["workdir"]))
+        self.blueprint = Blueprint(config, seccomp, mounts, name, os.path.realpath(config["workdir"]))
         if self.isolated:
             linux.shrink_capabilities()
         else:
@@ -142,6 +142,8 @@ class Zygote:
                             "error": "the session is not running", "session_end": "ended"})
             else:
                 session.begin_call(self, head, body)
+        elif head["op"] == "fork":
+            forks.fork_session(self, head)
         elif head["op"] == "cancel":
             run = self.runs.get(head["id"])
             if run is not None:
@@ -264,14 +266,16 @@ class Zygote:
         job = self.reaping.pop(pidfd)
         self.unwatch(pidfd)
         linux.kill(job.pid, self.isolated)
-        os.waitpid(job.pid, 0)
+        if not job.adopted:
+            os.waitpid(job.pid, 0)
         self._clean_up(job)
 
     def _clean_up(self, job: Job) -> None:
         """Once PID 1 is collected the kernel has ended every process of the job: its cgroups
         are empty and go back to the pool (the limits are rewritten by the next job)."""
         os.close(job.pidfd)
-        self.groups.release(job.groups, job.memory_exceeded or bool(job.failure))
+        # A fork stays a zombie of its parent's until that one waits: its cgroup is not reused.
+        self.groups.release(job.groups, job.memory_exceeded or bool(job.failure) or job.adopted)
         network = self.networks.pop(job.pid, -1)
         if network >= 0:
             if len(self.free_networks) < MAX_FREE_NETWORKS and not job.failure:

@@ -1,0 +1,266 @@
+"""Forking an idle session: copies of its interpreter, each in namespaces, files and cgroups of its own.
+
+The state lives in the session's interpreter, which runs model code with no capabilities, so the
+copy is made there: a throwaway forker stops it between calls (ptrace) and makes clone(2) in its
+name, with the key the seccomp filter asks of clone's namespace flags (seccomp.py).  A clone that
+makes a user namespace needs no capability, and gives the copy, while it is stopped, what it needs
+to be set up: from outside, a helper joins its namespaces and mounts fresh copies of its tmpfs
+(the files, read by descriptor, never through a path the session planted), its own /proc and
+/dev/pts, the loopback of its new network; then the copy's own calls, made by the forker, take
+new pipes to the zygote, its working directory and the empty capability sets, and it carries on
+from where the parent waited for its next call.
+
+The parent enters a Landlock domain of its own after each fork (where the kernel scopes signals),
+so it can neither signal nor trace its copies, though it owns their user namespaces; copies
+cannot see one another (PID namespaces of their own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import socket
+import stat
+import traceback
+from typing import NoReturn
+
+from . import linux, tracing
+from .child import Blueprint
+from .linux import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_REC,
+)
+from .run_groups import Groups
+
+FORK_FLAGS = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+SIGCHLD = 17
+PR_CAPBSET_DROP, PR_SET_KEEPCAPS = 24, 8
+O_WRONLY, O_RDONLY, O_NONBLOCK, F_SETFL = os.O_WRONLY, os.O_RDONLY, os.O_NONBLOCK, 4
+LANDLOCK_SCOPES = 0x3  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL (ABI 6)
+CHANNELS = (1, 2, 3, 9)  # stdout, stderr, records, calls: each copy gets its own
+
+
+class ForkFailed(OSError):
+    """The copies could not be made; none is left behind."""
+
+
+def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, parent_frozen: bool,
+         reply: socket.socket) -> NoReturn:
+    """In the forker (a child of the zygote): make len(groups) copies of `parent`, send the zygote
+    each one's pid and zygote-side channel ends, and exit.  On failure, kill what was made."""
+    made: list[int] = []
+    try:
+        key = blueprint.seccomp.key()
+        source = tracing.Tracee(parent)
+        try:
+            cwd = _working_directory(parent, blueprint.cfg["workdir"])
+            for copy_groups in groups:
+                source.check("clone", FORK_FLAGS | SIGCHLD, 0, key[0], key[1], 0)
+                assert source.forked is not None
+                made.append(source.forked)
+                fds = _set_up(blueprint, tracing.Tracee(source.forked, attach=False), source, copy_groups, cwd,
+                              freeze)
+                socket.send_fds(reply, [b"%d\n" % source.forked], fds)
+                for fd in fds:
+                    os.close(fd)
+            # A snapshot runs nothing: it needs no domain of its own (Landlock allows 16 in a line).
+            if not parent_frozen and linux.landlock_abi() >= 6:
+                _own_domain(source)
+        finally:
+            source.resume_as(source.saved, stop=parent_frozen)
+        os._exit(0)
+    except BaseException as exc:
+        for pid in made:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        message = str(exc) if isinstance(exc, OSError) else traceback.format_exc()
+        with contextlib.suppress(OSError):
+            reply.sendall(b"error " + message.replace("\n", " ").encode() + b"\n")
+        os._exit(1)
+
+
+def _working_directory(pid: int, fallback: str) -> str:
+    path = os.readlink(f"/proc/{pid}/cwd")
+    return fallback if path.endswith(" (deleted)") else path
+
+
+def _set_up(blueprint: Blueprint, copy: tracing.Tracee, source: tracing.Tracee, groups: Groups, cwd: str,
+            freeze: bool) -> list[int]:
+    """Make one stopped copy a session of its own; the zygote's ends of its channels."""
+    cfg = blueprint.cfg
+    ids = "0 0 1" if cfg["single_uid"] else f"{cfg['uid']} {cfg['uid']} 1"
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{copy.pid}/{name}", "w") as mapping:
+            mapping.write(ids)
+    token = secrets.token_hex(8)
+    fifos = [f"{cfg['tmpdir']}/.verl-sf-fork-{token}-{fd}" for fd in CHANNELS]
+    _run_helper(lambda: _helper(blueprint, copy.pid, groups, fifos))
+    root = f"/proc/{copy.pid}/root"
+    ends: list[int] = []
+    for fd, path in zip(CHANNELS, fifos, strict=True):
+        address = copy.put(path.encode() + b"\0")
+        if fd == 9:  # the zygote writes, the copy reads: the reader opens first, without waiting
+            theirs = copy.check("open", address, O_RDONLY | O_NONBLOCK)
+            ours = os.open(root + path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            copy.check("fcntl", theirs, F_SETFL, 0)
+        else:
+            ours = os.open(root + path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            theirs = copy.check("open", address, O_WRONLY)
+            os.set_blocking(ours, True)
+        copy.check("dup2", theirs, fd)
+        copy.check("close", theirs)
+        os.unlink(root + path)
+        ends.append(ours)
+    address = copy.put(cwd.encode() + b"\0")
+    if copy.call("chdir", address) < 0:
+        copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
+    with open("/proc/sys/kernel/cap_last_cap") as last:
+        for cap in range(int(last.read()) + 1):
+            copy.check("prctl", PR_CAPBSET_DROP, cap)
+    header = copy.put(bytes(linux.CapHeader(0x20080522, 0)))
+    copy.check("capset", header, copy.put(bytes(24), 64))
+    copy.resume_as(source.saved, stop=freeze)
+    return ends
+
+
+def _own_domain(source: tracing.Tracee) -> None:
+    """The parent into a Landlock domain of its own: its copies, left in the one it had, are out of
+    its reach (signals, ptrace, abstract sockets)."""
+    attr = source.put(bytes(16) + LANDLOCK_SCOPES.to_bytes(8, "little"))
+    ruleset = source.check("landlock_create_ruleset", attr, 24, 0)
+    try:
+        source.check("landlock_restrict_self", ruleset, 0)
+    finally:
+        source.call("close", ruleset)
+
+
+def _run_helper(work: object) -> None:
+    """Run `work` in a child of ours (it changes namespaces and credentials) and wait for it."""
+    assert callable(work)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            work()
+            os._exit(0)
+        except BaseException:
+            os.write(2, f"verl-sf: fork set-up failed: {traceback.format_exc()}".encode())
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise ForkFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
+
+
+def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) -> None:
+    """Into the copy's cgroups (as its uid: cgroup v1 moves only a process of the mover's uid), then
+    its namespaces, where a child of ours, in its PID namespace, does the mounts."""
+    cfg = blueprint.cfg
+    namespaces = {kind: os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY) for kind in ("user", "mnt", "net", "pid")}
+    if not cfg["single_uid"]:  # cgroup v1 checks the opener's uid against the moved process's
+        linux.check(linux.libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "PR_SET_KEEPCAPS")
+        os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
+        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+        _raise_permitted()
+    for base, name in set(groups.values()):
+        procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=base)
+        try:
+            os.write(procs, str(pid).encode())
+        finally:
+            os.close(procs)
+    for kind in ("user", "mnt", "net", "pid"):
+        kind_flag = {"user": CLONE_NEWUSER, "mnt": CLONE_NEWNS, "net": CLONE_NEWNET, "pid": CLONE_NEWPID}[kind]
+        linux.check(linux.libc.setns(namespaces[kind], kind_flag), f"setns({kind})")
+    _run_helper(lambda: _mounts(blueprint, fifos))
+    with contextlib.suppress(OSError):
+        linux.new_network()
+
+
+def _raise_permitted() -> None:
+    """The permitted set (kept across the uid change) made effective again."""
+    header = linux.CapHeader(0x20080522, 0)
+    data = (linux.CapData * 2)()
+    linux.check(linux.libc.capget(ctypes.byref(header), data), "capget")
+    for half in data:
+        half.effective = half.permitted
+    linux.check(linux.libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _mounts(blueprint: Blueprint, fifos: list[str]) -> None:
+    """In the copy's namespaces: its own /proc, fresh tmpfs holding copies of the parent's files,
+    /dev/shm and /dev/pts, and the pipes it will take its calls on."""
+    cfg = blueprint.cfg
+    os.chdir("/")
+    linux.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    shm_options = f"size={cfg['sizes'][cfg['tmpdir']]},mode=1777".encode()
+    targets = [(mount.target, mount.options, mount.keep) for mount in blueprint.mounts]
+    for target, options, keep in [*targets, ("/dev/shm", shm_options, [])]:
+        old = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+        kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in keep]
+        linux.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        new = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+        _copy_tree(old, new, os.fstat(old).st_dev, set(keep))
+        os.close(old)
+        os.close(new)
+        for entry, fd in zip(keep, kept, strict=True):
+            os.mkdir(f"{target}/{entry}", 0o711)
+            linux.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None, MS_BIND | MS_REC, None)
+            os.close(fd)
+    linux.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=0620")
+    for path in fifos:
+        os.mkfifo(path, 0o600)
+
+
+def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
+    """Copy a directory's entries by descriptor: symlinks as symlinks, never followed; other mounts
+    (and `skip`) left out; sockets and devices left out (nothing here could make them)."""
+    for entry in os.scandir(source):
+        if entry.name in skip:
+            continue
+        info = entry.stat(follow_symlinks=False)
+        mode = stat.S_IMODE(info.st_mode)
+        if stat.S_ISDIR(info.st_mode):
+            if info.st_dev != device:
+                continue
+            os.mkdir(entry.name, 0o700, dir_fd=target)
+            inner_source = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=source)
+            inner_target = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=target)
+            try:
+                _copy_tree(inner_source, inner_target, device, set())
+                os.chmod(inner_target, mode)
+            finally:
+                os.close(inner_source)
+                os.close(inner_target)
+        elif stat.S_ISREG(info.st_mode):
+            reader = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=source)
+            writer = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=target)
+            try:
+                remaining = info.st_size
+                while remaining > 0:
+                    copied = os.sendfile(writer, reader, None, remaining)
+                    if copied == 0:
+                        break
+                    remaining -= copied
+                os.chmod(writer, mode)
+            finally:
+                os.close(reader)
+                os.close(writer)
+        elif stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(entry.name, dir_fd=source), entry.name, dir_fd=target)
+        elif stat.S_ISFIFO(info.st_mode):
+            os.mkfifo(entry.name, mode, dir_fd=target)
+        else:
+            continue
+        with contextlib.suppress(OSError):  # owners not mapped here (the sandbox's root) stay ours
+            os.chown(entry.name, info.st_uid, info.st_gid, dir_fd=target, follow_symlinks=False)
+        with contextlib.suppress(OSError):
+            os.utime(entry.name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=target, follow_symlinks=False)
