@@ -21,10 +21,18 @@ from verl_sf import __version__
 from verl_sf.e2b import E2BConfig, install_e2b
 from verl_sf.errors import ForkUnavailable, SessionGone, SnapshotGone
 from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded
+from verl_sf.executor.executor import ForkFailed
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.metrics import ServerMetrics
-from verl_sf.server.rejections import fork_unavailable, invalid, overloaded, session_not_found, snapshot_not_found
+from verl_sf.server.rejections import (
+    fork_failed,
+    fork_unavailable,
+    invalid,
+    overloaded,
+    session_not_found,
+    snapshot_not_found,
+)
 from verl_sf.server.requests import (
     EXECUTOR_KEY,
     METRICS_KEY,
@@ -104,6 +112,8 @@ async def create_session(request: web.Request) -> web.Response:
         return snapshot_not_found(request, exc)
     except ForkUnavailable as exc:
         return fork_unavailable(request, exc)
+    except ForkFailed as exc:
+        return fork_failed(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
 
 

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone
 from verl_sf.executor import InvalidRequest, Overloaded
+from verl_sf.executor.executor import ForkFailed
 from verl_sf.server.requests import error, get_metrics
 
 
@@ -33,6 +34,12 @@ def session_busy(request: web.Request, exc: SessionBusy) -> web.Response:
 def fork_unavailable(request: web.Request, exc: ForkUnavailable) -> web.Response:
     get_metrics(request).rejections.labels("fork_unavailable").inc()
     return error(501, f"this server cannot fork sessions: {exc}")
+
+
+def fork_failed(request: web.Request, exc: ForkFailed) -> web.Response:
+    """The sandbox could not make the copies (none is left): the server's failure, not the request's."""
+    get_metrics(request).rejections.labels("fork_failed").inc()
+    return error(500, f"the fork failed: {exc}")
 
 
 def invalid(request: web.Request, exc: InvalidRequest, status: int = 400) -> web.Response:

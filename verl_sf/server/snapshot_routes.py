@@ -11,8 +11,10 @@ from aiohttp import web
 
 from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone
 from verl_sf.executor import InvalidRequest, Overloaded
+from verl_sf.executor.executor import ForkFailed
 from verl_sf.models import SessionForkRequest, SnapshotList
 from verl_sf.server.rejections import (
+    fork_failed,
     fork_unavailable,
     invalid,
     overloaded,
@@ -40,6 +42,8 @@ async def fork_session(request: web.Request) -> web.Response:
         return overloaded(request, exc)
     except ForkUnavailable as exc:
         return fork_unavailable(request, exc)
+    except ForkFailed as exc:
+        return fork_failed(request, exc)
     return web.Response(body=forks.model_dump_json(), content_type="application/json", status=201)
 
 
@@ -54,6 +58,8 @@ async def snapshot_session(request: web.Request) -> web.Response:
         return overloaded(request, exc)
     except ForkUnavailable as exc:
         return fork_unavailable(request, exc)
+    except ForkFailed as exc:
+        return fork_failed(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
 
 
