@@ -246,6 +246,10 @@ class ClusterSandboxBackend(ServerSessionBackend):
         """The URL of the server this process knows the server session `session_id` lives on."""
         return self._states.get(asyncio.get_running_loop(), _State()).sessions.get(session_id)
 
+    def snapshot_server(self, snapshot_id: str) -> Optional[str]:
+        """The URL of the server this process knows snapshot `snapshot_id` lives on."""
+        return self._states.get(asyncio.get_running_loop(), _State()).snapshots.get(snapshot_id)
+
     async def servers(self) -> list[str]:
         """URLs of the servers the directory holds (refreshed if stale)."""
         await self._refresh()
