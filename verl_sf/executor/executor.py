@@ -54,6 +54,9 @@ __all__ = ["Executor", "ExecutorStats", "ForkFailed", "InvalidRequest", "Overloa
 RESEED = {"python": "import random as _r, sys as _s\n_r.seed()\nif 'numpy' in _s.modules:\n"
                     "    _s.modules['numpy'].random.seed()\ndel _r, _s\n",
           "bash": "RANDOM=$SRANDOM"}
+# Run in a python session just before it is forked: the collector then leaves the objects made so
+# far alone, so the copies do not write (and so copy) every page of them on their first collection.
+FREEZE = "import gc as _gc\n_gc.freeze()\ndel _gc\n"
 
 
 class Overloaded(VerlSfError, RuntimeError):
@@ -439,6 +442,7 @@ class Executor:
         self._reserve(request.count)
         if source.busy.locked():
             raise SessionBusy(session_id, "a call is running in it (a fork never copies a half-run call)")
+        await self._freeze_collector(source)
         async with source.busy:
             copies = await self._fork(source.zygote, source.open_id, session_id, source.memory_mb, request.count,
                                       freeze=False)
@@ -457,6 +461,7 @@ class Executor:
                              f"one to expire")
         if source.busy.locked():
             raise SessionBusy(session_id, "a call is running in it (a snapshot never copies a half-run call)")
+        await self._freeze_collector(source)
         async with source.busy:
             [(open_id, _)] = await self._fork(source.zygote, source.open_id, session_id, source.memory_mb, 1,
                                               freeze=True)
@@ -555,6 +560,12 @@ class Executor:
         self._table.add(session)
         self.stats.sessions_created += 1
         return session
+
+    async def _freeze_collector(self, source: Session) -> None:
+        if source.language == "python":
+            calls = source.calls
+            await self._session_call(source, 10.0, {"code": FREEZE, "output_limit": 4096})
+            source.calls = calls
 
     async def _reseed(self, sessions: list[Session]) -> None:
         for session in sessions:

@@ -100,9 +100,7 @@ def _set_up(blueprint: Blueprint, copy: tracing.Tracee, source: tracing.Tracee, 
     """Make one stopped copy a session of its own; the zygote's ends of its channels."""
     cfg = blueprint.cfg
     ids = "0 0 1" if cfg["single_uid"] else f"{cfg['uid']} {cfg['uid']} 1"
-    for name in ("uid_map", "gid_map"):
-        with open(f"/proc/{copy.pid}/{name}", "w") as mapping:
-            mapping.write(ids)
+    _run_helper(lambda: _map_ids(source.pid, copy.pid, ids))
     token = secrets.token_hex(8)
     fifos = [f"{cfg['tmpdir']}/.verl-sf-fork-{token}-{fd}" for fd in CHANNELS]
     _run_helper(lambda: _helper(blueprint, copy.pid, groups, fifos))
@@ -122,6 +120,14 @@ def _set_up(blueprint: Blueprint, copy: tracing.Tracee, source: tracing.Tracee, 
         copy.check("close", theirs)
         os.unlink(root + path)
         ends.append(ours)
+    # Copies of the parent's channels on other numbers (bash reads its calls through `<&9`, on fd 0)
+    # take the copy's own.
+    channels = {os.readlink(f"/proc/{source.pid}/fd/{fd}"): fd for fd in CHANNELS}
+    for entry in os.listdir(f"/proc/{copy.pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = channels.get(os.readlink(f"/proc/{copy.pid}/fd/{entry}"))
+            if target is not None and int(entry) not in CHANNELS:
+                copy.check("dup2", target, int(entry))
     address = copy.put(cwd.encode() + b"\0")
     if copy.call("chdir", address) < 0:
         copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
@@ -159,6 +165,16 @@ def _run_helper(work: object) -> None:
     _, status = os.waitpid(pid, 0)
     if status != 0:
         raise ForkFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
+
+
+def _map_ids(source: int, pid: int, ids: str) -> None:
+    """The copy keeps its ids: written from its parent's user namespace, as the kernel asks."""
+    user = os.open(f"/proc/{source}/ns/user", os.O_RDONLY)
+    if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
+        linux.check(linux.libc.setns(user, CLONE_NEWUSER), "setns(user)")
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{name}", "w") as mapping:
+            mapping.write(ids)
 
 
 def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) -> None:

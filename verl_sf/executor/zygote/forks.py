@@ -13,7 +13,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Optional
 
-from . import fork, procfs, tracing
+from . import fork, linux, procfs, tracing
 from .messages import ForkedSession, SessionForkHead
 from .run_groups import Groups
 from .session import Session
@@ -83,6 +83,9 @@ def _run_forker(zygote: Zygote, source: Session, groups: list[Groups],
                 freeze: bool) -> tuple[list[tuple[int, list[int]]], str]:
     """Fork the forker and take, per copy, its pid and our ends of its channels."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # In our own PID namespace (children otherwise go to the one made for the next run), where it
+    # sees the session's pid as we do.
+    linux.check(linux.libc.setns(zygote.pidns_fd, linux.CLONE_NEWPID), "setns(CLONE_NEWPID)")
     pid = os.fork()
     if pid == 0:
         ours.close()

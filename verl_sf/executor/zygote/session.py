@@ -44,6 +44,7 @@ class Session(Job):
         copy.parent = source
         out_r, err_r, meta_r, job_w = fds
         copy.attach(zygote, pid, out_r, err_r, meta_r, job_w, groups)
+        copy.hard_deadline = time.monotonic()
         copy.begin_stage(0)
         source.forks.add(copy)
         source.fork_pids.add(pid)

@@ -1,0 +1,170 @@
+"""Session fork and snapshot in the real executor (real sandboxes, this process): state, files,
+independence, lifetimes, and what a fork refuses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from verl_sf.errors import SessionBusy, SessionGone, SnapshotGone
+from verl_sf.executor import Executor, ExecutorConfig, Overloaded
+from verl_sf.executor.executor import InvalidRequest
+from verl_sf.models import RunCodeRequest, SessionCreateRequest, SessionForkRequest
+
+SETUP = "import random\nrandom.seed(7)\nx = 41\ndef gen():\n    yield from range(10)\ng = gen()\nnext(g)\n" \
+        "open('notes.txt', 'w').write('parent')\nopen('/tmp/t.txt', 'w').write('tmp')\n" \
+        "open('/mnt/data/d.txt', 'w').write('data')\nimport os\nos.environ['MARK'] = 'set'\nos.mkdir('sub')\n" \
+        "os.chdir('sub')\n"
+
+
+@pytest.fixture
+async def executor() -> AsyncIterator[Executor]:
+    async with Executor(ExecutorConfig(slots=2, sandboxes=1, preload=(), max_sessions=16)) as started:
+        yield started
+
+
+async def run(executor: Executor, session: str, code: str, language: str = "python") -> str:
+    response = await executor.run_code(RunCodeRequest(code=code, language=language, session_id=session))
+    assert response.run_result is not None
+    assert response.run_result.return_code == 0, response.run_result.stderr
+    return response.run_result.stdout
+
+
+async def parent_with_state(executor: Executor) -> str:
+    session = (await executor.create_session(SessionCreateRequest(language="python", files={"in.txt": "aW4="})))
+    await run(executor, session.session_id, SETUP)
+    return session.session_id
+
+
+STATE = "import os, random\nprint(x, next(g), open('../notes.txt').read(), open('/tmp/t.txt').read(), " \
+        "open('/mnt/data/d.txt').read(), open('../in.txt').read(), os.environ['MARK'], os.getcwd(), random.random())"
+
+
+async def test_forks_carry_the_state_files_directory_and_environment(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    forks = (await executor.fork_session(parent, SessionForkRequest(count=3))).session_ids
+    assert len(set(forks)) == 3 and parent not in forks
+    expected = await run(executor, parent, STATE)
+    assert expected.startswith("41 1 parent tmp data in set /workdir/sub ")
+    for fork in forks:
+        # The same draw as the parent's: a fork's generators continue where the parent's were (fork(2)).
+        assert await run(executor, fork, STATE) == expected
+
+
+async def test_forks_and_their_parent_are_independent(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    first, second = (await executor.fork_session(parent, SessionForkRequest(count=2))).session_ids
+    await run(executor, first, "x = 'first'\nopen('../notes.txt', 'w').write('first')\nimport os\n"
+                               "os.remove('/tmp/t.txt')")
+    # kill -1 in one fork reaches no other session: its own PID namespace, the others out of sight.
+    await run(executor, first, "import subprocess\nsubprocess.run(['sh', '-c', 'sleep 30 & kill -9 -1; true'])")
+    for session in (parent, second):
+        assert await run(executor, session, "print(x, open('../notes.txt').read(), open('/tmp/t.txt').read())") \
+               == "41 parent tmp\n"
+    assert await run(executor, first, "print(x, open('../notes.txt').read())") == "first first\n"
+    # The parent cannot signal its forks either (kill -1 from the parent, whose uid they share).
+    await run(executor, parent, "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass")
+    assert await run(executor, second, "print(x)") == "41\n"
+
+
+async def test_a_fork_sees_only_its_own_processes_and_network(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    await run(executor, parent, "import socket\nlistener = socket.socket()\nlistener.bind(('127.0.0.1', 8765))\n"
+                                "listener.listen()")
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    assert await run(executor, fork, "import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))") \
+           == "['1']\n"
+    reach = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 8765), timeout=2)\n    print('reached')\n" \
+            "except OSError:\n    print('refused')"
+    other = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
+    assert await run(executor, fork, reach.replace("8765", "8765")) in ("refused\n", "reached\n")
+    # The fork holds the parent's listening socket (descriptors are shared as after fork(2)), but its
+    # own loopback is empty: nobody else reaches what the parent listens on.
+    assert await run(executor, other, reach) == "refused\n"
+
+
+async def test_a_fork_outlives_its_parent(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    executor.end_session(parent)
+    await asyncio.sleep(0.5)
+    assert await run(executor, fork, "print(x)") == "41\n"
+    with pytest.raises(SessionGone):
+        await executor.fork_session(parent, SessionForkRequest())
+    executor.end_session(fork)
+
+
+async def test_forks_of_a_bash_session(executor: Executor) -> None:
+    parent = (await executor.create_session(SessionCreateRequest(language="bash"))).session_id
+    await run(executor, parent, "X=41; cd /tmp; echo hi > f", "bash")
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    await run(executor, fork, "X=42; echo changed > f", "bash")
+    assert await run(executor, parent, "echo $X $PWD $(cat f)", "bash") == "41 /tmp hi\n"
+    assert await run(executor, fork, "echo $X $PWD $(cat f)", "bash") == "42 /tmp changed\n"
+
+
+async def test_reseeded_forks_draw_their_own_numbers(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    forks = (await executor.fork_session(parent, SessionForkRequest(count=2, reseed=True))).session_ids
+    draws = {await run(executor, session, "import random\nprint(random.random())") for session in (parent, *forks)}
+    assert len(draws) == 3
+
+
+async def test_a_snapshot_starts_many_sessions_and_runs_nothing(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    snapshot = await executor.snapshot_session(parent)
+    await run(executor, parent, "x = 'moved on'")
+    started = [(await executor.create_session(SessionCreateRequest(from_snapshot=snapshot.snapshot_id))).session_id
+               for _ in range(3)]
+    for session in started:
+        assert await run(executor, session, "print(x)") == "41\n"
+        await run(executor, session, "x = 'mine'")
+    assert executor.snapshot_info(snapshot.snapshot_id).sessions_started == 3
+    # A snapshot outlives its source, and a session started from it outlives the snapshot.
+    executor.end_session(parent)
+    again = (await executor.create_session(SessionCreateRequest(from_snapshot=snapshot.snapshot_id))).session_id
+    executor.delete_snapshot(snapshot.snapshot_id)
+    assert await run(executor, again, "print(x)") == "41\n"
+    with pytest.raises(SnapshotGone, match="deleted"):
+        await executor.create_session(SessionCreateRequest(from_snapshot=snapshot.snapshot_id))
+
+
+async def test_what_a_fork_refuses(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    with pytest.raises(SessionGone):
+        await executor.fork_session("nope", SessionForkRequest())
+    with pytest.raises(SnapshotGone):
+        await executor.create_session(SessionCreateRequest(from_snapshot="snap-nope"))
+    with pytest.raises(InvalidRequest) as too_many:
+        await executor.fork_session(parent, SessionForkRequest(count=17))
+    assert too_many.value.field == "count"
+    with pytest.raises(Overloaded):  # past max_sessions: 503, and no copy is left behind
+        await executor.fork_session(parent, SessionForkRequest(count=16))
+    assert len(executor.sessions) == 1
+    call = asyncio.ensure_future(run(executor, parent, "import time\ntime.sleep(2)"))
+    await asyncio.sleep(0.5)
+    with pytest.raises(SessionBusy, match="call is running"):
+        await executor.fork_session(parent, SessionForkRequest())
+    await call
+    await run(executor, parent, "import threading, time\nthreading.Thread(target=time.sleep, args=(3,)).start()")
+    with pytest.raises(SessionBusy, match="threads"):
+        await executor.fork_session(parent, SessionForkRequest())
+    await asyncio.sleep(3.5)
+    await run(executor, parent, "import subprocess\nbackground = subprocess.Popen(['sleep', '30'])")
+    with pytest.raises(SessionBusy, match="background"):
+        await executor.fork_session(parent, SessionForkRequest())
+    with pytest.raises(InvalidRequest, match="snapshot"):
+        snapshot = await executor.snapshot_session((await executor.create_session(
+            SessionCreateRequest(language="python"))).session_id)
+        await executor.create_session(SessionCreateRequest(from_snapshot=snapshot.snapshot_id, language="bash"))
+    assert len(executor.sessions) == 2  # nothing half-made is left on record
+
+
+async def test_model_code_cannot_make_namespaces_without_the_key(executor: Executor) -> None:
+    session = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
+    code = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n" \
+           "r = libc.syscall(56, 0x10000000 | 0x20000000 | 17, 0, 0, 0, 0)\n" \
+           "if r == 0:\n    os._exit(0)\nprint(r, ctypes.get_errno())"
+    assert await run(executor, session, code) == "-1 1\n"  # EPERM: clone(CLONE_NEWUSER) refused
