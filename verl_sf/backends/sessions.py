@@ -95,8 +95,9 @@ class ServerSessionBackend(SandboxBackend):
 
     async def open_session(self, session: str, language: SessionLanguage = "python", *,
                            from_snapshot: Optional[str] = None) -> str:
-        # The server refuses a `language` that is not the snapshot's.
-        create = SessionCreateRequest(language=language, from_snapshot=from_snapshot)
+        # A session started from a snapshot takes the snapshot's language: the request may not name one.
+        create = SessionCreateRequest(from_snapshot=from_snapshot) if from_snapshot \
+            else SessionCreateRequest(language=language)
         return await self._session_id((session, language), lambda: create)
 
     async def fork_session(self, session: str, count: int = 1, *, language: SessionLanguage = "python",
@@ -148,7 +149,7 @@ class ServerSessionBackend(SandboxBackend):
         """The key's server session, created once even when its first calls race."""
         future = self._session_ids.get(key)
         if future is None:
-            future = self._session_ids[key] = asyncio.ensure_future(self._new_session(create()))
+            future = self._session_ids[key] = asyncio.ensure_future(self._new_session(create(), key[1]))
         try:
             return await asyncio.shield(future)
         except Exception:
@@ -156,8 +157,14 @@ class ServerSessionBackend(SandboxBackend):
                 del self._session_ids[key]
             raise
 
-    async def _new_session(self, request: SessionCreateRequest) -> str:
-        return (await self._create_session(request)).session_id
+    async def _new_session(self, request: SessionCreateRequest, language: str) -> str:
+        """A new server session's id, in the key's language (a snapshot's session is in the snapshot's)."""
+        info = await self._create_session(request)
+        if info.language != language:
+            await self._delete_session(info.session_id)
+            raise ValueError(f"snapshot {request.from_snapshot!r} holds a {info.language} session, "
+                             f"not a {language} one")
+        return info.session_id
 
     async def _open_id(self, key: SessionKey) -> str:
         """The server id of a key's session, which must be open already (a fork or a snapshot of nothing is a bug)."""
