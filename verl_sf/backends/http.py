@@ -249,8 +249,10 @@ class HttpSandboxBackend(ServerSessionBackend):
                 raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
 
     async def _create_session(self, request: SessionCreateRequest) -> SessionInfo:
-        try:
-            return await self._post(self.sessions_url, request, SessionInfo, self.config.server_margin_s)
+        url = self.sessions_url
+        try:  # only the fields the caller set: one started from a snapshot may not name a language
+            return await self._send("POST", url, request.model_dump(mode="json", exclude_unset=True),
+                                    lambda body: _parse(url, body, SessionInfo), self.config.server_margin_s)
         except SandboxRequestRejected as exc:
             if request.from_snapshot is not None and exc.status == 404:
                 raise SnapshotGone(request.from_snapshot, _detail(exc.body)) from exc
