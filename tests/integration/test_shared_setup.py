@@ -1,6 +1,6 @@
 """A row's set-up (`tools_kwargs.code_interpreter.create_kwargs.setup`) run once for its group of trajectories.
 
-Driven by verl 0.9's own ToolAgentLoop against a real server; the only stand-in is the language
+Driven by verl 0.9's own ToolAgentLoop (and by `verl-sf rollout`) against a real server; the only stand-in is the language
 model (a scripted policy).  How often a set-up ran is counted three honest ways: the server's own
 run counter (`verl_sf_runs_total`), the snapshot's `sessions_started`, and a random token the
 set-up draws from os.urandom, which every trajectory prints (n set-up runs would draw n tokens).
@@ -19,7 +19,9 @@ import pytest
 import pytest_asyncio
 import requests
 
+from tests.rollout_helpers import run_cli
 from tests.server_fixtures import ServerHandle, runs_finished, start_server, stop_server
+from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
 from tests.verl_harness import VerlHarness, agent_data, build_loop, tool_call, write_tool_config
 from tests.waiting import wait_until
 
@@ -165,3 +167,26 @@ async def test_bash_setups_and_a_cap_on_kept_snapshots(tmp_path: Path, server: S
     finally:
         await capped.close()
     assert set(snapshots(server)) <= before, "closing the tool deletes its set-ups' snapshots"
+
+
+# ---- verl-sf rollout: the driver passes each sample's tools_kwargs the same way ------------------
+async def test_the_rollout_driver_runs_each_rows_setup_once_per_group(tmp_path: Path, server: ServerHandle) -> None:
+    rows = []
+    for prompt, answer in (("Q-first", 42), ("Q-second", 7)):
+        setup = {"code": f"answer = {answer}\n", "files": {"data.csv": DATA}}
+        rows.append({"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": prompt}],
+                     "reward_model": {"ground_truth": str(answer)},
+                     "extra_info": {"tools_kwargs": {"code_interpreter": {"create_kwargs": {"setup": setup}}}}})
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tools = write_tool_config(tmp_path, sandbox_fusion_url=server.run_code_url, session="trajectory", **INPROCESS)
+    call = Call("code_interpreter", json.dumps({"code": "print(answer)"}))
+    scripts = {prompt: Script([Turn("", [call]), Turn("So #### {tool}")]) for prompt in ("Q-first", "Q-second")}
+    runs_before, snapshots_before = runs_finished(server), set(snapshots(server))
+    async with PolicyServer(scripts) as policy:
+        code, stdout, stderr = await run_cli("--server", policy.url, "--data", str(data), "--tool-config", tools,
+                                             "--n", "3", "--no-progress")
+    assert code == 0, stderr
+    assert "accuracy: 1.0000" in stdout, "every trajectory started from its own row's set-up"
+    assert runs_finished(server) - runs_before == 2 + 2 * 3, "one set-up run per row, then each trajectory's call"
+    assert set(snapshots(server)) <= snapshots_before, "the driver closed its tools, which deleted the snapshots"
