@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 import requests
 
+from tests.ray_fixtures import RayCluster
 from tests.rollout_helpers import run_cli
 from tests.server_fixtures import ServerHandle, runs_finished, start_server, stop_server
 from tests.special_e2e.policy_server import Call, PolicyServer, Script, Turn
@@ -190,3 +191,27 @@ async def test_the_rollout_driver_runs_each_rows_setup_once_per_group(tmp_path: 
     assert "accuracy: 1.0000" in stdout, "every trajectory started from its own row's set-up"
     assert runs_finished(server) - runs_before == 2 + 2 * 3, "one set-up run per row, then each trajectory's call"
     assert set(snapshots(server)) <= snapshots_before, "the driver closed its tools, which deleted the snapshots"
+
+
+@pytest.mark.ray
+async def test_setups_through_the_ray_actor_pool(tmp_path: Path, server: ServerHandle, ray_local: RayCluster) -> None:
+    """With `pool: ray_actor` the set-up runs inside the pool actor: its snapshot, and its failures
+    (SetupFailed, SnapshotGone), cross Ray intact."""
+    actor = VerlHarness(write_tool_config(tmp_path, sandbox_fusion_url=server.run_code_url, session="trajectory",
+                                          pool="ray_actor"))
+    try:
+        kwargs = setup_kwargs(SETUP_CODE + "kind = 'actor'\n")
+        before, runs_before = set(snapshots(server)), runs_finished(server)
+        answers = await group(actor, REPORT, kwargs, 3)
+        assert len({text for text, _ in answers}) == 1 and answers[0][0].endswith(" ran 3"), answers
+        assert runs_finished(server) - runs_before == 1 + 3
+        [made] = set(snapshots(server)) - before
+        assert requests.delete(f"{server.url}/snapshots/{made}", timeout=30).status_code == 200
+        [(rebuilt, _)] = await group(actor, REPORT, kwargs, 1)
+        assert rebuilt.endswith(" ran 3") and rebuilt != answers[0][0], "lost, so built again: a new token"
+        [(failed, metrics)] = await group(actor, "print(1)", setup_kwargs("import nonexistent_module\n"), 1)
+        assert failed.startswith("Set-up error:") and "ModuleNotFoundError" in failed, failed
+        assert metrics["status"] == "setup_failed"
+    finally:
+        await actor.close()
+    assert set(snapshots(server)) <= before, "closing the tool deleted its snapshots from inside the actor"
