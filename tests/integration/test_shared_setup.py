@@ -157,14 +157,20 @@ async def test_bash_setups_and_a_cap_on_kept_snapshots(tmp_path: Path, server: S
     try:
         first = {"code_interpreter": {"create_kwargs": {"setup": {"language": "bash",
                                                                   "code": "export STAGE=one; cd /tmp"}}}}
+        trajectories = [agent_data() for _ in range(2)]
         answers = await asyncio.gather(*(capped.loop._call_tool(tool_call("echo $STAGE $PWD", language="bash"),
-                                                                first, agent_data()) for _ in range(2)))
+                                                                first, data) for data in trajectories))
         assert [response.text for response, _, _ in answers] == ["one /tmp"] * 2
         [first_snapshot] = set(snapshots(server)) - before
         second = setup_kwargs(SETUP_CODE + "kind = 'capped'\n")
         await group(capped, REPORT, second, 1)
         wait_until(lambda: first_snapshot not in snapshots(server), 10, "the least recently used snapshot is deleted")
         assert len(set(snapshots(server)) - before) == 1
+        runs_before = runs_finished(server)
+        later, _, _ = await capped.loop._call_tool(tool_call("export STAGE=two; echo $PWD", language="bash"), first,
+                                                   trajectories[0])
+        assert later.text == "/tmp" and runs_finished(server) - runs_before == 1, \
+            "a trajectory already set up goes on in its session: its evicted snapshot is not built again"
     finally:
         await capped.close()
     assert set(snapshots(server)) <= before, "closing the tool deletes its set-ups' snapshots"

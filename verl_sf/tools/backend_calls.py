@@ -46,11 +46,11 @@ class Execution:
 
 async def run_request(config: BackendConfig, request: RunCodeRequest, session: Optional[str] = None,
                       from_snapshot: Optional[SnapshotInfo] = None) -> Execution:
-    """Dispatched: run one request on this process's backend for `config`; a session the call opens in the
-    snapshot's language starts from `from_snapshot` (`SnapshotGone` when the server no longer has it)."""
+    """Dispatched: run one request on this process's backend for `config`; a `session` not open yet starts
+    from `from_snapshot` (in its language; `SnapshotGone` when the server no longer has it)."""
     started_at = time.time()
     backend = backend_for(config)
-    if session is not None and from_snapshot is not None and from_snapshot.language == request.language:
+    if session is not None and from_snapshot is not None:
         await backend.open_session(session, from_snapshot.language, from_snapshot=from_snapshot.snapshot_id)
     response = await backend.run_code(request, session=session)
     return Execution(response, started_at)

@@ -78,6 +78,8 @@ class SandboxFusionTool(BaseTool):
         self._trajectories: dict[str, weakref.finalize] = {}
         self._background: set[asyncio.Task] = set()
         self.setups = SharedSetups(self._build_setup, self._delete_snapshot, self.settings.max_setup_snapshots)
+        # Sessions opened from their set-up's snapshot: their later calls need no snapshot (it may be evicted).
+        self._set_up: set[str] = set()
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema
@@ -128,6 +130,8 @@ class SandboxFusionTool(BaseTool):
             return ToolResponse(text=reply.setup_failed_text(str(exc))), None, reply.metrics(
                 None, self.backend_name, truncated=False, status=reply.CallStatus.setup_failed)
         except SessionGone as exc:
+            if session is not None:
+                self._set_up.discard(session)  # its next session opens from the snapshot again
             return ToolResponse(text=reply.session_ended_text(exc.reason)), None, reply.metrics(
                 None, self.backend_name, truncated=False, status=reply.CallStatus.session_ended)
         except SandboxUnavailable as exc:
@@ -135,6 +139,8 @@ class SandboxFusionTool(BaseTool):
             return ToolResponse(text=reply.unavailable_text(exc)), None, reply.metrics(
                 None, self.backend_name, truncated=False)
         response = execution.response
+        if response.session_alive is False and session is not None:
+            self._set_up.discard(session)
         text, cut = reply.reply_text(response, request.run_timeout, self.settings.max_output_chars)
         metrics = reply.metrics(response, self.backend_name, truncated=cut)
         metrics["pool_wait"] = max(0.0, execution.started_at - submitted)
@@ -167,6 +173,7 @@ class SandboxFusionTool(BaseTool):
         sessions = list(self._trajectories) + [i.session for i in self._instances.values() if i.session]
         self._trajectories.clear()
         self._instances.clear()
+        self._set_up.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._dispatcher is not None:
@@ -178,17 +185,19 @@ class SandboxFusionTool(BaseTool):
     # ---- helpers ---------------------------------------------------------------------
     async def _run(self, request: RunCodeRequest, session: Optional[str],
                    setup: Optional[SessionSetup]) -> Execution:
-        """Run in `session`, which opens from the set-up's snapshot; a snapshot the server has lost is
-        built again, once (`SnapshotGone` if that one is lost too)."""
-        if setup is None:
+        """Run in `session`; a session in the set-up's language opens from the set-up's snapshot, and a
+        snapshot the server has lost is built again, once (`SnapshotGone` if that one is lost too)."""
+        if setup is None or session is None or setup.language != request.language or session in self._set_up:
             return await self.dispatcher.run(run_request, self.backend_config, request, session)
         snapshot = await self.setups.snapshot(setup)
         try:
-            return await self.dispatcher.run(run_request, self.backend_config, request, session, snapshot)
+            execution = await self.dispatcher.run(run_request, self.backend_config, request, session, snapshot)
         except SnapshotGone:
             self.setups.discard(setup, snapshot.snapshot_id)  # expired or deleted at the server
-        snapshot = await self.setups.snapshot(setup)
-        return await self.dispatcher.run(run_request, self.backend_config, request, session, snapshot)
+            snapshot = await self.setups.snapshot(setup)
+            execution = await self.dispatcher.run(run_request, self.backend_config, request, session, snapshot)
+        self._set_up.add(session)
+        return execution
 
     async def _build_setup(self, setup: SessionSetup) -> SnapshotInfo:
         """Run a set-up once and snapshot it; any failure on the way is the set-up's, told to each trajectory."""
@@ -279,6 +288,7 @@ class SandboxFusionTool(BaseTool):
         task.add_done_callback(self._background.discard)
 
     async def _end_session_quietly(self, session: str) -> None:
+        self._set_up.discard(session)
         try:
             await self.dispatcher.run(end_session, self.backend_config, session)
         except Exception as exc:  # a background cleanup must not crash the loop; the reaper is the backstop
