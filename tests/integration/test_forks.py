@@ -58,12 +58,16 @@ async def test_forks_and_their_parent_are_independent(executor: Executor) -> Non
     first, second = (await executor.fork_session(parent, SessionForkRequest(count=2))).session_ids
     await run(executor, first, "x = 'first'\nopen('../notes.txt', 'w').write('first')\nimport os\n"
                                "os.remove('/tmp/t.txt')")
-    # kill -1 in one fork reaches no other session: its own PID namespace, the others out of sight.
-    await run(executor, first, "import subprocess\nsubprocess.run(['sh', '-c', 'sleep 30 & kill -9 -1; true'])")
+    assert await run(executor, first, "print(x, open('../notes.txt').read())") == "first first\n"
+    # kill -1 in one fork ends that fork (its interpreter too: only its PID 1, a reaper, is spared),
+    # and reaches no other session: its own PID namespace, the others out of its sight.
+    killed = await executor.run_code(RunCodeRequest(
+        code="import subprocess\nsubprocess.run(['sh', '-c', 'sleep 30 & kill -9 -1; true'])", language="python",
+        session_id=first))
+    assert killed.session_alive is False
     for session in (parent, second):
         assert await run(executor, session, "print(x, open('../notes.txt').read(), open('/tmp/t.txt').read())") \
                == "41 parent tmp\n"
-    assert await run(executor, first, "print(x, open('../notes.txt').read())") == "first first\n"
     # The parent cannot signal its forks either (kill -1 from the parent, whose uid they share).
     await run(executor, parent, "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass")
     assert await run(executor, second, "print(x)") == "41\n"
@@ -74,8 +78,9 @@ async def test_a_fork_sees_only_its_own_processes_and_network(executor: Executor
     await run(executor, parent, "import socket\nlistener = socket.socket()\nlistener.bind(('127.0.0.1', 8765))\n"
                                 "listener.listen()")
     [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
-    assert await run(executor, fork, "import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))") \
-           == "['1']\n"
+    seen = await run(executor, fork, "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]), "
+                                     "os.getpid() != 1, os.path.exists('/proc/1'))")
+    assert seen == "2 True True\n"  # its PID 1 (a reaper) and its interpreter, nothing of the parent's
     reach = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 8765), timeout=2)\n    print('reached')\n" \
             "except OSError:\n    print('refused')"
     other = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
@@ -94,6 +99,21 @@ async def test_a_fork_outlives_its_parent(executor: Executor) -> None:
     with pytest.raises(SessionGone):
         await executor.fork_session(parent, SessionForkRequest())
     executor.end_session(fork)
+
+
+async def test_a_fork_outlives_its_parents_own_exit(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    ended = await executor.run_code(RunCodeRequest(code="import os\nos._exit(3)", language="python", session_id=parent))
+    assert ended.session_alive is False
+    assert await run(executor, fork, "print(x)") == "41\n"
+    # ... and one killed at its time-out (the interpreter ignores the interrupt).
+    [second] = (await executor.fork_session(fork, SessionForkRequest())).session_ids
+    stuck = await executor.run_code(RunCodeRequest(
+        code="import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", language="python",
+        session_id=fork, run_timeout=1))
+    assert stuck.session_alive is False
+    assert await run(executor, second, "print(x)") == "41\n"
 
 
 async def test_forks_of_a_bash_session(executor: Executor) -> None:

@@ -109,6 +109,8 @@ class Child:
             os._exit(1)
         self._limit(job)
         mode = job.get("mode")
+        if mode in ("session_python", "session_bash"):
+            _become_init()
         if mode == "session_python":
             os.close(stdin_fd)
             report({"kind": "session_ready"})
@@ -233,6 +235,25 @@ class Child:
         if not self.blueprint.isolated:
             return [self.workdir]
         return [self.cfg["workdir"], self.cfg["tmpdir"], self.cfg["datadir"]]
+
+
+def _become_init() -> None:
+    """A session's PID 1 runs no user code: it reaps, and lives while anything below it does (a
+    fork of the session is a child of it), so a fork outlives its parent's interpreter.  It is not
+    dumpable: the interpreter, of the same uid, cannot trace it.  The interpreter returns."""
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # its own process group: an interrupt goes to it and what it runs
+        return
+    linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    os.closerange(0, 1 << 16)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
 
 
 def _read_job() -> RunBody:

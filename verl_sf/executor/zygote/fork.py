@@ -23,6 +23,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 import traceback
 from typing import NoReturn
 
@@ -44,7 +45,12 @@ from .linux import (
 from .run_groups import Groups
 
 FORK_FLAGS = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-SIGCHLD = 17
+CLONE_PARENT, SIGCHLD = 0x8000, 17
+# What a fork's PID 1 becomes (exec'd, so no code of the session's runs in it): a reaper that lives
+# while anything below it does.
+# Every signal blocked: a kill from outside (the zygote's interrupt of a process group) never ends it.
+REAPER = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())\nwhile True:\n"
+          " try: os.wait()\n except ChildProcessError: break")
 PR_CAPBSET_DROP, PR_SET_KEEPCAPS = 24, 8
 O_WRONLY, O_RDONLY, O_NONBLOCK, F_SETFL = os.O_WRONLY, os.O_RDONLY, os.O_NONBLOCK, 4
 LANDLOCK_SCOPES = 0x3  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL (ABI 6)
@@ -66,12 +72,13 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
         try:
             cwd = _working_directory(parent, blueprint.cfg["workdir"])
             for copy_groups in groups:
-                source.check("clone", FORK_FLAGS | SIGCHLD, 0, key[0], key[1], 0)
+                # A child of the session's PID 1 (CLONE_PARENT): it outlives the parent's interpreter.
+                source.check("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
                 assert source.forked is not None
                 made.append(source.forked)
-                fds = _set_up(blueprint, tracing.Tracee(source.forked, attach=False), source, copy_groups, cwd,
-                              freeze)
-                socket.send_fds(reply, [b"%d\n" % source.forked], fds)
+                init = tracing.Tracee(source.forked, attach=False)
+                interpreter, fds = _set_up(blueprint, init, source, copy_groups, cwd, freeze)
+                socket.send_fds(reply, [b"%d %d" % (init.pid, interpreter)], fds)
                 for fd in fds:
                     os.close(fd)
             # A snapshot runs nothing: it needs no domain of its own (Landlock allows 16 in a line).
@@ -95,15 +102,56 @@ def _working_directory(pid: int, fallback: str) -> str:
     return fallback if path.endswith(" (deleted)") else path
 
 
-def _set_up(blueprint: Blueprint, copy: tracing.Tracee, source: tracing.Tracee, groups: Groups, cwd: str,
-            freeze: bool) -> list[int]:
-    """Make one stopped copy a session of its own; the zygote's ends of its channels."""
+def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, groups: Groups, cwd: str,
+            freeze: bool) -> tuple[int, list[int]]:
+    """Make one stopped copy (PID 1 of its new namespaces) a session of its own: set up from
+    outside, it loses its capabilities, forks the interpreter and becomes a reaper.  The
+    interpreter's pid and the zygote's ends of its channels."""
     cfg = blueprint.cfg
     ids = "0 0 1" if cfg["single_uid"] else f"{cfg['uid']} {cfg['uid']} 1"
-    _run_helper(lambda: _map_ids(source.pid, copy.pid, ids))
+    _run_helper(lambda: _map_ids(source.pid, init.pid, ids))
     token = secrets.token_hex(8)
     fifos = [f"{cfg['tmpdir']}/.verl-sf-fork-{token}-{fd}" for fd in CHANNELS]
-    _run_helper(lambda: _helper(blueprint, copy.pid, groups, fifos))
+    _run_helper(lambda: _helper(blueprint, init.pid, groups, fifos))
+    _drop_capabilities(init)
+    init.check("clone", SIGCHLD, 0, 0, 0, 0)
+    assert init.forked is not None
+    copy = tracing.Tracee(init.forked, attach=False)
+    ends = _channels(copy, source, fifos)
+    address = copy.put(cwd.encode() + b"\0")
+    if copy.call("chdir", address) < 0:
+        copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
+    copy.check("setsid")  # its own process group, which an interrupt goes to
+    copy.resume_as(source.saved, stop=freeze)
+    _become_reaper(init)
+    return copy.pid, ends
+
+
+def _drop_capabilities(process: tracing.Tracee) -> None:
+    """All of them, bounding set included, for good (it made a user namespace, so it had them all)."""
+    with open("/proc/sys/kernel/cap_last_cap") as last:
+        for cap in range(int(last.read()) + 1):
+            process.check("prctl", PR_CAPBSET_DROP, cap)
+    header = process.put(bytes(linux.CapHeader(0x20080522, 0)))
+    process.check("capset", header, process.put(bytes(24), 64))
+
+
+def _become_reaper(init: tracing.Tracee) -> None:
+    """No descriptor of the session's kept, out of its process group, then an exec of the reaper; let go."""
+    init.check("close_range", 0, 2**32 - 1, 0)
+    init.check("setsid")
+    strings = [sys.executable.encode(), b"-S", b"-I", b"-c", REAPER.encode()]
+    addresses, offset = [], 0
+    for text in strings:
+        addresses.append(init.put(text + b"\0", offset))
+        offset += len(text) + 1
+    argv = init.put(b"".join(address.to_bytes(8, "little") for address in [*addresses, 0]), (offset + 15) & ~15)
+    init.check("execve", addresses[0], argv, argv + 8 * len(strings))
+    init.detach()
+
+
+def _channels(copy: tracing.Tracee, source: tracing.Tracee, fifos: list[str]) -> list[int]:
+    """The copy's stdout, stderr, records and calls on pipes of its own; the zygote's ends."""
     root = f"/proc/{copy.pid}/root"
     ends: list[int] = []
     for fd, path in zip(CHANNELS, fifos, strict=True):
@@ -128,15 +176,6 @@ def _set_up(blueprint: Blueprint, copy: tracing.Tracee, source: tracing.Tracee, 
             target = channels.get(os.readlink(f"/proc/{copy.pid}/fd/{entry}"))
             if target is not None and int(entry) not in CHANNELS:
                 copy.check("dup2", target, int(entry))
-    address = copy.put(cwd.encode() + b"\0")
-    if copy.call("chdir", address) < 0:
-        copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
-    with open("/proc/sys/kernel/cap_last_cap") as last:
-        for cap in range(int(last.read()) + 1):
-            copy.check("prctl", PR_CAPBSET_DROP, cap)
-    header = copy.put(bytes(linux.CapHeader(0x20080522, 0)))
-    copy.check("capset", header, copy.put(bytes(24), 64))
-    copy.resume_as(source.saved, stop=freeze)
     return ends
 
 

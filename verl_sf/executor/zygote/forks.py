@@ -13,7 +13,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Optional
 
-from . import fork, linux, procfs, tracing
+from . import fork, linux, tracing
 from .messages import ForkedSession, SessionForkHead
 from .run_groups import Groups
 from .session import Session
@@ -29,7 +29,7 @@ def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
         zygote.reply({"id": head["id"], "status": "Error", "busy": source is not None, "session_alive": True,
                       "error": refusal or "the session is not running"})
         return
-    made: list[tuple[int, list[int]]] = []
+    made: list[tuple[int, int, list[int]]] = []
     groups: list[Groups] = []
     error = ""
     try:
@@ -41,9 +41,9 @@ def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
     except OSError as exc:
         error = f"verl-sf: the fork could not be set up: {exc}"
     if error or len(made) != len(head["ids"]):
-        for pid, fds in made:
+        for init, _, fds in made:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(init, signal.SIGKILL)
             for fd in fds:
                 os.close(fd)
         for group in groups:
@@ -52,8 +52,8 @@ def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
                       "error": error or "the forker ended before making every copy"})
         return
     born: list[ForkedSession] = []
-    for new_id, (pid, fds), group in zip(head["ids"], made, groups, strict=True):
-        copy = Session.adopt(zygote, new_id, source, head["limits"], pid, fds, group, head["freeze"])
+    for new_id, (init, interpreter, fds), group in zip(head["ids"], made, groups, strict=True):
+        copy = Session.adopt(zygote, new_id, source, head["limits"], init, interpreter, fds, group, head["freeze"])
         born.append({"id": copy.id, "group": zygote.groups.path_of(group)})
     zygote.reply({"id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
 
@@ -66,13 +66,13 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
         return "forks need the namespaces isolation rung"
     if not tracing.supported():
         return "forks are made on x86-64 only"
-    if source.call is not None:
+    if source.call is not None or source.interpreter < 0:
         return "a call is running in it (a fork never copies a half-run call)"
-    threads = len(os.listdir(f"/proc/{source.pid}/task"))
+    threads = len(os.listdir(f"/proc/{source.interpreter}/task"))
     if threads > 1:
         return (f"its interpreter runs {threads} threads; fork(2) copies only the one that takes calls, "
                 "so the copies would wait forever on what the others hold")
-    background = [pid for pid in procfs.children(source.pid) if pid not in source.fork_pids]
+    background = source.background()
     if background:
         return (f"it has {len(background)} background process(es), which a fork does not copy and which "
                 "could reach the copies: end them first")
@@ -80,8 +80,8 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
 
 
 def _run_forker(zygote: Zygote, source: Session, groups: list[Groups],
-                freeze: bool) -> tuple[list[tuple[int, list[int]]], str]:
-    """Fork the forker and take, per copy, its pid and our ends of its channels."""
+                freeze: bool) -> tuple[list[tuple[int, int, list[int]]], str]:
+    """Fork the forker and take, per copy, its PID 1, its interpreter and our ends of its channels."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # In our own PID namespace (children otherwise go to the one made for the next run), where it
     # sees the session's pid as we do.
@@ -91,9 +91,9 @@ def _run_forker(zygote: Zygote, source: Session, groups: list[Groups],
         ours.close()
         os.close(zygote.req_fd)
         os.close(zygote.rep_fd)
-        fork.fork(zygote.blueprint, source.pid, groups, freeze, source.frozen, theirs)
+        fork.fork(zygote.blueprint, source.interpreter, groups, freeze, source.frozen, theirs)
     theirs.close()
-    made: list[tuple[int, list[int]]] = []
+    made: list[tuple[int, int, list[int]]] = []
     error = ""
     with ours:
         while True:
@@ -103,6 +103,7 @@ def _run_forker(zygote: Zygote, source: Session, groups: list[Groups],
             if message.startswith(b"error "):
                 error = f"verl-sf: the fork failed: {message[6:].decode(errors='replace').strip()}"
                 continue
-            made.append((int(message), fds))
+            init, interpreter = (int(pid) for pid in message.split())
+            made.append((init, interpreter, fds))
     os.waitpid(pid, 0)
     return made, error

@@ -66,6 +66,7 @@ class Job:
         self.exited = False
         self.collected = False  # its PID 1 was waited for already
         self.adopted = False  # its PID 1 is not our child (a session's fork): nothing to wait for
+        self.fork_inits: set[int] = set()  # PID 1s of its forks, below its own PID 1 but none of its work
         self.status = 0  # PID 1's wait status, once collected
         self.cpu_used = 0.0  # CPU seconds of PID 1 and every process it waited for (wait4's rusage)
         self.memory_exceeded = False
@@ -248,7 +249,7 @@ class Job:
     def sample(self) -> None:
         """CPU time used and time spent waiting for a CPU, over the job's processes; each of them
         (setsid or not, every thread) goes to the lowest CPU priority: fresh runs get the CPU first."""
-        cpu, wait = procfs.demote_tree(self.pid)
+        cpu, wait = procfs.demote_tree(self.pid, self.fork_inits)
         if self.wait_base is None:
             self.wait_base = self.sample_base(cpu, wait)
         self.cpu_seen = cpu - self.wait_base[0]
@@ -258,14 +259,14 @@ class Job:
         return 0.0, 0.0
 
     def _over_processes(self) -> bool:
-        return sum(1 for _ in procfs.tree(self.pid, self.limits["nproc"] + 1)) > self.limits["nproc"]
+        return sum(1 for _ in procfs.tree(self.pid, self.limits["nproc"] + 1, self.fork_inits)) > self.limits["nproc"]
 
     def _over_memory(self, now: float) -> bool:
         """Sampled at most once a tick (on_time runs after every event of the zygote)."""
         if now - self.memory_checked < TICK / 2:
             return False
         self.memory_checked = now
-        return procfs.tree_memory(self.pid) > self.limits["memory"]
+        return procfs.tree_memory(self.pid, self.fork_inits) > self.limits["memory"]
 
     # -- endings ---------------------------------------------------------------------------------
     def kill(self, zygote: Zygote, reason: str) -> None:

@@ -6,18 +6,18 @@ import contextlib
 import os
 import signal
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 
-def tree(pid: int, limit: int = 1024) -> Iterator[int]:
-    """`pid` and its descendants (children of every thread)."""
+def tree(pid: int, limit: int = 1024, skip: Collection[int] = ()) -> Iterator[int]:
+    """`pid` and its descendants (children of every thread), but for those below `skip`."""
     stack = [pid]
     seen = 0
     while stack and seen < limit:
         current = stack.pop()
         seen += 1
         yield current
-        stack.extend(children(current))
+        stack.extend(child for child in children(current) if child not in skip)
 
 
 def children(pid: int) -> list[int]:
@@ -41,13 +41,13 @@ def kill_tree(pid: int) -> None:
                 os.kill(member, signal_number)
 
 
-def demote_tree(pid: int) -> tuple[float, float]:
+def demote_tree(pid: int, skip: Collection[int] = ()) -> tuple[float, float]:
     """Every thread of `pid` and its descendants to nice 19 (nice is per thread, and a setsid'd
     process is out of the job's process group); returns (seconds on a CPU summed over them, the
     longest any one of them waited for a CPU: a run of many busy processes must not pass for a
     starved one by adding up their waits)."""
     cpu = wait = 0.0
-    for current in tree(pid, 256):
+    for current in tree(pid, 256, skip):
         try:
             tasks = os.listdir(f"/proc/{current}/task")
         except OSError:
@@ -73,13 +73,13 @@ def has_children(pid: int) -> bool:
         return False
 
 
-def tree_memory(pid: int) -> int:
+def tree_memory(pid: int, skip: Collection[int] = ()) -> int:
     """Bytes of anonymous and shared memory the job's processes hold, each page split between the
     processes that map it (PSS), so pages still shared with the warm interpreter barely count;
     plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low)."""
     total = 0
     memfds = {}
-    for current in tree(pid):
+    for current in tree(pid, skip=skip):
         try:
             with open(f"/proc/{current}/smaps_rollup", "rb") as fh:
                 for line in fh.read().splitlines():

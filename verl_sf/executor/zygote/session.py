@@ -1,4 +1,9 @@
-"""A session: a live child that takes one call after another until it is closed or dies."""
+"""A session: a live interpreter that takes one call after another until it is closed or dies.
+
+Its PID 1 runs no user code and only reaps (child.py); the interpreter is PID 1's child.  The
+session ends when the interpreter does; its PID namespace, when PID 1 does, which waits for the
+session's forks (forks.py: each a child of PID 1, in a PID namespace below) to end first.
+"""
 
 from __future__ import annotations
 
@@ -24,18 +29,16 @@ class Session(Job):
         self.call: Optional[SessionCallHead] = None  # the call in progress
         self.fetch_paths: list[str] = []  # a bash call's fetch_files, in order
         self.interrupted_at: Optional[float] = None
-        # Forks (forks.py): a copy lives in its parent's PID namespace, so a parent ended while
-        # copies live is held, stopped, until the last one ends.
+        self.interpreter = -1  # its pid, once ready
+        self.interpreter_fd = -1  # a pidfd of it: the session ends with it
         self.parent: Optional[Session] = None
-        self.forks: set[Session] = set()
-        self.fork_pids: set[int] = set()  # every copy ever made of it (our pids): its children, not its own work
+        self.forks: set[Session] = set()  # its forks whose PID 1 lives
         self.frozen = False  # a snapshot: stopped for good, only forked
-        self.held = False
         self.announced = False  # its end was told to the server
 
     @classmethod
-    def adopt(cls, zygote: Zygote, new_id: int, source: Session, limits: Limits, pid: int, fds: list[int],
-              groups: Groups, frozen: bool) -> Session:
+    def adopt(cls, zygote: Zygote, new_id: int, source: Session, limits: Limits, init: int, interpreter: int,
+              fds: list[int], groups: Groups, frozen: bool) -> Session:
         """A copy forked from `source`, taken on as a session of its own, idle."""
         head: SessionOpenHead = {"op": "open", "id": new_id, "language": source.language, "limits": limits}
         copy = cls(zygote, head, b"")
@@ -43,12 +46,23 @@ class Session(Job):
         copy.frozen = frozen
         copy.parent = source
         out_r, err_r, meta_r, job_w = fds
-        copy.attach(zygote, pid, out_r, err_r, meta_r, job_w, groups)
+        copy.attach(zygote, init, out_r, err_r, meta_r, job_w, groups)
+        copy._watch_interpreter(zygote, interpreter)
         copy.hard_deadline = time.monotonic()
         copy.begin_stage(0)
         source.forks.add(copy)
-        source.fork_pids.add(pid)
+        source.fork_inits.add(init)
         return copy
+
+    def _watch_interpreter(self, zygote: Zygote, pid: int) -> None:
+        self.interpreter = pid
+        self.interpreter_fd = os.pidfd_open(pid)
+        zygote.watch(self, (self.interpreter_fd,))
+
+    def background(self) -> list[int]:
+        """The session's processes beside its interpreter (its own, or orphans PID 1 took in)."""
+        return [*procfs.children(self.interpreter),
+                *(pid for pid in procfs.children(self.pid) if pid != self.interpreter and pid not in self.fork_inits)]
 
     def register(self, zygote: Zygote) -> None:
         zygote.sessions[self.id] = self
@@ -97,7 +111,9 @@ class Session(Job):
         kind = record.get("kind")
         if kind == "call_done" and self.call is not None:
             self._end_call(zygote, record)
-        elif kind == "session_ready" and self.call is None:
+        elif kind == "session_ready" and self.call is None and self.interpreter < 0:
+            # Nothing of the session's own runs yet: PID 1's one child is the interpreter.
+            self._watch_interpreter(zygote, procfs.children(self.pid)[0])
             zygote.reply({"id": self.id, "status": "Finished", "session_alive": True,
                           "group": zygote.groups.path_of(self.groups)})
         elif kind == "cell":
@@ -114,7 +130,7 @@ class Session(Job):
         if self.past_deadline(now):
             self.interrupted_at = now
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGINT)  # as a Jupyter kernel's interrupt
+                os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
 
     def _end_call(self, zygote: Zygote, record: dict[str, Any]) -> None:
         assert self.call is not None
@@ -133,49 +149,60 @@ class Session(Job):
         self.call = None
         self.interrupted_at = None
         # What a call left running in the background drops to the lowest CPU priority.
-        if procfs.has_children(self.pid):
-            procfs.demote_tree(self.pid)
+        for pid in self.background():
+            procfs.demote_tree(pid)
         zygote.reply(reply)
 
     # -- ending ----------------------------------------------------------------------------------
+    def on_event(self, zygote: Zygote, fd: int) -> None:
+        if fd == self.interpreter_fd:
+            zygote.unwatch(fd)
+            os.close(fd)
+            self.interpreter_fd = -1
+            self.drain(zygote)
+            if not self.announced:
+                self._announce(zygote)
+            self._end_rest(zygote)
+            return
+        super().on_event(zygote, fd)
+
     def kill(self, zygote: Zygote, reason: str) -> None:
-        if any(not copy.exited for copy in self.forks) and not self.exited:
-            self._hold(zygote, reason)
+        if self.forks:
+            self.end_reason = self.end_reason or reason
+            self.alive = False
+            self._end_rest(zygote)
         else:
             super().kill(zygote, reason)
 
-    def _hold(self, zygote: Zygote, reason: str) -> None:
-        """Ended while copies live: its own processes die, its interpreter stops (its PID
-        namespace, theirs too, lives on) until the last copy ends."""
-        self.end_reason = self.end_reason or reason
-        for child in procfs.children(self.pid):
-            if child not in self.fork_pids:
-                procfs.kill_tree(child)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGSTOP)
-        if not self.held:
-            self.held = True
-            self._announce(zygote)
-            self.alive = False
+    def _end_rest(self, zygote: Zygote) -> None:
+        """The interpreter and everything of the session's own ends; PID 1 lives on while forks do
+        (it ends by itself after them)."""
+        if not self.forks:
+            Job.kill(self, zygote, self.end_reason or "its interpreter exited")
+            return
+        for pid in (self.interpreter, *self.background()):
+            if pid > 0:
+                procfs.kill_tree(pid)
 
     def on_exit(self, zygote: Zygote) -> None:
+        """PID 1 is gone, and with it every process of the session."""
         if self.id not in zygote.sessions:
             return
         self.alive = False
         if self.parent is not None:
             self.parent.forks.discard(self)
-            if self.parent.held and not any(not copy.exited for copy in self.parent.forks):
-                Job.kill(self.parent, zygote, self.parent.end_reason)
-            if self.parent.exited and not self.end_reason:
-                self.end_reason = ("its parent session's interpreter exited (a fork lives in its parent's "
-                                   "PID namespace)")
         if not self.announced:
             self._announce(zygote)
+        if self.interpreter_fd >= 0:
+            zygote.unwatch(self.interpreter_fd)
+            os.close(self.interpreter_fd)
+            self.interpreter_fd = -1
         zygote.retire(self)
 
     def _announce(self, zygote: Zygote) -> None:
         """Tell the server the session ended (and the call in progress, if any, with it)."""
         self.announced = True
+        self.alive = False
         ended: Reply = {}
         self.note_memory(zygote, ended)
         reason = self.failure or self.end_reason or "its interpreter exited"

@@ -26,7 +26,8 @@ SYSCALL_INSTRUCTION = b"\x0f\x05"
 RESTART_ERRORS = (-512, -513, -514)  # ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND: the call is made again
 SCRATCH_BELOW_STACK = 4096  # bytes below the stack pointer our arguments go in (past the red zone)
 SYS = {"read": 0, "close": 3, "fcntl": 72, "chdir": 80, "open": 2, "dup2": 33, "prctl": 157, "capset": 126,
-       "clone": 56, "landlock_create_ruleset": 444, "landlock_restrict_self": 446}
+       "clone": 56, "setsid": 112, "execve": 59, "close_range": 436, "landlock_create_ruleset": 444,
+       "landlock_restrict_self": 446}
 
 libc.ptrace.restype = ctypes.c_long
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -140,6 +141,11 @@ class Tracee:
         self.close()
         if stop:
             os.kill(self.pid, signal.SIGSTOP)  # delivered once we let go: it never runs a step of its own
+        _ptrace(PTRACE_DETACH, self.pid)
+
+    def detach(self) -> None:
+        """Let go as it stands (after an exec, say)."""
+        self.close()
         _ptrace(PTRACE_DETACH, self.pid)
 
     def close(self) -> None:
