@@ -4,10 +4,13 @@ independence, lifetimes, and what a fork refuses."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.host_view import descendants, zygotes
+from tests.waiting import wait_until_async
 from verl_sf.errors import SessionBusy, SessionGone, SnapshotGone
 from verl_sf.executor import Executor, ExecutorConfig, Overloaded
 from verl_sf.executor.executor import InvalidRequest
@@ -188,3 +191,21 @@ async def test_model_code_cannot_make_namespaces_without_the_key(executor: Execu
            "r = libc.syscall(56, 0x10000000 | 0x20000000 | 17, 0, 0, 0, 0)\n" \
            "if r == 0:\n    os._exit(0)\nprint(r, ctypes.get_errno())"
     assert await run(executor, session, code) == "-1 1\n"  # EPERM: clone(CLONE_NEWUSER) refused
+
+
+async def test_a_parent_ended_in_the_middle_of_its_fork_leaves_nothing(executor: Executor) -> None:
+    parent = await parent_with_state(executor)
+    # 200 MB of files: copying them keeps the forker busy while the parent is ended.
+    await run(executor, parent, "import os\nfor i in range(4):\n    open(f'/workdir/big{i}', 'wb').write(os.urandom(50 << 20))")
+    [zygote] = zygotes(os.getpid())
+    before = set(descendants(zygote))
+    forking = asyncio.ensure_future(executor.fork_session(parent, SessionForkRequest(count=2)))
+    await asyncio.sleep(0.05)
+    executor.end_session(parent)
+    with pytest.raises(SessionGone, match="while it was being forked"):
+        await forking
+    assert set(executor.sessions) == set()
+    # Every process the fork made, and the parent's, is gone (but the child ready for the next run).
+    await wait_until_async(lambda: len(set(descendants(zygote)) - before) <= 1, 30, "the fork's processes are gone")
+    fresh = (await executor.create_session(SessionCreateRequest())).session_id
+    assert await run(executor, fresh, "print(1)") == "1\n"

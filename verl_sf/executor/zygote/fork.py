@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import secrets
 import socket
@@ -61,6 +62,10 @@ class ForkFailed(OSError):
     """The copies could not be made; none is left behind."""
 
 
+class TooDeep(ForkFailed):
+    """A fork of a fork of ... past what the kernel nests: the session's state, not a fault."""
+
+
 def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, parent_frozen: bool,
          reply: socket.socket) -> NoReturn:
     """In the forker (a child of the zygote): make len(groups) copies of `parent`, send the zygote
@@ -69,11 +74,19 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     try:
         key = blueprint.seccomp.key()
         source = tracing.Tracee(parent)
+        if not parent_frozen and linux.landlock_abi() < 6:
+            raise ForkFailed("this kernel's Landlock cannot scope signals (ABI 6, Linux 6.12): a live parent "
+                             "could signal its forks")
         try:
             cwd = _working_directory(parent, blueprint.cfg["workdir"])
             for copy_groups in groups:
                 # A child of the session's PID 1 (CLONE_PARENT): it outlives the parent's interpreter.
-                source.check("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
+                made_now = source.call("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
+                if -made_now in (errno.EUSERS, errno.ENOSPC):
+                    raise TooDeep(f"forks nest only so deep (Linux allows 32 user and PID namespaces, the "
+                                  f"sandbox and its sessions use some): {os.strerror(-made_now)}")
+                if made_now < 0:
+                    raise tracing.TraceError(-made_now, f"clone: {os.strerror(-made_now)}")
                 assert source.forked is not None
                 made.append(source.forked)
                 init = tracing.Tracee(source.forked, attach=False)
@@ -82,7 +95,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
                 for fd in fds:
                     os.close(fd)
             # A snapshot runs nothing: it needs no domain of its own (Landlock allows 16 in a line).
-            if not parent_frozen and linux.landlock_abi() >= 6:
+            if not parent_frozen:
                 _own_domain(source)
         finally:
             source.resume_as(source.saved, stop=parent_frozen)
@@ -92,8 +105,9 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         message = str(exc) if isinstance(exc, OSError) else traceback.format_exc()
+        kind = b"busy " if isinstance(exc, TooDeep) else b"error "
         with contextlib.suppress(OSError):
-            reply.sendall(b"error " + message.replace("\n", " ").encode() + b"\n")
+            reply.sendall(kind + message.replace("\n", " ").encode() + b"\n")
         os._exit(1)
 
 
@@ -299,12 +313,7 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
             reader = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=source)
             writer = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=target)
             try:
-                remaining = info.st_size
-                while remaining > 0:
-                    copied = os.sendfile(writer, reader, None, remaining)
-                    if copied == 0:
-                        break
-                    remaining -= copied
+                _copy_data(reader, writer, info.st_size)
                 os.chmod(writer, mode)
             finally:
                 os.close(reader)
@@ -319,3 +328,24 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
             os.chown(entry.name, info.st_uid, info.st_gid, dir_fd=target, follow_symlinks=False)
         with contextlib.suppress(OSError):
             os.utime(entry.name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=target, follow_symlinks=False)
+
+
+def _copy_data(reader: int, writer: int, size: int) -> None:
+    """The file's data, holes left holes (a sparse file of any size costs what it holds)."""
+    os.ftruncate(writer, size)
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(reader, offset, os.SEEK_DATA)
+        except OSError as exc:  # ENXIO: nothing but a hole from here
+            if exc.errno == errno.ENXIO:
+                return
+            raise
+        end = os.lseek(reader, start, os.SEEK_HOLE)
+        os.lseek(writer, start, os.SEEK_SET)
+        while start < end:
+            copied = os.sendfile(writer, reader, start, end - start)
+            if copied == 0:
+                return
+            start += copied
+        offset = end

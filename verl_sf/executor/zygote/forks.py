@@ -1,8 +1,8 @@
 """The zygote's side of a session's fork: what it refuses, the forker it runs, the copies it takes on.
 
 The forker (fork.py) is a child of ours, so the key it reads never enters our memory, which every
-later run inherits.  It blocks this zygote's loop while it works (milliseconds, plus the copy of
-the session's files).
+later run inherits.  It works while our loop goes on (copying a session's files takes as long as
+they are big): its socket is polled like a job's pipes, and its end answers the request.
 """
 
 from __future__ import annotations
@@ -11,15 +11,100 @@ import contextlib
 import os
 import signal
 import socket
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 from . import fork, linux, tracing
+from .child import Blueprint
+from .job import Zygote as JobZygote
 from .messages import ForkedSession, SessionForkHead
 from .run_groups import Groups
 from .session import Session
 
-if TYPE_CHECKING:
-    from .supervisor import Zygote
+
+class Zygote(JobZygote, Protocol):
+    """What a fork needs of the zygote (supervisor.Zygote)."""
+
+    blueprint: Blueprint
+    sequence: int
+    pidns_fd: int
+    req_fd: int
+    rep_fd: int
+    forking: dict[int, Forking]
+
+    def watch_fd(self, fd: int) -> None: ...
+
+MAX_FORK_LAYERS = 16  # Landlock domains a process may stack: a live session gets one per fork
+
+
+class Forking:
+    """One fork request in progress."""
+
+    def __init__(self, zygote: Zygote, head: SessionForkHead, source: Session):
+        self.head = head
+        self.source = source
+        self.groups: list[Groups] = []
+        self.made: list[tuple[int, int, list[int]]] = []  # per copy: its PID 1, its interpreter, our channel ends
+        self.error = ""
+        self.busy = False  # refused for the session's state, not a fault
+        for _ in head["ids"]:
+            zygote.sequence += 1
+            self.groups.append(zygote.groups.make(zygote.sequence))
+            zygote.groups.set_limits(self.groups[-1], head["limits"])
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # In our own PID namespace (children otherwise go to the one made for the next run), where it
+        # sees the session's pid as we do.
+        linux.check(linux.libc.setns(zygote.pidns_fd, linux.CLONE_NEWPID), "setns(CLONE_NEWPID)")
+        self.pid = os.fork()
+        if self.pid == 0:
+            ours.close()
+            os.close(zygote.req_fd)
+            os.close(zygote.rep_fd)
+            fork.fork(zygote.blueprint, source.interpreter, self.groups, head["freeze"], source.frozen, theirs)
+        theirs.close()
+        self.socket = ours
+        source.forking = True
+
+    def on_readable(self, zygote: Zygote) -> None:
+        message, fds, _, _ = socket.recv_fds(self.socket, 4096, len(fork.CHANNELS))
+        if message.startswith((b"error ", b"busy ")):
+            kind, _, text = message.partition(b" ")
+            self.error = text.decode(errors="replace").strip()
+            self.busy = kind == b"busy"
+        elif message:
+            init, interpreter = (int(pid) for pid in message.split())
+            self.made.append((init, interpreter, fds))
+            return
+        if not message:
+            self._finish(zygote)
+
+    def _finish(self, zygote: Zygote) -> None:
+        zygote.forking.pop(self.socket.fileno())
+        zygote.unwatch(self.socket.fileno())
+        self.socket.close()
+        os.waitpid(self.pid, 0)
+        self.source.forking = False
+        head, source = self.head, self.source
+        if self.error or len(self.made) != len(head["ids"]) or not source.alive:
+            for init, _, fds in self.made:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(init, signal.SIGKILL)
+                for fd in fds:
+                    os.close(fd)
+            for group in self.groups:
+                zygote.groups.release(group, True)
+            error = ("the session ended while it was being forked" if not source.alive
+                     else self.error or "the forker ended before making every copy")
+            zygote.reply({"id": head["id"], "status": "Error", "busy": self.busy, "session_alive": source.alive,
+                          "error": error if self.busy else f"verl-sf: the fork failed: {error}"})
+            return
+        if not source.frozen:
+            source.layers += 1
+        born: list[ForkedSession] = []
+        for new_id, (init, interpreter, fds), group in zip(head["ids"], self.made, self.groups, strict=True):
+            copy = Session.adopt(zygote, new_id, source, head["limits"], init, interpreter, fds, group,
+                                 head["freeze"])
+            born.append({"id": copy.id, "group": zygote.groups.path_of(group)})
+        zygote.reply({"id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
 
 
 def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
@@ -29,33 +114,14 @@ def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
         zygote.reply({"id": head["id"], "status": "Error", "busy": source is not None, "session_alive": True,
                       "error": refusal or "the session is not running"})
         return
-    made: list[tuple[int, int, list[int]]] = []
-    groups: list[Groups] = []
-    error = ""
     try:
-        for _ in head["ids"]:
-            zygote.sequence += 1
-            groups.append(zygote.groups.make(zygote.sequence))
-            zygote.groups.set_limits(groups[-1], head["limits"])
-        made, error = _run_forker(zygote, source, groups, head["freeze"])
+        forking = Forking(zygote, head, source)
     except OSError as exc:
-        error = f"verl-sf: the fork could not be set up: {exc}"
-    if error or len(made) != len(head["ids"]):
-        for init, _, fds in made:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(init, signal.SIGKILL)
-            for fd in fds:
-                os.close(fd)
-        for group in groups:
-            zygote.groups.release(group, True)
         zygote.reply({"id": head["id"], "status": "Error", "session_alive": True,
-                      "error": error or "the forker ended before making every copy"})
+                      "error": f"verl-sf: the fork could not be set up: {exc}"})
         return
-    born: list[ForkedSession] = []
-    for new_id, (init, interpreter, fds), group in zip(head["ids"], made, groups, strict=True):
-        copy = Session.adopt(zygote, new_id, source, head["limits"], init, interpreter, fds, group, head["freeze"])
-        born.append({"id": copy.id, "group": zygote.groups.path_of(group)})
-    zygote.reply({"id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
+    zygote.forking[forking.socket.fileno()] = forking
+    zygote.watch_fd(forking.socket.fileno())
 
 
 def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
@@ -66,8 +132,12 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
         return "forks need the namespaces isolation rung"
     if not tracing.supported():
         return "forks are made on x86-64 only"
-    if source.call is not None or source.interpreter < 0:
+    if source.call is not None or source.interpreter < 0 or source.forking:
         return "a call is running in it (a fork never copies a half-run call)"
+    if not source.frozen and source.layers >= MAX_FORK_LAYERS - 1:
+        return (f"it was forked {source.layers} times, as often as a live session can be (each fork puts it in "
+                "a Landlock domain of its own, and Linux stacks 16): snapshot it and start sessions from the "
+                "snapshot instead")
     threads = len(os.listdir(f"/proc/{source.interpreter}/task"))
     if threads > 1:
         return (f"its interpreter runs {threads} threads; fork(2) copies only the one that takes calls, "
@@ -77,33 +147,3 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
         return (f"it has {len(background)} background process(es), which a fork does not copy and which "
                 "could reach the copies: end them first")
     return None
-
-
-def _run_forker(zygote: Zygote, source: Session, groups: list[Groups],
-                freeze: bool) -> tuple[list[tuple[int, int, list[int]]], str]:
-    """Fork the forker and take, per copy, its PID 1, its interpreter and our ends of its channels."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    # In our own PID namespace (children otherwise go to the one made for the next run), where it
-    # sees the session's pid as we do.
-    linux.check(linux.libc.setns(zygote.pidns_fd, linux.CLONE_NEWPID), "setns(CLONE_NEWPID)")
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        os.close(zygote.req_fd)
-        os.close(zygote.rep_fd)
-        fork.fork(zygote.blueprint, source.interpreter, groups, freeze, source.frozen, theirs)
-    theirs.close()
-    made: list[tuple[int, int, list[int]]] = []
-    error = ""
-    with ours:
-        while True:
-            message, fds, _, _ = socket.recv_fds(ours, 4096, len(fork.CHANNELS))
-            if not message:
-                break
-            if message.startswith(b"error "):
-                error = f"verl-sf: the fork failed: {message[6:].decode(errors='replace').strip()}"
-                continue
-            init, interpreter = (int(pid) for pid in message.split())
-            made.append((init, interpreter, fds))
-    os.waitpid(pid, 0)
-    return made, error

@@ -34,6 +34,8 @@ class Session(Job):
         self.parent: Optional[Session] = None
         self.forks: set[Session] = set()  # its forks whose PID 1 lives
         self.frozen = False  # a snapshot: stopped for good, only forked
+        self.forking = False  # a forker has it stopped
+        self.layers = 0  # Landlock domains stacked on its interpreter (one per fork)
         self.announced = False  # its end was told to the server
 
     @classmethod
@@ -45,6 +47,7 @@ class Session(Job):
         copy.adopted = True
         copy.frozen = frozen
         copy.parent = source
+        copy.layers = source.layers
         out_r, err_r, meta_r, job_w = fds
         copy.attach(zygote, init, out_r, err_r, meta_r, job_w, groups)
         copy._watch_interpreter(zygote, interpreter)

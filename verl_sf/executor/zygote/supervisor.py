@@ -76,6 +76,7 @@ class Zygote:
         self.sessions: dict[int, Session] = {}  # open request id -> session
         self.reaping: dict[int, Job] = {}  # pidfd -> job whose answer is sent and whose PID 1 is still to collect
         self.fd_owner: dict[int, Job] = {}  # fd -> job, for the poll loop
+        self.forking: dict[int, forks.Forking] = {}  # the forker's socket -> its fork request
         self.poller = select.poll()
         self.poller.register(self.req_fd, select.POLLIN)
         self.requests = Lines()
@@ -99,6 +100,8 @@ class Zygote:
                 job = self.fd_owner.get(fd)
                 if job is not None:
                     job.on_event(self, fd)
+                elif fd in self.forking:
+                    self.forking[fd].on_readable(self)
                 elif fd in self.reaping:
                     self._reap(fd)
             now = time.monotonic()
@@ -221,6 +224,9 @@ class Zygote:
         for fd in fds:
             self.fd_owner[fd] = job
             self.poller.register(fd, select.POLLIN)
+
+    def watch_fd(self, fd: int) -> None:
+        self.poller.register(fd, select.POLLIN)
 
     def unwatch(self, fd: int) -> None:
         self.fd_owner.pop(fd, None)
