@@ -20,7 +20,7 @@ import ray
 
 from tests.waiting import wait_until
 from verl_sf.backends.cluster import ClusterSandboxBackend, SandboxCallInterrupted
-from verl_sf.errors import SessionGone
+from verl_sf.errors import SessionGone, SnapshotGone
 from verl_sf.models import RunCodeRequest
 
 
@@ -119,6 +119,52 @@ def session_on_its_server(namespace: str) -> dict[str, Any]:
     return asyncio.run(run())
 
 
+@ray.remote(num_cpus=0)
+def fork_on_its_server(namespace: str) -> dict[str, Any]:
+    """A session's forks and its snapshot are made on the session's server, and its forks run there."""
+
+    async def run() -> dict[str, Any]:
+        async with _backend(namespace) as backend:
+            parent = await backend.run_code(RunCodeRequest(code="x = 41", language="python"), session="parent")
+            forks = await backend.fork_session("parent", 2)
+            replies = [await backend.run_code(RunCodeRequest(code="x += 1\nprint(x)", language="python"),
+                                              session=key) for key in forks]
+            snapshot = await backend.snapshot_session("parent")
+            assert parent.session_id is not None
+            result = {"parent_url": backend.session_server(parent.session_id),
+                      "fork_urls": [backend.session_server(r.session_id or "") for r in replies],
+                      "fork_stdout": [r.run_result.stdout if r.run_result else None for r in replies],
+                      "snapshot_id": snapshot.snapshot_id,
+                      "snapshot_url": backend.snapshot_server(snapshot.snapshot_id)}
+            for key in forks:  # `close()` ends them all the same; the snapshot outlives this process
+                await backend.end_session(key)
+            return result
+
+    return asyncio.run(run())
+
+
+@ray.remote(num_cpus=0)
+def open_from_snapshot(namespace: str, snapshot_id: str) -> dict[str, Any]:
+    """Another process, on another node, opens a session from a snapshot it did not take, then deletes it."""
+
+    async def run() -> dict[str, Any]:
+        async with _backend(namespace) as backend:
+            await backend.open_session("copy", from_snapshot=snapshot_id)
+            reply = await backend.run_code(RunCodeRequest(code="print(x)", language="python"), session="copy")
+            url = backend.session_server(reply.session_id or "")
+            await backend.delete_snapshot(snapshot_id)
+            try:
+                await backend.open_session("again", from_snapshot=snapshot_id)
+                gone = None
+            except SnapshotGone as exc:
+                gone = exc.reason
+            local = [u for u, s in backend.stats().items() if s["local"]]
+            return {"url": url, "stdout": reply.run_result.stdout if reply.run_result else None, "gone": gone,
+                    "local_urls": local}
+
+    return asyncio.run(run())
+
+
 def crash_actor(namespace: str, node_id: str) -> dict[str, Any]:
     """Kill the node's server actor as a crash would (Ray restarts it); the old server must go with it."""
     from verl_sf.cluster import fleet
@@ -147,6 +193,10 @@ def main() -> None:
         result = ray.get(load_and_kill_local_server.options(**options).remote(namespace, **args))
     elif scenario == "session":
         result = ray.get(session_on_its_server.options(**options).remote(namespace))
+    elif scenario == "fork":
+        result = ray.get(fork_on_its_server.options(**options).remote(namespace))
+    elif scenario == "from_snapshot":
+        result = ray.get(open_from_snapshot.options(**options).remote(namespace, **args))
     elif scenario == "crash_actor":
         result = crash_actor(namespace, **args)
     else:

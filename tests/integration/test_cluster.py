@@ -236,6 +236,19 @@ def test_sessions_stay_on_their_server(fleet: Any) -> None:
     assert result["fresh"] == "False\n" and result["fresh_session"], "after SessionGone the key starts afresh"
 
 
+def test_forks_and_snapshots_live_on_their_sessions_server(fleet: Any) -> None:
+    """Forked from node B, opened from the snapshot on node A: every step goes to the session's server."""
+    wait_until(lambda: len([s for s in status(fleet) if s.get("url")]) == 2, 120, "both servers listen", every=2)
+    forked = drive(fleet, "fork", node="node_b")
+    assert forked["parent_url"] and forked["fork_urls"] == [forked["parent_url"]] * 2, forked
+    assert forked["fork_stdout"] == ["42\n", "42\n"]
+    assert forked["snapshot_url"] == forked["parent_url"]
+    opened = drive(fleet, "from_snapshot", node="node_a", snapshot_id=forked["snapshot_id"])
+    assert opened["url"] == forked["parent_url"] and opened["stdout"] == "41\n", opened
+    assert opened["local_urls"] != [forked["parent_url"]], "the opener's own node runs another server"
+    assert opened["gone"] and "no server of the fleet knows it" in opened["gone"], opened
+
+
 def test_node_leaving_and_joining(fleet: Any) -> None:
     ids = node_ids(fleet)
     node_b = next(node for node in fleet.worker_nodes if node.node_id == ids["node_b"])

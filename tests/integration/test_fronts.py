@@ -107,6 +107,44 @@ def test_session_calls_reach_their_owner_from_any_front(fronts_server: ServerHan
     assert fresh("GET", f"{fronts_server.url}/sessions/{session_id}").status_code == 404
 
 
+def test_forks_and_snapshots_reach_their_owner_from_any_front(fronts_server: ServerHandle) -> None:
+    """A session's forks and snapshots are its front's, named for it; a snapshot routes like a session."""
+    url = fronts_server.url
+    parent = fresh("POST", url + "/sessions", json={"language": "python"}).json()["session_id"]
+    fresh("POST", fronts_server.run_code_url, json={"code": "x = 41", "language": "python",
+                                                    "session_id": parent}).raise_for_status()
+    owner = parent.split("-")[0]
+    forked = fresh("POST", f"{url}/sessions/{parent}/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    forks = forked.json()["session_ids"]
+    snapshot = fresh("POST", f"{url}/sessions/{parent}/snapshot")
+    assert snapshot.status_code == 201, snapshot.text
+    snapshot_id = snapshot.json()["snapshot_id"]
+    assert snapshot.json()["source_session_id"] == parent
+    assert {i.split("-")[0] for i in [*forks, snapshot_id]} == {owner}, "named for the parent's front"
+    started = []
+    for _ in range(4):  # fresh connections: some land on the other front and are forwarded to the owner
+        answer = fresh("POST", url + "/sessions", json={"from_snapshot": snapshot_id})
+        assert answer.status_code == 201, answer.text
+        started.append(answer.json()["session_id"])
+    for session_id in [*forks, *started]:
+        answer = fresh("POST", fronts_server.run_code_url, json={"code": "x += 1\nprint(x)", "language": "python",
+                                                                 "session_id": session_id})
+        assert answer.status_code == 200 and answer.json()["run_result"]["stdout"] == "42\n", answer.text
+    for _ in range(4):  # whichever front answers lists every front's snapshots, under their public ids
+        listed = fresh("GET", url + "/snapshots").json()["snapshots"]
+        assert [s["sessions_started"] for s in listed if s["snapshot_id"] == snapshot_id] == [4]
+    assert fresh("GET", url + "/health").json()["snapshots"] == len(listed)
+    assert fresh("GET", f"{url}/snapshots/{snapshot_id}").json()["snapshot_id"] == snapshot_id
+    assert fresh("DELETE", f"{url}/snapshots/{snapshot_id}").json() == {"snapshot_id": snapshot_id, "deleted": True}
+    gone = fresh("POST", url + "/sessions", json={"from_snapshot": snapshot_id})
+    assert gone.status_code == 404 and "deleted" in gone.json()["detail"], gone.text
+    foreign = fresh("GET", url + "/snapshots/not-ours")
+    assert foreign.status_code == 404 and "unknown snapshot 'not-ours'" in foreign.json()["detail"]
+    for session_id in [parent, *forks, *started]:
+        fresh("DELETE", f"{url}/sessions/{session_id}")
+
+
 def test_a_front_dying_stops_the_server() -> None:
     """No half-server: the parent stops the other fronts and exits non-zero for its supervisor to restart."""
     handle = start_server("--slots", "2", "--fronts", "2")

@@ -5,6 +5,8 @@ and the rest of the stack does not notice.  Each backend module holds its backen
 config (a `BackendConfigBase` whose `build()` makes the backend); `verl_sf.backends.config`
 is their union, told apart by `type`.  Sessions are part of the interface: a call names a
 session by the caller's key, a session that is gone raises `verl_sf.errors.SessionGone`.
+Forks and snapshots of a session are too, on the backends whose sessions are a verl-sf
+server's (the others raise `verl_sf.errors.ForkUnavailable`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from typing import Any, ClassVar, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from verl_sf.errors import VerlSfError
-from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+from verl_sf.errors import ForkUnavailable, VerlSfError
+from verl_sf.models import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    SessionLanguage,
+    SnapshotInfo,
+)
 
 T = TypeVar("T")
 
@@ -67,6 +76,27 @@ class SandboxBackend(abc.ABC):
 
     async def end_session(self, session: str) -> None:  # noqa: B027 (a no-op default: most backends hold nothing)
         """Release what `session` holds (a sandbox, a process).  Idempotent; a no-op without sessions."""
+
+    async def open_session(self, session: str, language: SessionLanguage = "python", *,
+                           from_snapshot: Optional[str] = None) -> str:
+        """Open `session`'s server session now, from snapshot `from_snapshot`'s state when given (whose
+        language `language` must be), instead of at its first call; a key already open keeps its session.
+        Returns the server's session id; `SnapshotGone` when the snapshot is."""
+        raise ForkUnavailable(f"backend {self.name!r} cannot open sessions from snapshots")
+
+    async def fork_session(self, session: str, count: int = 1, *, language: SessionLanguage = "python",
+                           reseed: bool = False, idle_ttl_s: Optional[float] = None) -> list[str]:
+        """`count` new sessions holding `session`'s live state; their keys, usable as `session=` at once.
+        `SessionGone` when it is, `SessionBusy` while it runs a call."""
+        raise ForkUnavailable(f"backend {self.name!r} cannot fork sessions")
+
+    async def snapshot_session(self, session: str, *, language: SessionLanguage = "python") -> SnapshotInfo:
+        """A frozen copy of `session`'s live state, which `open_session(from_snapshot=...)` starts sessions from."""
+        raise ForkUnavailable(f"backend {self.name!r} cannot snapshot sessions")
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot this backend's server holds.  Idempotent: one already gone is not an error."""
+        raise ForkUnavailable(f"backend {self.name!r} keeps no snapshots")
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         raise NotImplementedError(f"backend {self.name!r} does not support run_jupyter")

@@ -14,7 +14,10 @@ that breaks after the request was sent may have run the code: it is not re-sent 
 idempotent) and the caller gets `SandboxCallInterrupted`, a `SandboxUnavailable` (a sandbox
 failure, never the code's verdict).  Sessions are the backends' own (`run_code(request,
 session=key)`, as for http and local): a session lives on the server that created it; when that
-server has died or no longer knows the session, the call raises `SessionGone`.
+server has died or no longer knows the session, the call raises `SessionGone`.  A session's forks
+and snapshots live on its server, and a session opened from a snapshot on the snapshot's (a
+snapshot another process took is found by asking each server); a snapshot whose server has died or
+forgotten it raises `SnapshotGone`.
 
 The object holds only its settings when pickled; its state (directory, counters, sessions)
 belongs to the process and event loop that use it, as the http backend's connections do.
@@ -28,7 +31,8 @@ import dataclasses
 import logging
 import random
 import time
-from typing import Any, Literal, Optional
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, Optional, TypeVar
 
 from pydantic import Field, field_validator
 
@@ -42,18 +46,21 @@ from verl_sf.backends.http import (
     SandboxUnreachable,
 )
 from verl_sf.backends.sessions import ServerSessionBackend
-from verl_sf.errors import SessionGone
+from verl_sf.errors import SessionGone, SnapshotGone
 from verl_sf.models import (
     RunCodeRequest,
     RunCodeResponse,
     RunJupyterRequest,
     RunJupyterResponse,
     SessionCreateRequest,
+    SessionForkRequest,
     SessionInfo,
+    SnapshotInfo,
 )
 
 log = logging.getLogger(__name__)
 RECHECK_DOWN_S = 1.0
+T = TypeVar("T")
 
 
 class SandboxCallInterrupted(SandboxUnavailable):
@@ -111,12 +118,29 @@ class _Server:
 
 @dataclasses.dataclass
 class _State:
-    """Per event loop: servers by URL, sessions by id, and when the directory was last read."""
+    """Per event loop: servers by URL, sessions and snapshots by id, and when the directory was last read."""
 
     servers: dict[str, _Server] = dataclasses.field(default_factory=dict)
     sessions: dict[str, str] = dataclasses.field(default_factory=dict)  # session id -> its server's URL
+    snapshots: dict[str, str] = dataclasses.field(default_factory=dict)  # snapshot id -> its server's URL
     refreshed_at: float = float("-inf")
     refreshing: Optional[asyncio.Future] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """What lives on one server and is routed there: sessions, snapshots."""
+
+    path: str  # the server's route, /{path}/{id}, and the `_State` table that maps ids to servers
+    gone: type[SessionGone] | type[SnapshotGone]
+
+    def table(self, state: _State) -> dict[str, str]:
+        table: dict[str, str] = getattr(state, self.path)
+        return table
+
+
+SESSIONS = _Held("sessions", SessionGone)
+SNAPSHOTS = _Held("snapshots", SnapshotGone)
 
 
 class ClusterSandboxBackend(ServerSessionBackend):
@@ -166,12 +190,14 @@ class ClusterSandboxBackend(ServerSessionBackend):
             await next(iter(state.servers.values())).client.close()  # one shared connection pool
 
     # ---- sessions (the server's HTTP session API, on the server that holds each) ---------
-    async def _create_session(self, request: SessionCreateRequest) -> str:
-        """`POST /sessions` on the server a call would go to now; remembers where the session lives."""
-        body = request.model_dump(mode="json")
-        info = SessionInfo.model_validate(
-            await self._routed(lambda server: server.client.request_json("POST", "/sessions", body)))
-        return info.session_id
+    async def _create_session(self, request: SessionCreateRequest) -> SessionInfo:
+        """`POST /sessions` on the server a call would go to now (from a snapshot: on the snapshot's);
+        remembers where the session lives."""
+        snapshot = request.from_snapshot
+        if snapshot is None:
+            return await self._routed(lambda server: self._record(server, server.client._create_session(request)))
+        return await self._on_owner(SNAPSHOTS, snapshot,
+                                    lambda server: self._record(server, server.client._create_session(request)))
 
     async def _delete_session(self, session_id: str) -> None:
         """`DELETE /sessions/{id}`; a session that is already gone, or whose server is, counts as ended."""
@@ -179,6 +205,34 @@ class ClusterSandboxBackend(ServerSessionBackend):
             await self._in_session(session_id, lambda server: server.client.request_json(
                 "DELETE", f"/sessions/{session_id}"))
         self._state().sessions.pop(session_id, None)
+
+    async def _fork_session(self, session_id: str, request: SessionForkRequest) -> list[str]:
+        """The forks live on the parent's server."""
+        return await self._in_session(session_id, lambda server: self._record(
+            server, server.client._fork_session(session_id, request)))
+
+    async def _snapshot_session(self, session_id: str) -> SnapshotInfo:
+        """The snapshot lives on the session's server."""
+        return await self._in_session(session_id, lambda server: self._record(
+            server, server.client._snapshot_session(session_id)))
+
+    async def _delete_snapshot(self, snapshot_id: str) -> None:
+        """A snapshot that is already gone, or whose server is, counts as deleted."""
+        with contextlib.suppress(SnapshotGone):
+            await self._on_owner(SNAPSHOTS, snapshot_id, lambda server: server.client._delete_snapshot(snapshot_id))
+        self._state().snapshots.pop(snapshot_id, None)
+
+    async def _record(self, server: _Server, made: Awaitable[T]) -> T:
+        """What `made` created (a session, forks, a snapshot), remembered as living on `server`."""
+        result = await made
+        state = self._state()
+        if isinstance(result, SessionInfo):
+            state.sessions[result.session_id] = server.url
+        elif isinstance(result, SnapshotInfo):
+            state.snapshots[result.snapshot_id] = server.url
+        elif isinstance(result, list):
+            state.sessions.update(dict.fromkeys(result, server.url))
+        return result
 
     # ---- what the router sees --------------------------------------------------------
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -191,6 +245,10 @@ class ClusterSandboxBackend(ServerSessionBackend):
     def session_server(self, session_id: str) -> Optional[str]:
         """The URL of the server this process knows the server session `session_id` lives on."""
         return self._states.get(asyncio.get_running_loop(), _State()).sessions.get(session_id)
+
+    def snapshot_server(self, snapshot_id: str) -> Optional[str]:
+        """The URL of the server this process knows snapshot `snapshot_id` lives on."""
+        return self._states.get(asyncio.get_running_loop(), _State()).snapshots.get(snapshot_id)
 
     async def servers(self) -> list[str]:
         """URLs of the servers the directory holds (refreshed if stale)."""
@@ -224,8 +282,6 @@ class ClusterSandboxBackend(ServerSessionBackend):
                 finally:
                     server.in_flight -= 1
                 server.served += 1
-                if isinstance(result, dict) and isinstance(result.get("session_id"), str):
-                    self._state().sessions[result["session_id"]] = server.url
                 return result
             if round_ + 1 < self.config.max_rounds:
                 backoff = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** round_)
@@ -255,29 +311,34 @@ class ClusterSandboxBackend(ServerSessionBackend):
                 return server
         return min(candidates, key=lambda s: (saturated(s), s.in_flight / s.slots, s.node_id != node_id))
 
-    async def _in_session(self, session_id: str, call: Any) -> Any:
+    async def _in_session(self, session_id: str, call: Callable[[_Server], Awaitable[T]]) -> T:
+        return await self._on_owner(SESSIONS, session_id, call)
+
+    async def _on_owner(self, held: _Held, ident: str, call: Callable[[_Server], Awaitable[T]]) -> T:
+        """`call(server)` on the server that holds session or snapshot `ident`; `held.gone` when it is not there."""
         state = self._state()
-        url = state.sessions.get(session_id) or await self._find_session(session_id)
+        table = held.table(state)
+        url = table.get(ident) or await self._find(held, ident)
         server = state.servers.get(url)
         if server is None:
             await self._refresh(force=True)
             server = state.servers.get(url)
             if server is None:
-                raise SessionGone(session_id, f"its server {url} is no longer in the fleet")
+                raise held.gone(ident, f"its server {url} is no longer in the fleet")
         server.in_flight += 1
         try:
             result = await call(server)
         except (SandboxUnreachable, SandboxConnectionLost) as exc:
             self._mark_down(server)
-            state.sessions.pop(session_id, None)
-            raise SessionGone(session_id, f"its server {url} died: {exc}") from exc
-        except (SandboxRequestRejected, SessionGone) as exc:
+            table.pop(ident, None)
+            raise held.gone(ident, f"its server {url} died: {exc}") from exc
+        except (SandboxRequestRejected, held.gone) as exc:
             if isinstance(exc, SandboxRequestRejected) and exc.status != 404:
                 raise
-            state.sessions.pop(session_id, None)
-            said = exc.reason if isinstance(exc, SessionGone) else exc.body
-            raise SessionGone(session_id, f"{url} does not know it (ended, expired, or the server restarted): "
-                                          f"{said}") from exc
+            table.pop(ident, None)
+            said = exc.body if isinstance(exc, SandboxRequestRejected) else exc.reason
+            raise held.gone(ident, f"{url} does not know it (ended, expired, or the server restarted): "
+                                   f"{said}") from exc
         finally:
             server.in_flight -= 1
         server.served += 1
@@ -289,17 +350,17 @@ class ClusterSandboxBackend(ServerSessionBackend):
         state = self._state()
         state.refreshed_at = min(state.refreshed_at, time.monotonic() - self.config.refresh_s + RECHECK_DOWN_S)
 
-    async def _find_session(self, session_id: str) -> str:
-        """A session another process created: ask each server (`GET /sessions/{id}`) once."""
+    async def _find(self, held: _Held, ident: str) -> str:
+        """A session or snapshot another process created: ask each server (`GET /sessions/{id}`) once."""
         await self._refresh()
         for server in list(self._state().servers.values()):
             try:
-                await server.client.request_json("GET", f"/sessions/{session_id}")
+                await server.client.request_json("GET", f"/{held.path}/{ident}")
             except (SandboxUnavailable, SandboxRequestRejected):
                 continue
-            self._state().sessions[session_id] = server.url
+            held.table(self._state())[ident] = server.url
             return server.url
-        raise SessionGone(session_id, "no server of the fleet knows it")
+        raise held.gone(ident, "no server of the fleet knows it")
 
     # ---- the directory (Ray's named actors) ------------------------------------------
     def _state(self) -> _State:

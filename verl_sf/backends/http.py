@@ -9,8 +9,8 @@ is async (aiohttp, pooled keep-alive connections) and retries what is worth retr
 * never a run that reached the sandbox and failed on its own terms: a 200 whose status is
   Failed or SandboxError is returned as is (re-running it would give the same verdict and
   double the load);
-* never a request the server rejected (other 4xx: `SandboxRequestRejected`, naming the
-  status and the server's message), nor a read time-out (the code may still be running).
+* never a request the server rejected (other 4xx, and 501: `SandboxRequestRejected`, naming
+  the status and the server's message), nor a read time-out (the code may still be running).
 
 When no usable answer comes, `SandboxUnavailable` says why, as one of three subclasses that
 tell a router (the `cluster` backend) what it may do next: `SandboxUnreachable` (no connection:
@@ -23,7 +23,8 @@ per-process, per-event-loop registry — so every copy in a process shares conne
 Sessions (`run_code(request, session=key)`) are verl-sf's `POST /sessions`; a server without
 that route (a plain Sandbox Fusion one) raises `SessionsUnsupported`, from `check_sessions()` or
 `probe_sessions(url)` before any call, and otherwise on the first call in a session.  A call in a
-session is never re-sent after its connection broke (a second run would change the state).
+session is never re-sent after its connection broke (a second run would change the state), nor is
+a fork or a snapshot (a second one would be left behind).
 """
 
 from __future__ import annotations
@@ -46,14 +47,17 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from verl_sf.backends.base import BackendConfigBase, SandboxUnavailable, SessionsUnsupported
 from verl_sf.backends.sessions import ServerSessionBackend
-from verl_sf.errors import SessionGone, VerlSfError
+from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone, VerlSfError
 from verl_sf.models import (
     RunCodeRequest,
     RunCodeResponse,
     RunJupyterRequest,
     RunJupyterResponse,
     SessionCreateRequest,
+    SessionForkRequest,
+    SessionForkResponse,
     SessionInfo,
+    SnapshotInfo,
 )
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -117,7 +121,7 @@ class HttpBackendConfig(BackendConfigBase):
 
 
 class SandboxRequestRejected(VerlSfError, ValueError):
-    """The server refused the request itself (HTTP 4xx other than 429): retrying cannot help."""
+    """The server refused the request itself (HTTP 4xx other than 429, or 501): retrying cannot help."""
 
     def __init__(self, url: str, status: int, body: str):
         super().__init__(f"{url} rejected the request with HTTP {status}: {body}")
@@ -244,18 +248,35 @@ class HttpSandboxBackend(ServerSessionBackend):
             if exc.status in NO_ROUTE_STATUSES:
                 raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
 
-    async def _create_session(self, request: SessionCreateRequest) -> str:
-        try:
-            info = await self._post(self.sessions_url, request, SessionInfo, self.config.server_margin_s)
+    async def _create_session(self, request: SessionCreateRequest) -> SessionInfo:
+        url = self.sessions_url
+        try:  # only the fields the caller set: one started from a snapshot may not name a language
+            return await self._send("POST", url, request.model_dump(mode="json", exclude_unset=True),
+                                    lambda body: _parse(url, body, SessionInfo), self.config.server_margin_s)
         except SandboxRequestRejected as exc:
+            if request.from_snapshot is not None and exc.status == 404:
+                raise SnapshotGone(request.from_snapshot, _detail(exc.body)) from exc
             if exc.status in NO_ROUTE_STATUSES:
                 raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
             raise
-        return info.session_id
 
     async def _delete_session(self, session_id: str) -> None:
         try:
             await self.request_json("DELETE", f"/sessions/{session_id}")
+        except SandboxRequestRejected as exc:
+            if exc.status != 404:  # 404: already gone, which is what was asked
+                raise
+
+    async def _fork_session(self, session_id: str, request: SessionForkRequest) -> list[str]:
+        forks = await self._on_session(session_id, "fork", request, SessionForkResponse)
+        return forks.session_ids
+
+    async def _snapshot_session(self, session_id: str) -> SnapshotInfo:
+        return await self._on_session(session_id, "snapshot", None, SnapshotInfo)
+
+    async def _delete_snapshot(self, snapshot_id: str) -> None:
+        try:
+            await self.request_json("DELETE", f"/snapshots/{snapshot_id}")
         except SandboxRequestRejected as exc:
             if exc.status != 404:  # 404: already gone, which is what was asked
                 raise
@@ -275,6 +296,25 @@ class HttpSandboxBackend(ServerSessionBackend):
             await session.close()
 
     # ---- internals ------------------------------------------------------------------------
+
+    async def _on_session(self, session_id: str, action: str, request: Optional[BaseModel],
+                          response_type: type[ResponseT]) -> ResponseT:
+        """POST /sessions/{id}/{action}, never re-sent after a lost connection (it would leave a second
+        copy); the server's refusals as the typed errors every backend raises."""
+        url = f"{self.sessions_url}/{session_id}/{action}"
+        payload = request.model_dump(mode="json") if request is not None else None
+        try:
+            return await self._send("POST", url, payload, lambda body: _parse(url, body, response_type),
+                                    self.config.server_margin_s, repeatable=False)
+        except SandboxRequestRejected as exc:
+            reason = _detail(exc.body)
+            if exc.status == 404:
+                raise SessionGone(session_id, reason) from exc
+            if exc.status == 409:
+                raise SessionBusy(session_id, reason) from exc
+            if exc.status == 501:
+                raise ForkUnavailable(f"{self.base_url}: {reason}") from exc
+            raise
 
     def _session_key(self) -> tuple:
         return (self.config.connection_limit, self.config.connect_timeout_s)
@@ -316,7 +356,7 @@ class HttpSandboxBackend(ServerSessionBackend):
                         return parse(await response.read())
                     body = (await response.text(errors="replace"))[:500]
                     if response.status not in RETRY_STATUSES:
-                        if 400 <= response.status < 500:
+                        if 400 <= response.status < 500 or response.status == 501:  # 501: no such feature here
                             raise SandboxRequestRejected(url, response.status, body)
                         raise SandboxUnavailable(f"{url} answered HTTP {response.status}: {body}")
                     reason, failure = f"HTTP {response.status}", SandboxOverloaded

@@ -1,7 +1,7 @@
 """`backend: local`: our executor inside the calling process, no server to start.
 
 For one-box users and tests: the same isolation and runners as `verl-sf serve`, minus the
-HTTP hop, sessions included (the executor's live interpreters).  The executor (its warm
+HTTP hop, sessions included (the executor's live interpreters, their forks and snapshots).  The executor (its warm
 sandbox slots) is started on first use, not at construction, so building a tool or a pool
 that never runs code costs nothing.
 """
@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 
 from verl_sf.backends.base import BackendConfigBase, SandboxUnavailable
 from verl_sf.backends.sessions import ServerSessionBackend
-from verl_sf.errors import SessionGone
+from verl_sf.errors import SessionGone, SnapshotGone
 from verl_sf.executor import Executor, ExecutorConfig, IsolationUnavailable, Overloaded
 from verl_sf.executor.config import CONFIG_ALIASES
 from verl_sf.models import (
@@ -26,6 +26,9 @@ from verl_sf.models import (
     RunJupyterRequest,
     RunJupyterResponse,
     SessionCreateRequest,
+    SessionForkRequest,
+    SessionInfo,
+    SnapshotInfo,
 )
 
 ResponseT = TypeVar("ResponseT")
@@ -79,16 +82,30 @@ class LocalSandboxBackend(ServerSessionBackend):
         executor = await self._ready()
         return await _unless_overloaded(executor.run_code(request))
 
-    async def _create_session(self, request: SessionCreateRequest) -> str:
+    async def _create_session(self, request: SessionCreateRequest) -> SessionInfo:
         executor = await self._ready()
-        info = await _unless_overloaded(executor.create_session(request))
-        return info.session_id
+        return await _unless_overloaded(executor.create_session(request))
 
     async def _delete_session(self, session_id: str) -> None:
         if self._executor is None:
             return
         with contextlib.suppress(SessionGone):  # already gone, which is what was asked
             self._executor.end_session(session_id)
+
+    async def _fork_session(self, session_id: str, request: SessionForkRequest) -> list[str]:
+        executor = await self._ready()
+        forks = await _unless_overloaded(executor.fork_session(session_id, request))
+        return forks.session_ids
+
+    async def _snapshot_session(self, session_id: str) -> SnapshotInfo:
+        executor = await self._ready()
+        return await _unless_overloaded(executor.snapshot_session(session_id))
+
+    async def _delete_snapshot(self, snapshot_id: str) -> None:
+        if self._executor is None:
+            return
+        with contextlib.suppress(SnapshotGone):  # already gone, which is what was asked
+            self._executor.delete_snapshot(snapshot_id)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         executor = await self._ready()

@@ -1,5 +1,5 @@
-"""aiohttp application: /run_code, /run_jupyter, /v1/ping, /sessions, /health, /metrics, and
-verl-tool's /get_observation; `serve` runs it behind the connection limit.
+"""aiohttp application: /run_code, /run_jupyter, /v1/ping, /sessions (fork, snapshot), /snapshots, /health,
+/metrics, and verl-tool's /get_observation; `serve` runs it behind the connection limit.
 
 Error bodies follow FastAPI's shape (`{"detail": ...}`); see `verl_sf.server.requests`.
 """
@@ -19,21 +19,30 @@ from aiohttp import web
 
 from verl_sf import __version__
 from verl_sf.e2b import E2BConfig, install_e2b
-from verl_sf.errors import SessionGone
+from verl_sf.errors import ForkUnavailable, SessionGone, SnapshotGone
 from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded
+from verl_sf.executor.executor import ForkFailed
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.metrics import ServerMetrics
+from verl_sf.server.rejections import (
+    fork_failed,
+    fork_unavailable,
+    invalid,
+    overloaded,
+    session_not_found,
+    snapshot_not_found,
+)
 from verl_sf.server.requests import (
     EXECUTOR_KEY,
     METRICS_KEY,
     RequestT,
     body_middleware,
-    error,
     get_executor,
     get_metrics,
     parse,
 )
+from verl_sf.server.snapshot_routes import add_snapshot_routes
 from verl_sf.server.verl_tool_routes import add_verl_tool_routes
 from verl_sf.verl_tool import VerlToolConfig
 
@@ -79,30 +88,14 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
     try:
         response = await run(parsed)
     except Overloaded as exc:
-        return _overloaded(request, exc)
+        return overloaded(request, exc)
     except SessionGone as exc:
-        return _session_not_found(request, exc)
+        return session_not_found(request, exc)
     except InvalidRequest as exc:
-        return _invalid(request, exc)
+        return invalid(request, exc)
     get_metrics(request).record_run(endpoint, language(parsed), response.status, response.queue_wait,
                                     time.monotonic() - started)
     return web.Response(body=response.model_dump_json(), content_type="application/json")
-
-
-def _overloaded(request: web.Request, exc: Overloaded) -> web.Response:
-    get_metrics(request).rejections.labels("overloaded").inc()
-    retry_after = str(request.app["retry_after_s"])
-    return web.json_response({"detail": f"server overloaded: {exc}"}, status=503, headers={"Retry-After": retry_after})
-
-
-def _session_not_found(request: web.Request, exc: SessionGone) -> web.Response:
-    get_metrics(request).rejections.labels("session_not_found").inc()
-    return error(404, f"session {exc.session_id!r} not found: {exc.reason}")
-
-
-def _invalid(request: web.Request, exc: InvalidRequest) -> web.Response:
-    get_metrics(request).rejections.labels("invalid").inc()
-    return error(400, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}])
 
 
 async def create_session(request: web.Request) -> web.Response:
@@ -112,9 +105,15 @@ async def create_session(request: web.Request) -> web.Response:
     try:
         info = await get_executor(request).create_session(parsed)
     except Overloaded as exc:
-        return _overloaded(request, exc)
-    except InvalidRequest as exc:
-        return _invalid(request, exc)
+        return overloaded(request, exc)
+    except InvalidRequest as exc:  # from a snapshot: a field that clashes with it, as pydantic's would
+        return invalid(request, exc, status=400 if parsed.from_snapshot is None else 422)
+    except SnapshotGone as exc:
+        return snapshot_not_found(request, exc)
+    except ForkUnavailable as exc:
+        return fork_unavailable(request, exc)
+    except ForkFailed as exc:
+        return fork_failed(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
 
 
@@ -122,7 +121,7 @@ async def get_session(request: web.Request) -> web.Response:
     try:
         info = get_executor(request).session_info(request.match_info["session_id"])
     except SessionGone as exc:
-        return _session_not_found(request, exc)
+        return session_not_found(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json")
 
 
@@ -130,7 +129,7 @@ async def delete_session(request: web.Request) -> web.Response:
     try:
         get_executor(request).end_session(request.match_info["session_id"])
     except SessionGone as exc:
-        return _session_not_found(request, exc)
+        return session_not_found(request, exc)
     return web.json_response({"session_id": request.match_info["session_id"], "ended": True})
 
 
@@ -169,6 +168,8 @@ async def health(request: web.Request) -> web.Response:
         "max_in_flight": executor.config.max_in_flight,
         "sessions": len(executor.sessions),
         "max_sessions": executor.config.max_sessions,
+        "snapshots": len(executor.snapshots()),
+        "max_snapshots": executor.config.max_snapshots,
         "connections": request.app[CONNECTIONS_KEY].open,
         "max_connections": request.app[CONNECTIONS_KEY].maximum,
     })
@@ -194,6 +195,7 @@ def build_app(config: ServerConfig, executor: Executor, connections: ConnectionL
     app.router.add_post("/sessions", create_session)
     app.router.add_get("/sessions/{session_id}", get_session)
     app.router.add_delete("/sessions/{session_id}", delete_session)
+    add_snapshot_routes(app)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     add_verl_tool_routes(app, config.verl_tool)

@@ -5,7 +5,9 @@ Each front is a whole server (its own event loop and executor, a share of the sl
 queue) listening on the public port with SO_REUSEPORT: the kernel spreads connections across
 them.  A session lives in one front's executor, so the front that creates it prefixes its id
 with its index (`f2-<id>`), and a session call that lands on another front is forwarded over
-loopback to the owner's private port (127.0.0.1, a port of its own).  /health on any front
+loopback to the owner's private port (127.0.0.1, a port of its own).  Snapshots are named and
+routed the same way (a session's forks and snapshots are its front's; a session started from a
+snapshot is the snapshot's front's), and GET /snapshots lists every front's.  /health on any front
 answers for the whole server (sums over the fronts).  If one front dies the parent stops the
 others and exits non-zero: a supervisor (the cluster's node actor, systemd) restarts the server.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import multiprocessing
@@ -38,7 +41,9 @@ from verl_sf.server.requests import EXECUTOR_KEY, JsonBodyError, load_json
 log = logging.getLogger(__name__)
 SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")
 SUMMED_HEALTH_FIELDS = ("slots", "sandboxes", "in_flight", "queued", "max_in_flight", "sessions", "max_sessions",
-                        "connections", "max_connections")
+                        "snapshots", "max_snapshots", "connections", "max_connections")
+OWNED_ID_FIELDS = ("session_id", "source_session_id", "snapshot_id")
+"""Fields of an answer that name a session or snapshot of the front that gave it."""
 PEERS_KEY = web.AppKey("front_peers", list[int])
 CLIENT_KEY = web.AppKey("front_client", aiohttp.ClientSession)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -94,34 +99,52 @@ class FrontRouting:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path == "/health":
             return await self._health(request, handler)
-        session_id = await _session_of(request)
-        if session_id is None:
+        if request.path == "/snapshots" and request.method == "GET":
+            return await self._all_snapshots(request, handler)
+        owned = await _owned_id(request)
+        if owned is None:
             response = await handler(request)
             if request.path == "/sessions" and request.method == "POST":
-                _rewrite_session_id(response, lambda local: front_session_id(self.index, local))
+                _rewrite_ids(response, lambda local: front_session_id(self.index, local))
             return response
-        match = SESSION_ID_RE.match(session_id)
+        kind, public_id = owned
+        match = SESSION_ID_RE.match(public_id)
         peers = request.app[PEERS_KEY]
         if match is None or int(match.group(1)) >= len(peers):
-            return web.json_response({"detail": f"unknown session {session_id!r}: not an id this server gave out"},
+            return web.json_response({"detail": f"unknown {kind} {public_id!r}: not an id this server gave out"},
                                      status=404)
-        return await self._forward(request, int(match.group(1)), session_id, match.group(2))
+        return await self._forward(request, int(match.group(1)), public_id, match.group(2))
 
-    async def _forward(self, request: web.Request, owner: int, session_id: str, local_id: str) -> web.Response:
-        """Send the call, with the owner's own id, to the owner's loopback port; give the answer the public id."""
+    async def _all_snapshots(self, request: web.Request, handler: Handler) -> web.Response:
+        """GET /snapshots: every front's, under their public ids (a front that does not answer is left out)."""
+        own = _json_body(await handler(request))
+        peers: list[int] = request.app[PEERS_KEY]
+        others = [index for index in range(len(peers)) if index != self.index]
+        answers = await asyncio.gather(*(_peer_json(request.app[CLIENT_KEY], peers[i], "/snapshots") for i in others))
+        listed = [(self.index, own), *zip(others, answers, strict=True)]
+        snapshots = []
+        for index, answer in listed:
+            for snapshot in (answer or {}).get("snapshots", []):
+                _rename_ids(snapshot, functools.partial(front_session_id, index))
+                snapshots.append(snapshot)
+        return web.json_response({"snapshots": snapshots})
+
+    async def _forward(self, request: web.Request, owner: int, public_id: str, local_id: str) -> web.Response:
+        """Send the call, with the owner's own id, to the owner's loopback port; give the answer the public ids."""
         body = await request.read()
-        if request.path == "/run_code":  # `_session_of` found the id in this body, a JSON object
+        field = BODY_ID_FIELDS.get(request.path)
+        if field is not None:  # `_owned_id` found the id in this body, a JSON object
             payload = load_json(body)
-            payload["session_id"] = local_id
+            payload[field] = local_id
             body = json.dumps(payload).encode()
-        path = request.path.replace(session_id, local_id)
+        path = request.path.replace(public_id, local_id)
         url = f"http://127.0.0.1:{request.app[PEERS_KEY][owner]}{path}"
         async with request.app[CLIENT_KEY].request(request.method, url, data=body or None,
                                                    headers={"Content-Type": "application/json"}) as answer:
             response = web.Response(body=await answer.read(), status=answer.status,
                                     content_type=answer.content_type,
                                     headers={k: v for k, v in answer.headers.items() if k == "Retry-After"})
-        _rewrite_session_id(response, lambda local: front_session_id(owner, local))
+        _rewrite_ids(response, lambda local: front_session_id(owner, local))
         return response
 
     async def _health(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -133,7 +156,7 @@ class FrontRouting:
         client = request.app[CLIENT_KEY]
         peers: list[int] = request.app[PEERS_KEY]
         others = [port for i, port in enumerate(peers) if i != self.index]
-        answers = await asyncio.gather(*(_peer_health(client, port) for port in others))
+        answers = await asyncio.gather(*(_peer_json(client, port, "/health") for port in others))
         for answer in answers:
             if answer is None:
                 health["status"] = "degraded"
@@ -146,28 +169,37 @@ class FrontRouting:
         return web.json_response(health)
 
 
-async def _peer_health(client: aiohttp.ClientSession, port: int) -> Optional[dict[str, Any]]:
+async def _peer_json(client: aiohttp.ClientSession, port: int, path: str) -> Optional[dict[str, Any]]:
     try:
-        async with client.get(f"http://127.0.0.1:{port}/health", timeout=aiohttp.ClientTimeout(total=5)) as answer:
-            health: dict[str, Any] = await answer.json()
-            return health
+        async with client.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as answer:
+            body: dict[str, Any] = await answer.json()
+            return body
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         return None
 
 
-async def _session_of(request: web.Request) -> Optional[str]:
-    """The session a request addresses: `/sessions/{id}` or `session_id` in a /run_code body."""
-    if request.path.startswith("/sessions/"):
-        return request.path.split("/")[2] or None
-    if request.method == "POST" and request.path == "/run_code":
+BODY_ID_FIELDS = {"/run_code": "session_id", "/sessions": "from_snapshot"}
+"""POST bodies that name what they address: a session to run in, a snapshot to start from."""
+
+
+async def _owned_id(request: web.Request) -> Optional[tuple[str, str]]:
+    """("session" | "snapshot", public id) a request addresses: `/sessions/{id}[/...]`, `/snapshots/{id}`,
+    `session_id` in a /run_code body or `from_snapshot` in a POST /sessions body; None for the others."""
+    for prefix, kind in (("/sessions/", "session"), ("/snapshots/", "snapshot")):
+        if request.path.startswith(prefix):
+            ident = request.path.split("/")[2]
+            return (kind, ident) if ident else None
+    field = BODY_ID_FIELDS.get(request.path)
+    if request.method == "POST" and field is not None:
         raw = await request.read()  # read already, within its size and time limits (`body_middleware`)
-        if b'"session_id"' in raw:
+        if f'"{field}"'.encode() in raw:
             try:
                 body = load_json(raw)
             except JsonBodyError:
                 return None  # the handler answers 400 naming the problem
-            session_id = body.get("session_id") if isinstance(body, dict) else None
-            return session_id if isinstance(session_id, str) else None
+            named = body.get(field) if isinstance(body, dict) else None
+            if isinstance(named, str):
+                return ("session" if field == "session_id" else "snapshot", named)
     return None
 
 
@@ -188,12 +220,25 @@ def _json_body(response: web.StreamResponse) -> Any:
         return None
 
 
-def _rewrite_session_id(response: web.StreamResponse, rename: Callable[[str], str]) -> None:
+def _rewrite_ids(response: web.StreamResponse, rename: Callable[[str], str]) -> None:
+    """Give the ids in a front's answer (a session's, a fork's, a snapshot's) their public names."""
     payload = _json_body(response)
-    if isinstance(payload, dict) and isinstance(payload.get("session_id"), str):
-        payload["session_id"] = rename(payload["session_id"])
+    if isinstance(payload, dict) and _rename_ids(payload, rename):
         assert isinstance(response, web.Response)
         response.body = json.dumps(payload).encode()
+
+
+def _rename_ids(payload: dict[str, Any], rename: Callable[[str], str]) -> bool:
+    """Rename, in place, the ids `payload` holds; whether it held any."""
+    found = False
+    for field in OWNED_ID_FIELDS:
+        if isinstance(payload.get(field), str):
+            payload[field] = rename(payload[field])
+            found = True
+    if isinstance(payload.get("session_ids"), list):  # a fork's answer
+        payload["session_ids"] = [rename(i) if isinstance(i, str) else i for i in payload["session_ids"]]
+        found = True
+    return found
 
 
 def _front_main(config: ServerConfig, index: int, parent: multiprocessing.connection.Connection,
@@ -221,7 +266,8 @@ def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], 
         executor = dataclasses.replace(
             config.executor, slots=share(config.executor.slots, fronts, index),
             max_in_flight=max(1, share(config.executor.max_in_flight, fronts, index)),
-            max_sessions=max(1, share(config.executor.max_sessions, fronts, index)))
+            max_sessions=max(1, share(config.executor.max_sessions, fronts, index)),
+            max_snapshots=max(1, share(config.executor.max_snapshots, fronts, index)))
         front = dataclasses.replace(config, port=port, reuse_port=True, executor=executor)
         ours, theirs = context.Pipe()
         process = context.Process(target=_front_main, args=(front, index, theirs, log_level, os.getpid()),

@@ -14,10 +14,13 @@ import dataclasses
 import time
 import weakref
 from typing import Optional
+from uuid import uuid4
 
 from verl_sf.backends.base import SandboxBackend
 from verl_sf.backends.config import BackendConfig
-from verl_sf.models import RunCodeRequest, RunCodeResponse
+from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus, SnapshotInfo
+from verl_sf.tools import reply
+from verl_sf.tools.setup import SetupFailed
 
 # One backend per (event loop, config) in each process.  Keyed weakly on the loop: a
 # backend's connections belong to the loop that opened them.
@@ -41,11 +44,36 @@ class Execution:
     started_at: float  # time.time() in the executing process
 
 
-async def run_request(config: BackendConfig, request: RunCodeRequest, session: Optional[str] = None) -> Execution:
-    """Dispatched: run one request on this process's backend for `config`."""
+async def run_request(config: BackendConfig, request: RunCodeRequest, session: Optional[str] = None,
+                      from_snapshot: Optional[SnapshotInfo] = None) -> Execution:
+    """Dispatched: run one request on this process's backend for `config`; a `session` not open yet starts
+    from `from_snapshot` (in its language; `SnapshotGone` when the server no longer has it)."""
     started_at = time.time()
-    response = await backend_for(config).run_code(request, session=session)
+    backend = backend_for(config)
+    if session is not None and from_snapshot is not None:
+        await backend.open_session(session, from_snapshot.language, from_snapshot=from_snapshot.snapshot_id)
+    response = await backend.run_code(request, session=session)
     return Execution(response, started_at)
+
+
+async def build_snapshot(config: BackendConfig, setup: RunCodeRequest, max_output_chars: int) -> SnapshotInfo:
+    """Dispatched: run `setup` in a session of its own and snapshot it; `SetupFailed` (the set-up's own
+    output) when it does not succeed.  The session ends either way: only the snapshot is kept."""
+    backend = backend_for(config)
+    session = f"setup-{uuid4().hex}"
+    try:
+        response = await backend.run_code(setup, session=session)
+        if response.status != RunStatus.Success:
+            text, _ = reply.reply_text(response, setup.run_timeout, max_output_chars)
+            raise SetupFailed(f"the row's set-up did not succeed ({reply.status_of(response)}): {text}")
+        return await backend.snapshot_session(session, language=setup.language)  # type: ignore[arg-type]
+    finally:
+        await backend.end_session(session)
+
+
+async def delete_snapshot(config: BackendConfig, snapshot_id: str) -> None:
+    """Dispatched: delete a snapshot (one already gone is not an error)."""
+    await backend_for(config).delete_snapshot(snapshot_id)
 
 
 async def end_session(config: BackendConfig, session: str) -> None:

@@ -53,6 +53,9 @@ class ToolConfig(BaseModel):
     """none: every call starts fresh (verl's semantics); trajectory: the calls of one trajectory share a live
     interpreter (python and bash keep variables, imports, cwd and files).  Unset: the backend's
     `default_session` (none, except daytona, whose sandbox per call would cost a sandbox start each)."""
+    max_setup_snapshots: int = Field(16, gt=0)
+    """Snapshots of rows' set-ups (docs/sessions.md) one tool object keeps at once; the least recently used
+    is deleted to make room (the server caps its snapshots too: `--max-snapshots`)."""
     backend_config: BackendConfig
     """Built from `backend`, `sandbox_fusion_url` and the yaml block named after the backend."""
 

@@ -25,6 +25,7 @@ class CallStatus(StrEnum):
     sandbox_error = "sandbox_error"  # the sandbox (or the way to it) failed, not the code
     session_ended = "session_ended"  # the trajectory's session was gone (expired, evicted, restarted): nothing ran
     invalid_arguments = "invalid_arguments"  # the model's arguments could not be run at all
+    setup_failed = "setup_failed"  # the row's set-up could not be run or snapshotted: nothing of the call ran
 
 
 def status_of(response: RunCodeResponse) -> CallStatus:
@@ -70,6 +71,11 @@ def session_ended_text(reason: str) -> str:
     return (f"Session error: the session that held your earlier state has ended ({_one_line(reason)}); variables, "
             f"imports and files from earlier calls are gone. This code did not run; the next call starts a fresh "
             f"session.")
+
+
+def setup_failed_text(reason: str) -> str:
+    """The text for a call whose trajectory's set-up (its row's `setup`) could not be prepared."""
+    return f"Set-up error: {reason.strip() or 'the set-up failed'}\nThis code did not run."
 
 
 def unavailable_text(error: BaseException) -> str:

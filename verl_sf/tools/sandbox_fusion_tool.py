@@ -18,15 +18,24 @@ from typing import Any, Optional
 from uuid import uuid4
 
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.errors import SessionGone, VerlSfError
-from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest
+from verl_sf.errors import SessionGone, SnapshotGone, VerlSfError
+from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest, SnapshotInfo
 from verl_sf.tools import reply
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
-from verl_sf.tools.backend_calls import check_sessions, close_backend, end_session, run_request
+from verl_sf.tools.backend_calls import (
+    Execution,
+    build_snapshot,
+    check_sessions,
+    close_backend,
+    delete_snapshot,
+    end_session,
+    run_request,
+)
 from verl_sf.tools.code import extract_python_block, print_last_expression
 from verl_sf.tools.config import ToolConfig
 from verl_sf.tools.dispatch import Closer, Dispatcher, make_dispatcher
 from verl_sf.tools.schema import code_interpreter_schema
+from verl_sf.tools.setup import SessionSetup, SetupFailed, SharedSetups
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,7 @@ class ToolArgumentError(VerlSfError, ValueError):
 class _Instance:
     ground_truth: Any = None
     session: Optional[str] = None  # a backend session keyed on this instance (no trajectory given)
+    setup: Optional[SessionSetup] = None  # the row's set-up: its session starts from a snapshot of it
 
 
 class SandboxFusionTool(BaseTool):
@@ -48,7 +58,8 @@ class SandboxFusionTool(BaseTool):
     `enable_global_rate_limit`, `default_timeout`, `default_language`, `sandbox_fusion_url`,
     `memory_limit_mb`, plus `backend` (http | local | daytona | cluster), `session` (none | trajectory:
     one live interpreter per trajectory, docs/sessions.md), the ReTool switches
-    `extract_code_block` and `print_last_expression`, `max_output_chars` and `pool`.
+    `extract_code_block` and `print_last_expression`, `max_output_chars`, `max_setup_snapshots` and `pool`.
+    A row's `create_kwargs` may carry a `setup` its trajectories' sessions start from (docs/sessions.md).
     See docs/verl.md.
     """
 
@@ -66,6 +77,9 @@ class SandboxFusionTool(BaseTool):
         self._trajectory_sessions: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._trajectories: dict[str, weakref.finalize] = {}
         self._background: set[asyncio.Task] = set()
+        self.setups = SharedSetups(self._build_setup, self._delete_snapshot, self.settings.max_setup_snapshots)
+        # Sessions opened from their set-up's snapshot: their later calls need no snapshot (it may be evicted).
+        self._set_up: set[str] = set()
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema
@@ -80,14 +94,18 @@ class SandboxFusionTool(BaseTool):
     # ---- lifecycle -------------------------------------------------------------------
     async def create(self, instance_id: Optional[str] = None, ground_truth: Any = None,
                      **kwargs: Any) -> tuple[str, ToolResponse]:
-        """Register an instance.  verl 0.9 passes `create_kwargs={...}` (which may hold ground_truth)."""
+        """Register an instance.  verl 0.9 passes `create_kwargs={...}` (which may hold ground_truth, and the
+        row's `setup`: docs/sessions.md); a set-up that is malformed, or given without `session: trajectory`,
+        raises `ToolArgumentError` naming the problem."""
+        create_kwargs = kwargs.get("create_kwargs") or {}
         if ground_truth is None:
-            ground_truth = (kwargs.get("create_kwargs") or {}).get("ground_truth")
+            ground_truth = create_kwargs.get("ground_truth")
+        setup = self._setup(create_kwargs.get("setup"))
         if not self._sessions_checked:
             await self.dispatcher.run(check_sessions, self.backend_config)
             self._sessions_checked = True
         instance_id = instance_id or uuid4().hex
-        self._instances[instance_id] = _Instance(ground_truth=ground_truth)
+        self._instances[instance_id] = _Instance(ground_truth=ground_truth, setup=setup)
         return instance_id, ToolResponse()
 
     @rollout_trace_op
@@ -104,10 +122,16 @@ class SandboxFusionTool(BaseTool):
             return ToolResponse(text=f"Invalid arguments: {exc}"), None, reply.metrics(
                 None, self.backend_name, truncated=False, status=reply.CallStatus.invalid_arguments)
         session = self._session(instance_id, kwargs.get("agent_data"))
+        instance = self._instances.get(instance_id)
         submitted = time.time()
         try:
-            execution = await self.dispatcher.run(run_request, self.backend_config, request, session)
+            execution = await self._run(request, session, instance.setup if instance else None)
+        except (SetupFailed, SnapshotGone) as exc:
+            return ToolResponse(text=reply.setup_failed_text(str(exc))), None, reply.metrics(
+                None, self.backend_name, truncated=False, status=reply.CallStatus.setup_failed)
         except SessionGone as exc:
+            if session is not None:
+                self._set_up.discard(session)  # its next session opens from the snapshot again
             return ToolResponse(text=reply.session_ended_text(exc.reason)), None, reply.metrics(
                 None, self.backend_name, truncated=False, status=reply.CallStatus.session_ended)
         except SandboxUnavailable as exc:
@@ -115,6 +139,8 @@ class SandboxFusionTool(BaseTool):
             return ToolResponse(text=reply.unavailable_text(exc)), None, reply.metrics(
                 None, self.backend_name, truncated=False)
         response = execution.response
+        if response.session_alive is False and session is not None:
+            self._set_up.discard(session)
         text, cut = reply.reply_text(response, request.run_timeout, self.settings.max_output_chars)
         metrics = reply.metrics(response, self.backend_name, truncated=cut)
         metrics["pool_wait"] = max(0.0, execution.started_at - submitted)
@@ -138,12 +164,16 @@ class SandboxFusionTool(BaseTool):
             await self._end_session_quietly(instance.session)
 
     async def close(self) -> None:
-        """End every session, close the backend and the dispatcher (not needed for verl; tidy for tests)."""
+        """End every session, delete the set-ups' snapshots, close the backend and the dispatcher (not needed
+        for verl, where the server's TTL ends what the rollout worker leaves; tidy for tests and the driver)."""
+        if self._dispatcher is not None:
+            await self.setups.close()
         for finalizer in list(self._trajectories.values()):
             finalizer.detach()
         sessions = list(self._trajectories) + [i.session for i in self._instances.values() if i.session]
         self._trajectories.clear()
         self._instances.clear()
+        self._set_up.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._dispatcher is not None:
@@ -153,6 +183,46 @@ class SandboxFusionTool(BaseTool):
             await dispatcher.close(*closers)
 
     # ---- helpers ---------------------------------------------------------------------
+    async def _run(self, request: RunCodeRequest, session: Optional[str],
+                   setup: Optional[SessionSetup]) -> Execution:
+        """Run in `session`; a session in the set-up's language opens from the set-up's snapshot, and a
+        snapshot the server has lost is built again, once (`SnapshotGone` if that one is lost too)."""
+        if setup is None or session is None or setup.language != request.language or session in self._set_up:
+            return await self.dispatcher.run(run_request, self.backend_config, request, session)
+        snapshot = await self.setups.snapshot(setup)
+        try:
+            execution = await self.dispatcher.run(run_request, self.backend_config, request, session, snapshot)
+        except SnapshotGone:
+            self.setups.discard(setup, snapshot.snapshot_id)  # expired or deleted at the server
+            snapshot = await self.setups.snapshot(setup)
+            execution = await self.dispatcher.run(run_request, self.backend_config, request, session, snapshot)
+        self._set_up.add(session)
+        return execution
+
+    async def _build_setup(self, setup: SessionSetup) -> SnapshotInfo:
+        """Run a set-up once and snapshot it; any failure on the way is the set-up's, told to each trajectory."""
+        request = setup.request(self.settings.default_timeout, self.settings.memory_limit_mb)
+        try:
+            return await self.dispatcher.run(build_snapshot, self.backend_config, request,
+                                             self.settings.max_output_chars)
+        except SetupFailed:
+            raise
+        except (VerlSfError, ValueError) as exc:  # unreachable sandbox, no fork on this server, snapshot cap
+            raise SetupFailed(f"the row's set-up could not be prepared: {exc}") from exc
+
+    async def _delete_snapshot(self, snapshot_id: str) -> None:
+        await self.dispatcher.run(delete_snapshot, self.backend_config, snapshot_id)
+
+    def _setup(self, raw: Any) -> Optional[SessionSetup]:
+        if raw is None:
+            return None
+        if not self._keeps_sessions:
+            raise ToolArgumentError("a row's `setup` needs sessions: set `session: trajectory` in the tool config")
+        try:
+            return SessionSetup.parse(raw)
+        except ValueError as exc:
+            raise ToolArgumentError(str(exc)) from None
+
     def _request(self, parameters: dict[str, Any]) -> RunCodeRequest:
         if not isinstance(parameters, dict):
             raise ToolArgumentError(f"expected a JSON object with a 'code' string, got {type(parameters).__name__}")
@@ -218,6 +288,7 @@ class SandboxFusionTool(BaseTool):
         task.add_done_callback(self._background.discard)
 
     async def _end_session_quietly(self, session: str) -> None:
+        self._set_up.discard(session)
         try:
             await self.dispatcher.run(end_session, self.backend_config, session)
         except Exception as exc:  # a background cleanup must not crash the loop; the reaper is the backstop

@@ -1,0 +1,217 @@
+"""The fork and snapshot routes over real HTTP: what each answers, and every bad input's typed refusal.
+
+A real `verl-sf serve` on 127.0.0.1; the forks' own semantics (state, isolation, random generators)
+are tests/integration/test_forks.py's.  Here: the routes, their bodies and status codes, the 404
+reasons, 409 for a session in a call, 422 naming the field, the Prometheus rejection reasons and
+/health's snapshot count.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from tests.server_fixtures import SERVER_SECRET, ServerHandle, start_server, stop_server
+from tests.waiting import wait_until
+from verl_sf.models import MAX_FORK_COUNT
+
+MAX_SESSIONS = 40
+LIVE: list[str] = []
+"""Sessions a test made (forks included), ended after it: a later test's forks need room under the cap."""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerHandle]:
+    handle = start_server("--slots", "2", "--preload", "", "--max-sessions", str(MAX_SESSIONS),
+                          env={**os.environ, "VERL_SF_TEST_SECRET": SERVER_SECRET})
+    yield handle
+    stop_server(handle.process)
+
+
+@pytest.fixture(autouse=True)
+def end_sessions(server: ServerHandle) -> Iterator[None]:
+    yield
+    for session_id in LIVE:
+        requests.delete(f"{server.url}/sessions/{session_id}", timeout=30)
+    LIVE.clear()
+
+
+def post(server: ServerHandle, path: str, body: Any = None, **kwargs: Any) -> requests.Response:
+    return requests.post(server.url + path, json=body, timeout=120, **kwargs)
+
+
+def create(server: ServerHandle, **fields: Any) -> str:
+    response = post(server, "/sessions", fields if "from_snapshot" in fields else {"language": "python", **fields})
+    assert response.status_code == 201, response.text
+    LIVE.append(response.json()["session_id"])
+    return LIVE[-1]
+
+
+def fork(server: ServerHandle, parent: str, body: Any) -> requests.Response:
+    response = post(server, f"/sessions/{parent}/fork", body)
+    if response.status_code == 201:
+        LIVE.extend(response.json()["session_ids"])
+    return response
+
+
+def run(server: ServerHandle, session_id: str, code: str, language: str = "python") -> str:
+    response = post(server, "/run_code", {"code": code, "language": language, "session_id": session_id})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "Success", body
+    return str(body["run_result"]["stdout"])
+
+
+def detail_fields(response: requests.Response) -> list[list[str]]:
+    return [entry["loc"] for entry in response.json()["detail"]]
+
+
+def rejections(server: ServerHandle) -> dict[str, float]:
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    return {line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("verl_sf_rejections_total{")}
+
+
+# ---- what the routes answer -------------------------------------------------------------------
+def test_fork_answers_201_with_session_ids_that_hold_the_parents_state(server: ServerHandle) -> None:
+    parent = create(server)
+    run(server, parent, "x = 41")
+    response = fork(server, parent, {"count": 2})
+    assert response.status_code == 201, response.text
+    forks = response.json()["session_ids"]
+    assert len(set(forks)) == 2 and parent not in forks
+    assert [run(server, copy, "x += 1\nprint(x)") for copy in forks] == ["42\n", "42\n"]
+    assert run(server, parent, "print(x)") == "41\n"
+    info = requests.get(f"{server.url}/sessions/{forks[0]}", timeout=30).json()
+    assert info["alive"] is True and info["language"] == "python"
+
+
+def test_an_empty_fork_body_asks_for_one_fork(server: ServerHandle) -> None:
+    parent = create(server)
+    run(server, parent, "y = 'kept'")
+    for body in ({}, None):
+        response = fork(server, parent, body)
+        assert response.status_code == 201, response.text
+        [copy] = response.json()["session_ids"]
+        assert run(server, copy, "print(y)") == "kept\n"
+
+
+def test_a_snapshot_is_listed_started_from_and_deleted(server: ServerHandle) -> None:
+    source = create(server)
+    run(server, source, "import os\nz = os.getpid() * 0 + 7\nopen('state.txt', 'w').write('on disk')")
+    response = post(server, f"/sessions/{source}/snapshot")
+    assert response.status_code == 201, response.text
+    snapshot = response.json()
+    assert snapshot["language"] == "python" and snapshot["source_session_id"] == source
+    assert snapshot["expires_at"] > snapshot["created_at"] and snapshot["sessions_started"] == 0
+    snapshot_id = snapshot["snapshot_id"]
+    started = [create(server, from_snapshot=snapshot_id) for _ in range(2)]
+    assert [run(server, s, "print(z, open('state.txt').read())") for s in started] == ["7 on disk\n"] * 2
+    listed = {s["snapshot_id"]: s for s in requests.get(server.url + "/snapshots", timeout=30).json()["snapshots"]}
+    assert listed[snapshot_id]["sessions_started"] == 2
+    one = requests.get(f"{server.url}/snapshots/{snapshot_id}", timeout=30)
+    assert one.status_code == 200 and one.json()["sessions_started"] == 2
+    assert requests.get(server.url + "/health", timeout=30).json()["snapshots"] == len(listed)
+    deleted = requests.delete(f"{server.url}/snapshots/{snapshot_id}", timeout=30)
+    assert deleted.status_code == 200 and deleted.json() == {"snapshot_id": snapshot_id, "deleted": True}
+    assert snapshot_id not in {s["snapshot_id"] for s in
+                               requests.get(server.url + "/snapshots", timeout=30).json()["snapshots"]}
+    assert run(server, started[0], "print(z)") == "7\n", "sessions started from a snapshot outlive it"
+
+
+# ---- bad input: typed refusals ----------------------------------------------------------------
+def test_unknown_sessions_and_snapshots_are_404_with_the_reason(server: ServerHandle) -> None:
+    before = rejections(server)
+    for path in ("/sessions/no-such-session/fork", "/sessions/no-such-session/snapshot"):
+        response = post(server, path, {})
+        assert response.status_code == 404, response.text
+        assert "no-such-session" in response.json()["detail"] and "not found" in response.json()["detail"]
+    ended = create(server)
+    requests.delete(f"{server.url}/sessions/{ended}", timeout=30)
+    response = fork(server, ended, {"count": 1})
+    assert response.status_code == 404 and "ended by DELETE" in response.json()["detail"], response.text
+    for response in (requests.get(server.url + "/snapshots/no-such-snapshot", timeout=30),
+                     requests.delete(server.url + "/snapshots/no-such-snapshot", timeout=30),
+                     post(server, "/sessions", {"from_snapshot": "no-such-snapshot"})):
+        assert response.status_code == 404, response.text
+        assert "snapshot 'no-such-snapshot' not found" in response.json()["detail"]
+    after = rejections(server)
+    assert after.get("session_not_found", 0) - before.get("session_not_found", 0) == 3
+    assert after.get("snapshot_not_found", 0) - before.get("snapshot_not_found", 0) == 3
+
+
+def test_a_deleted_snapshot_is_404_saying_so(server: ServerHandle) -> None:
+    source = create(server)
+    snapshot_id = post(server, f"/sessions/{source}/snapshot").json()["snapshot_id"]
+    assert requests.delete(f"{server.url}/snapshots/{snapshot_id}", timeout=30).status_code == 200
+    again = requests.delete(f"{server.url}/snapshots/{snapshot_id}", timeout=30)
+    start = post(server, "/sessions", {"from_snapshot": snapshot_id})
+    for response in (again, start):
+        assert response.status_code == 404 and "deleted" in response.json()["detail"], response.text
+
+
+@pytest.mark.parametrize("count", [0, -1, MAX_FORK_COUNT + 1, 10000])
+def test_a_count_out_of_range_is_422_naming_count(server: ServerHandle, count: int) -> None:
+    parent = create(server)
+    response = fork(server, parent, {"count": count})
+    assert response.status_code == 422 and detail_fields(response) == [["body", "count"]], response.text
+    assert requests.get(f"{server.url}/sessions/{parent}", timeout=30).json()["alive"] is True
+
+
+def test_a_count_past_the_servers_session_cap_is_422_naming_count(server: ServerHandle) -> None:
+    parent = create(server)
+    response = fork(server, parent, {"count": MAX_SESSIONS + 1})
+    assert response.status_code == 422 and detail_fields(response) == [["body", "count"]], response.text
+    assert "--max-sessions" in response.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize("body,field", [({"count": "two"}, "count"), ({"reseed": "maybe"}, "reseed"),
+                                        ({"idle_ttl_s": 0}, "idle_ttl_s"), ({"copies": 2}, "copies")])
+def test_a_malformed_fork_body_is_422_naming_the_field(server: ServerHandle, body: dict, field: str) -> None:
+    parent = create(server)
+    response = fork(server, parent, body)
+    assert response.status_code == 422 and detail_fields(response) == [["body", field]], response.text
+
+
+def test_a_fork_body_that_is_not_a_json_object_is_refused(server: ServerHandle) -> None:
+    parent = create(server)
+    not_json = requests.post(f"{server.url}/sessions/{parent}/fork", data=b"{count: 2", timeout=30,
+                             headers={"Content-Type": "application/json"})
+    assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["detail"]
+    a_list = fork(server, parent, [1, 2])
+    assert a_list.status_code == 422 and detail_fields(a_list) == [["body"]]
+
+
+def test_from_snapshot_with_a_clashing_field_is_422_naming_it(server: ServerHandle) -> None:
+    source = create(server)
+    snapshot_id = post(server, f"/sessions/{source}/snapshot").json()["snapshot_id"]
+    for body, field in (({"language": "bash"}, "language"), ({"language": "python"}, "language"),
+                        ({"files": {"a.txt": "eA=="}}, "files")):
+        response = post(server, "/sessions", {"from_snapshot": snapshot_id, **body})
+        assert response.status_code == 422 and detail_fields(response) == [["body", field]], response.text
+    unknown = post(server, "/sessions", {"from_snapshot": snapshot_id, "snapshot": "x"})
+    assert unknown.status_code == 422 and detail_fields(unknown) == [["body", "snapshot"]]
+
+
+def test_a_session_in_a_call_is_409_for_fork_and_snapshot(server: ServerHandle) -> None:
+    busy = create(server)
+    before = rejections(server).get("session_busy", 0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        long_call = pool.submit(run, server, busy, "import time\ntime.sleep(4)\nprint('finished')")
+        wait_until(lambda: requests.get(server.url + "/health", timeout=30).json()["in_flight"] > 0, 60,
+                   "the long call started")
+        forked = fork(server, busy, {"count": 2})
+        snapshot = post(server, f"/sessions/{busy}/snapshot")
+        assert long_call.result() == "finished\n"
+    for response in (forked, snapshot):
+        assert response.status_code == 409, response.text
+        assert busy in response.json()["detail"] and "call is running" in response.json()["detail"]
+    assert rejections(server).get("session_busy", 0) - before == 2
+    assert requests.get(server.url + "/health", timeout=30).json()["sessions"] <= MAX_SESSIONS
+    after = fork(server, busy, {})
+    assert after.status_code == 201, "once the call has finished the session forks"

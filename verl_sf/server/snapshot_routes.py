@@ -1,0 +1,93 @@
+"""Fork and snapshot routes: POST /sessions/{id}/fork and /snapshot, GET/DELETE /snapshots[/{id}].
+
+A fork is n new sessions holding an idle session's live state; a snapshot is a frozen copy that
+runs nothing and that POST /sessions `{"from_snapshot": id}` starts sessions from.  The executor
+does the work; these handlers turn its typed refusals into FastAPI-shaped answers.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone
+from verl_sf.executor import InvalidRequest, Overloaded
+from verl_sf.executor.executor import ForkFailed
+from verl_sf.models import SessionForkRequest, SnapshotList
+from verl_sf.server.rejections import (
+    fork_failed,
+    fork_unavailable,
+    invalid,
+    overloaded,
+    session_busy,
+    session_not_found,
+    snapshot_not_found,
+)
+from verl_sf.server.requests import get_executor, parse
+
+
+async def fork_session(request: web.Request) -> web.Response:
+    """An empty body asks for one fork with the defaults."""
+    parsed = SessionForkRequest() if not (await request.read()).strip() else await parse(request, SessionForkRequest)
+    if isinstance(parsed, web.Response):
+        return parsed
+    try:
+        forks = await get_executor(request).fork_session(request.match_info["session_id"], parsed)
+    except SessionGone as exc:
+        return session_not_found(request, exc)
+    except SessionBusy as exc:
+        return session_busy(request, exc)
+    except InvalidRequest as exc:
+        return invalid(request, exc, status=422)
+    except Overloaded as exc:
+        return overloaded(request, exc)
+    except ForkUnavailable as exc:
+        return fork_unavailable(request, exc)
+    except ForkFailed as exc:
+        return fork_failed(request, exc)
+    return web.Response(body=forks.model_dump_json(), content_type="application/json", status=201)
+
+
+async def snapshot_session(request: web.Request) -> web.Response:
+    try:
+        info = await get_executor(request).snapshot_session(request.match_info["session_id"])
+    except SessionGone as exc:
+        return session_not_found(request, exc)
+    except SessionBusy as exc:
+        return session_busy(request, exc)
+    except Overloaded as exc:
+        return overloaded(request, exc)
+    except ForkUnavailable as exc:
+        return fork_unavailable(request, exc)
+    except ForkFailed as exc:
+        return fork_failed(request, exc)
+    return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
+
+
+async def list_snapshots(request: web.Request) -> web.Response:
+    body = SnapshotList(snapshots=get_executor(request).snapshots())
+    return web.Response(body=body.model_dump_json(), content_type="application/json")
+
+
+async def get_snapshot(request: web.Request) -> web.Response:
+    try:
+        info = get_executor(request).snapshot_info(request.match_info["snapshot_id"])
+    except SnapshotGone as exc:
+        return snapshot_not_found(request, exc)
+    return web.Response(body=info.model_dump_json(), content_type="application/json")
+
+
+async def delete_snapshot(request: web.Request) -> web.Response:
+    snapshot_id = request.match_info["snapshot_id"]
+    try:
+        get_executor(request).delete_snapshot(snapshot_id)
+    except SnapshotGone as exc:
+        return snapshot_not_found(request, exc)
+    return web.json_response({"snapshot_id": snapshot_id, "deleted": True})
+
+
+def add_snapshot_routes(app: web.Application) -> None:
+    app.router.add_post("/sessions/{session_id}/fork", fork_session)
+    app.router.add_post("/sessions/{session_id}/snapshot", snapshot_session)
+    app.router.add_get("/snapshots", list_snapshots)
+    app.router.add_get("/snapshots/{snapshot_id}", get_snapshot)
+    app.router.add_delete("/snapshots/{snapshot_id}", delete_snapshot)
