@@ -498,8 +498,9 @@ class Executor:
         self._check_forkable()
         self._reserve(1)
         memory_mb = snapshot.memory_mb if request.memory_limit_MB == -1 else self._memory_mb(request.memory_limit_MB)
-        [(open_id, group)] = await self._fork(snapshot.zygote, snapshot.open_id, snapshot.id, memory_mb, 1,
-                                              freeze=False)
+        async with snapshot.starting:  # a group's trajectories start together: they queue, never 409
+            [(open_id, group)] = await self._fork(snapshot.zygote, snapshot.open_id, snapshot.id, memory_mb, 1,
+                                                  freeze=False)
         snapshot.sessions_started += 1
         session = self._adopt(open_id, group, snapshot.language, snapshot.zygote, memory_mb,
                               request.idle_ttl_s or snapshot.idle_ttl_s)

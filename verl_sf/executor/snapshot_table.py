@@ -3,6 +3,7 @@ deleted or past their TTL."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import secrets
@@ -27,6 +28,7 @@ class Snapshot:
     expires_at: float
     created_at: float = dataclasses.field(default_factory=time.time)
     sessions_started: int = 0
+    starting: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # starts from it, one at a time
 
 
 class SnapshotTable:
