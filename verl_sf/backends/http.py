@@ -256,6 +256,8 @@ class HttpSandboxBackend(ServerSessionBackend):
         except SandboxRequestRejected as exc:
             if request.from_snapshot is not None and exc.status == 404:
                 raise SnapshotGone(request.from_snapshot, _detail(exc.body)) from exc
+            if request.from_snapshot is not None and exc.status == 409:
+                raise SessionBusy(request.from_snapshot, _detail(exc.body)) from exc
             if exc.status in NO_ROUTE_STATUSES:
                 raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
             raise

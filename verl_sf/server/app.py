@@ -19,7 +19,7 @@ from aiohttp import web
 
 from verl_sf import __version__
 from verl_sf.e2b import E2BConfig, install_e2b
-from verl_sf.errors import ForkUnavailable, SessionGone, SnapshotGone
+from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone
 from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded
 from verl_sf.executor.executor import ForkFailed
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
@@ -30,6 +30,7 @@ from verl_sf.server.rejections import (
     fork_unavailable,
     invalid,
     overloaded,
+    session_busy,
     session_not_found,
     snapshot_not_found,
 )
@@ -110,6 +111,8 @@ async def create_session(request: web.Request) -> web.Response:
         return invalid(request, exc, status=400 if parsed.from_snapshot is None else 422)
     except SnapshotGone as exc:
         return snapshot_not_found(request, exc)
+    except SessionBusy as exc:  # the snapshot is being started from by another request
+        return session_busy(request, exc)
     except ForkUnavailable as exc:
         return fork_unavailable(request, exc)
     except ForkFailed as exc:
