@@ -509,6 +509,10 @@ class Executor:
         if self.rung != "namespaces":
             raise ForkUnavailable(f"forks and snapshots need the namespaces isolation rung; this server runs "
                                   f"{self.rung!r} ({self.rung_reason})")
+        abi, needed = rungs.landlock_abi(), rungs.LANDLOCK_SCOPED_SIGNALS_ABI
+        if abi < needed:
+            raise ForkUnavailable(f"forks and snapshots need Landlock ABI {needed} (Linux 6.12) to keep a live "
+                                  f"parent from signalling its copies; this kernel has ABI {abi}")
 
     def _reserve(self, count: int) -> None:
         """Room for `count` more sessions, under the session cap and the memory cap, or 503."""

@@ -28,10 +28,7 @@ from typing import Optional
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import IsolationMode
-
-LANDLOCK_MIN_ABI = 6  # scoped signals and abstract unix sockets: no run can signal the server or another run
-SYS_LANDLOCK_CREATE_RULESET = 444
-LANDLOCK_CREATE_RULESET_VERSION = 1
+from verl_sf.executor.zygote.linux import LANDLOCK_SCOPED_SIGNALS_ABI, landlock_abi
 
 # Runs in a fresh interpreter: a user namespace, then a mount in a mount namespace of its own, as
 # the sandbox's launcher does.  Prints the step that failed and its errno.
@@ -82,14 +79,6 @@ def libseccomp_path() -> Optional[str]:
     return ctypes.util.find_library("seccomp")
 
 
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version, 0 where Landlock is missing, disabled or refused."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    version = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    return max(0, int(version))
-
-
 def can_change_uids() -> bool:
     """CAP_SETUID and CAP_SETGID in this process's effective set (root in a container has them)."""
     try:
@@ -134,10 +123,10 @@ def probe_namespaces() -> RungReport:
 def probe_landlock() -> RungReport:
     missing = []
     abi = landlock_abi()
-    if abi < LANDLOCK_MIN_ABI:
+    if abi < LANDLOCK_SCOPED_SIGNALS_ABI:
         found = f"ABI {abi}" if abi else "missing, disabled or refused"
         missing.append(Missing(
-            f"Landlock ABI {LANDLOCK_MIN_ABI}+ ({found})",
+            f"Landlock ABI {LANDLOCK_SCOPED_SIGNALS_ABI}+ ({found})",
             "a filesystem allow-list per run, no TCP, and signals and abstract unix sockets scoped to the run",
             "a Linux 6.12+ kernel with Landlock enabled (lsm=...,landlock on the kernel command line); in a "
             "container, a seccomp profile that allows landlock_create_ruleset/add_rule/restrict_self"))

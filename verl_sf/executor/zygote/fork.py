@@ -52,7 +52,9 @@ CLONE_PARENT, SIGCHLD = 0x8000, 17
 # Every signal blocked: a kill from outside (the zygote's interrupt of a process group) never ends it.
 REAPER = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())\nwhile True:\n"
           " try: os.wait()\n except ChildProcessError: break")
-PR_CAPBSET_DROP, PR_SET_KEEPCAPS = 24, 8
+PR_SET_KEEPCAPS, PR_SET_SECUREBITS = 8, 28
+# SECBIT_NOROOT, SECBIT_KEEP_CAPS_LOCKED and SECBIT_NO_CAP_AMBIENT_RAISE, with their locks.
+LOCKED_SECUREBITS = 0x1 | 0x2 | 0x20 | 0x40 | 0x80
 O_WRONLY, O_RDONLY, O_NONBLOCK, F_SETFL = os.O_WRONLY, os.O_RDONLY, os.O_NONBLOCK, 4
 LANDLOCK_SCOPES = 0x3  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL (ABI 6)
 CHANNELS = (1, 2, 3, 9)  # stdout, stderr, records, calls: each copy gets its own
@@ -74,7 +76,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     try:
         key = blueprint.seccomp.key()
         source = tracing.Tracee(parent)
-        if not parent_frozen and linux.landlock_abi() < 6:
+        if not parent_frozen and linux.landlock_abi() < linux.LANDLOCK_SCOPED_SIGNALS_ABI:
             raise ForkFailed("this kernel's Landlock cannot scope signals (ABI 6, Linux 6.12): a live parent "
                              "could signal its forks")
         try:
@@ -123,9 +125,9 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     interpreter's pid and the zygote's ends of its channels."""
     cfg = blueprint.cfg
     ids = "0 0 1" if cfg["single_uid"] else f"{cfg['uid']} {cfg['uid']} 1"
-    _run_helper(lambda: _map_ids(source.pid, init.pid, ids))
     token = secrets.token_hex(8)
     fifos = [f"{cfg['tmpdir']}/.verl-sf-fork-{token}-{fd}" for fd in CHANNELS]
+    _run_helper(lambda: _map_ids(source.pid, init.pid, ids))
     _run_helper(lambda: _helper(blueprint, init.pid, groups, fifos))
     _drop_capabilities(init)
     init.check("clone", SIGCHLD, 0, 0, 0, 0)
@@ -142,10 +144,9 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
 
 
 def _drop_capabilities(process: tracing.Tracee) -> None:
-    """All of them, bounding set included, for good (it made a user namespace, so it had them all)."""
-    with open("/proc/sys/kernel/cap_last_cap") as last:
-        for cap in range(int(last.read()) + 1):
-            process.check("prctl", PR_CAPBSET_DROP, cap)
+    """All of them, for good (it made a user namespace, so it had them all, and a full bounding
+    set): no exec gives uid 0 any (the securebits, locked), none can be raised, no_new_privs holds."""
+    process.check("prctl", PR_SET_SECUREBITS, LOCKED_SECUREBITS)
     header = process.put(bytes(linux.CapHeader(0x20080522, 0)))
     process.check("capset", header, process.put(bytes(24), 64))
 
@@ -221,7 +222,8 @@ def _run_helper(work: object) -> None:
 
 
 def _map_ids(source: int, pid: int, ids: str) -> None:
-    """The copy keeps its ids: written from its parent's user namespace, as the kernel asks."""
+    """The copy keeps its ids: written from its parent's user namespace, as the kernel asks (and as
+    the owner of the copy's /proc files: a helper of its own, since the next one changes uid)."""
     user = os.open(f"/proc/{source}/ns/user", os.O_RDONLY)
     if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
         linux.check(linux.libc.setns(user, CLONE_NEWUSER), "setns(user)")
@@ -231,11 +233,11 @@ def _map_ids(source: int, pid: int, ids: str) -> None:
 
 
 def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) -> None:
-    """Into the copy's cgroups (as its uid: cgroup v1 moves only a process of the mover's uid), then
+    """Into the copy's cgroups (as its uid: cgroup v1 moves only a process of the opener's uid), then
     its namespaces, where a child of ours, in its PID namespace, does the mounts."""
     cfg = blueprint.cfg
     namespaces = {kind: os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY) for kind in ("user", "mnt", "net", "pid")}
-    if not cfg["single_uid"]:  # cgroup v1 checks the opener's uid against the moved process's
+    if not cfg["single_uid"]:
         linux.check(linux.libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "PR_SET_KEEPCAPS")
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])

@@ -25,6 +25,8 @@ PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 SYS_OPENAT2, SYS_MOUNT_SETATTR = 437, 442  # one number on every architecture (added after 5.1)
+SYS_LANDLOCK_CREATE_RULESET, LANDLOCK_CREATE_RULESET_VERSION = 444, 1
+LANDLOCK_SCOPED_SIGNALS_ABI = 6  # signals and abstract unix sockets scoped to a domain
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
@@ -139,8 +141,8 @@ def become_subreaper() -> None:
 
 
 def landlock_abi() -> int:
-    """The kernel's Landlock ABI version (0: none)."""
-    version: int = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    """The kernel's Landlock ABI version, 0 where Landlock is missing, disabled or refused."""
+    version: int = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
     return max(version, 0)
 
 
