@@ -89,7 +89,9 @@ class Child:
             os.dup2(fd, target)
         os.closerange(4, JOB_FD)
         os.closerange(JOB_FD + 1, 1 << 16)
-        _oom_score_adj(b"999")  # under memory pressure the run dies, never the warm interpreter
+        oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(oom, b"1000")  # under memory pressure the run dies, never the warm interpreter
+        os.close(oom)
         os.chdir(self.workdir)
         stdin_fd = os.memfd_create("stdin", 0)
         if self.blueprint.isolated:
@@ -242,7 +244,6 @@ def _become_init() -> None:
     pid = os.fork()
     if pid == 0:
         os.setsid()  # its own process group: an interrupt goes to it and what it runs
-        _oom_score_adj(b"1000")  # the OOM killer takes it before its PID 1, which its forks need
         return
     linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     os.closerange(0, 1 << 16)
@@ -253,13 +254,6 @@ def _become_init() -> None:
             os._exit(0)
         except InterruptedError:
             continue
-
-
-def _oom_score_adj(value: bytes) -> None:
-    """Raised only (lowering it takes a capability a run has not)."""
-    oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-    os.write(oom, value)
-    os.close(oom)
 
 
 def _read_job() -> RunBody:

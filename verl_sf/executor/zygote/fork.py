@@ -3,29 +3,33 @@
 The state lives in the session's interpreter, which runs model code with no capabilities, so the
 copy is made there: a throwaway forker stops it between calls (ptrace) and makes clone(2) in its
 name, with the key the seccomp filter asks of clone's namespace flags (seccomp.py).  A clone that
-makes a user namespace needs no capability, and gives the copy, while it is stopped, what it needs
-to be set up: from outside, a helper joins its namespaces and mounts fresh copies of its tmpfs
-(the files, read by descriptor, never through a path the session planted), its own /proc and
-/dev/pts, the loopback of its new network; then the copy's own calls, made by the forker, take
-new pipes to the zygote, its working directory and the empty capability sets, and it carries on
-from where the parent waited for its next call.
+makes a user namespace needs no capability, and the copy, stopped, is set up before it runs a step:
+from outside, helpers map its ids, move it into its cgroups, and mount its own /proc, /dev/pts and
+fresh tmpfs holding copies of the parent's files (read by descriptor, never through a path the
+session planted), and bring up the loopback of its network.  The copy is PID 1 there and a child
+of the session's PID 1 (CLONE_PARENT), so it outlives the parent's interpreter; in its name the
+forker drops its capabilities, forks the new session's interpreter and execs a reaper.  The
+interpreter takes pipes of its own to the zygote, its working directory and a process group, and
+carries on from where the parent waited for its next call.
 
-The parent enters a Landlock domain of its own after each fork (where the kernel scopes signals),
-so it can neither signal nor trace its copies, though it owns their user namespaces; copies
-cannot see one another (PID namespaces of their own).
+The parent enters a Landlock domain of its own after each fork (scoped signals, ABI 6), so it can
+neither signal nor trace its copies, though it owns their user namespaces (where the kernel cannot
+scope signals, that call fails and no copy is kept); copies cannot see one another (PID
+namespaces of their own).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import secrets
+import signal
 import socket
 import stat
 import sys
 import traceback
+from collections.abc import Callable
 from typing import NoReturn
 
 from . import linux, tracing
@@ -76,19 +80,16 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     try:
         key = blueprint.seccomp.key()
         source = tracing.Tracee(parent)
-        if not parent_frozen and linux.landlock_abi() < linux.LANDLOCK_SCOPED_SIGNALS_ABI:
-            raise ForkFailed("this kernel's Landlock cannot scope signals (ABI 6, Linux 6.12): a live parent "
-                             "could signal its forks")
         try:
             cwd = _working_directory(parent, blueprint.cfg["workdir"])
             for copy_groups in groups:
                 # A child of the session's PID 1 (CLONE_PARENT): it outlives the parent's interpreter.
-                made_now = source.call("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
-                if -made_now in (errno.EUSERS, errno.ENOSPC):
+                result = source.call("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
+                if -result in (errno.EUSERS, errno.ENOSPC):
                     raise TooDeep(f"forks nest only so deep (Linux allows 32 user and PID namespaces, the "
-                                  f"sandbox and its sessions use some): {os.strerror(-made_now)}")
-                if made_now < 0:
-                    raise tracing.TraceError(-made_now, f"clone: {os.strerror(-made_now)}")
+                                  f"sandbox and its sessions use some): {os.strerror(-result)}")
+                if result < 0:
+                    raise tracing.TraceError(-result, f"clone: {os.strerror(-result)}")
                 assert source.forked is not None
                 made.append(source.forked)
                 init = tracing.Tracee(source.forked, attach=False)
@@ -105,7 +106,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     except BaseException as exc:
         for pid in made:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
         message = str(exc) if isinstance(exc, OSError) else traceback.format_exc()
         kind = b"busy " if isinstance(exc, TooDeep) else b"error "
         with contextlib.suppress(OSError):
@@ -147,7 +148,7 @@ def _drop_capabilities(process: tracing.Tracee) -> None:
     """All of them, for good (it made a user namespace, so it had them all, and a full bounding
     set): no exec gives uid 0 any (the securebits, locked), none can be raised, no_new_privs holds."""
     process.check("prctl", PR_SET_SECUREBITS, LOCKED_SECUREBITS)
-    header = process.put(bytes(linux.CapHeader(0x20080522, 0)))
+    header = process.put(bytes(linux.CapHeader(linux.CAPABILITY_VERSION_3, 0)))
     process.check("capset", header, process.put(bytes(24), 64))
 
 
@@ -205,9 +206,8 @@ def _own_domain(source: tracing.Tracee) -> None:
         source.call("close", ruleset)
 
 
-def _run_helper(work: object) -> None:
+def _run_helper(work: Callable[[], None]) -> None:
     """Run `work` in a child of ours (it changes namespaces and credentials) and wait for it."""
-    assert callable(work)
     pid = os.fork()
     if pid == 0:
         try:
@@ -241,7 +241,7 @@ def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) ->
         linux.check(linux.libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "PR_SET_KEEPCAPS")
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-        _raise_permitted()
+        linux.raise_permitted()
     for base, name in set(groups.values()):
         procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=base)
         try:
@@ -254,16 +254,6 @@ def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) ->
     _run_helper(lambda: _mounts(blueprint, fifos))
     with contextlib.suppress(OSError):
         linux.new_network()
-
-
-def _raise_permitted() -> None:
-    """The permitted set (kept across the uid change) made effective again."""
-    header = linux.CapHeader(0x20080522, 0)
-    data = (linux.CapData * 2)()
-    linux.check(linux.libc.capget(ctypes.byref(header), data), "capget")
-    for half in data:
-        half.effective = half.permitted
-    linux.check(linux.libc.capset(ctypes.byref(header), data), "capset")
 
 
 def _mounts(blueprint: Blueprint, fifos: list[str]) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import struct
+from collections.abc import Callable
 from typing import Optional
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
@@ -23,6 +24,7 @@ MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME = 1024, 2048, 1 << 18, 1 << 2
 PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 4, 15, 24, 38, 22
 PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
+CAPABILITY_VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3: two 32-bit halves per set
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 SYS_OPENAT2, SYS_MOUNT_SETATTR = 437, 442  # one number on every architecture (added after 5.1)
 SYS_LANDLOCK_CREATE_RULESET, LANDLOCK_CREATE_RULESET_VERSION = 444, 1
@@ -70,13 +72,26 @@ def mount(source: Optional[bytes], target: bytes, fstype: Optional[bytes], flags
 
 def set_capabilities(keep_effective: bool) -> None:
     """Empty the inheritable set (and, unless `keep_effective`, every set)."""
-    header = CapHeader(0x20080522, 0)
-    data = (CapData * 2)()
-    check(libc.capget(ctypes.byref(header), data), "capget")
-    for half in data:
+    def edit(half: CapData) -> None:
         half.inheritable = 0
         if not keep_effective:
             half.effective = half.permitted = 0
+    _edit_capabilities(edit)
+
+
+def raise_permitted() -> None:
+    """The permitted set (kept across a uid change with PR_SET_KEEPCAPS) made effective again."""
+    def edit(half: CapData) -> None:
+        half.effective = half.permitted
+    _edit_capabilities(edit)
+
+
+def _edit_capabilities(edit: Callable[[CapData], None]) -> None:
+    header = CapHeader(CAPABILITY_VERSION_3, 0)
+    data = (CapData * 2)()
+    check(libc.capget(ctypes.byref(header), data), "capget")
+    for half in data:
+        edit(half)
     check(libc.capset(ctypes.byref(header), data), "capset")
 
 
