@@ -124,6 +124,19 @@ def test_a_snapshot_is_listed_started_from_and_deleted(server: ServerHandle) -> 
     assert run(server, started[0], "print(z)") == "7\n", "sessions started from a snapshot outlive it"
 
 
+def test_a_group_starts_from_one_snapshot_at_once(server: ServerHandle) -> None:
+    """What shared set-up does: n sessions started from one snapshot concurrently, none refused."""
+    source = create(server)
+    run(server, source, "group = 'set up'")
+    snapshot_id = post(server, f"/sessions/{source}/snapshot").json()["snapshot_id"]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: post(server, "/sessions", {"from_snapshot": snapshot_id}), range(6)))
+    assert [a.status_code for a in answers] == [201] * 6, [a.text for a in answers]
+    LIVE.extend(a.json()["session_id"] for a in answers)
+    assert {run(server, a.json()["session_id"], "print(group)") for a in answers} == {"set up\n"}
+    requests.delete(f"{server.url}/snapshots/{snapshot_id}", timeout=30)
+
+
 # ---- bad input: typed refusals ----------------------------------------------------------------
 def test_unknown_sessions_and_snapshots_are_404_with_the_reason(server: ServerHandle) -> None:
     before = rejections(server)

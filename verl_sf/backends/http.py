@@ -256,6 +256,8 @@ class HttpSandboxBackend(ServerSessionBackend):
         except SandboxRequestRejected as exc:
             if request.from_snapshot is not None and exc.status == 404:
                 raise SnapshotGone(request.from_snapshot, _detail(exc.body)) from exc
+            if request.from_snapshot is not None and exc.status == 409:
+                raise _busy(request.from_snapshot, exc.body) from exc
             if exc.status in NO_ROUTE_STATUSES:
                 raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
             raise
@@ -311,7 +313,7 @@ class HttpSandboxBackend(ServerSessionBackend):
             if exc.status == 404:
                 raise SessionGone(session_id, reason) from exc
             if exc.status == 409:
-                raise SessionBusy(session_id, reason) from exc
+                raise _busy(session_id, exc.body) from exc
             if exc.status == 501:
                 raise ForkUnavailable(f"{self.base_url}: {reason}") from exc
             raise
@@ -409,6 +411,11 @@ def _detail(body: str) -> str:
     except (ValueError, AttributeError):
         return body
     return detail if isinstance(detail, str) else body
+
+
+def _busy(session_id: str, body: str) -> SessionBusy:
+    """The server's SessionBusy as it was raised there (the 409's detail is that error's text)."""
+    return SessionBusy(session_id, _detail(body).removeprefix(str(SessionBusy(session_id, ""))))
 
 
 def _retry_after_s(value: Optional[str]) -> float:

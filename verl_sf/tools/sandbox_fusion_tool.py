@@ -18,7 +18,7 @@ from typing import Any, Optional
 from uuid import uuid4
 
 from verl_sf.backends.base import SandboxUnavailable
-from verl_sf.errors import SessionGone, SnapshotGone, VerlSfError
+from verl_sf.errors import SessionBusy, SessionGone, SnapshotGone, VerlSfError
 from verl_sf.models import MAX_TIMEOUT_S, SANDBOX_FUSION_LANGUAGES, RunCodeRequest, SnapshotInfo
 from verl_sf.tools import reply
 from verl_sf.tools._compat import BaseTool, OpenAIFunctionToolSchema, ToolResponse, rollout_trace_op
@@ -126,7 +126,7 @@ class SandboxFusionTool(BaseTool):
         submitted = time.time()
         try:
             execution = await self._run(request, session, instance.setup if instance else None)
-        except (SetupFailed, SnapshotGone) as exc:
+        except (SetupFailed, SnapshotGone, SessionBusy) as exc:  # the trajectory could not start from its set-up
             return ToolResponse(text=reply.setup_failed_text(str(exc))), None, reply.metrics(
                 None, self.backend_name, truncated=False, status=reply.CallStatus.setup_failed)
         except SessionGone as exc:
