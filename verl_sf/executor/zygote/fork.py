@@ -79,7 +79,9 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     made: list[int] = []
     try:
         key = blueprint.seccomp.key()
-        source = tracing.Tracee(parent)
+        # Between calls a python session reads them on fd 9, bash on fd 0 (`read <&9`); a snapshot
+        # stands stopped on that read, and is never let go to reach it.
+        source = tracing.Tracee(parent, reading=() if parent_frozen else (0, 9))
         try:
             cwd = _working_directory(parent, blueprint.cfg["workdir"])
             for copy_groups in groups:

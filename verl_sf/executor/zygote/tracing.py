@@ -13,6 +13,7 @@ import ctypes
 import os
 import platform
 import signal
+import time
 from typing import Optional
 
 from .linux import libc
@@ -24,6 +25,7 @@ PTRACE_EVENT_FORK, PTRACE_EVENT_STOP = 1, 128
 WALL = 0x40000000  # __WALL
 SYSCALL_INSTRUCTION = b"\x0f\x05"
 RESTART_ERRORS = (-512, -513, -514)  # ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND: the call is made again
+IDLE_TRIES, IDLE_WAIT = 200, 0.005  # up to a second for an idle session to reach its read
 SCRATCH_BELOW_STACK = 4096  # bytes below the stack pointer our arguments go in (past the red zone)
 SYS = {"read": 0, "close": 3, "fcntl": 72, "chdir": 80, "open": 2, "dup2": 33, "prctl": 157, "capset": 126,
        "clone": 56, "setsid": 112, "execve": 59, "close_range": 436, "landlock_create_ruleset": 444,
@@ -66,22 +68,51 @@ def _wait(pid: int) -> int:
 class Tracee:
     """A process stopped by us: its registers as found, and calls made in its name."""
 
-    def __init__(self, pid: int, attach: bool = True):
+    def __init__(self, pid: int, attach: bool = True, reading: tuple[int, ...] = ()):
+        """Stop `pid` (or take a fork of a tracee's, stopped already).  With `reading`, stop it
+        only once it waits for input on one of those descriptors (an idle session may still be
+        finishing its last call's loop): a tracee stopped elsewhere is let go and tried again."""
         self.pid = pid
+        self.mem = -1
         if attach:
             _ptrace(PTRACE_SEIZE, pid, 0, PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACEFORK | PTRACE_O_EXITKILL)
             _ptrace(PTRACE_INTERRUPT, pid)
         self.status = _wait(pid)
         self.saved = self.registers()
         self.mem = os.open(f"/proc/{pid}/mem", os.O_RDWR | os.O_CLOEXEC)
+        for _ in range(IDLE_TRIES if reading else 0):
+            if self._reading(reading):
+                break
+            _ptrace(PTRACE_CONT, pid)
+            time.sleep(IDLE_WAIT)
+            _ptrace(PTRACE_INTERRUPT, pid)
+            self.status = _wait(pid)
+            self.saved = self.registers()
+        else:
+            if reading:
+                self.close()
+                raise TraceError(f"process {pid} did not come to wait for its next call")
         # Interrupted in a call, it stands past the instruction; stopped before making one (a
         # snapshot, or a copy just made), on it or past it.
-        self.gate = self.saved.rip if os.pread(self.mem, 2, self.saved.rip) == SYSCALL_INSTRUCTION \
-            and self.saved.rax - 2**64 not in RESTART_ERRORS else self.saved.rip - 2
+        self.gate = self.saved.rip if self._on_gate() else self.saved.rip - 2
         if os.pread(self.mem, 2, self.gate) != SYSCALL_INSTRUCTION:
             self.close()
             raise TraceError(f"process {pid} is not waiting in a system call")
         self.scratch = (self.saved.rsp - SCRATCH_BELOW_STACK) & ~0xF
+
+    def _on_gate(self) -> bool:
+        """Stopped on a system call instruction, about to make it (not in the middle of one)."""
+        return (os.pread(self.mem, 2, self.saved.rip) == SYSCALL_INSTRUCTION
+                and self.saved.rax - 2**64 not in RESTART_ERRORS)
+
+    def _reading(self, fds: tuple[int, ...]) -> bool:
+        """Blocked in read(2) on one of `fds`, or stopped about to make that call."""
+        regs = self.saved
+        if regs.rdi not in fds:
+            return False
+        if regs.orig_rax == SYS["read"] and regs.rax - 2**64 in RESTART_ERRORS:
+            return True
+        return regs.rax == SYS["read"] and self._on_gate()
 
     def registers(self) -> Registers:
         regs = Registers()
