@@ -263,8 +263,11 @@ class HttpSandboxBackend(ServerSessionBackend):
             raise
 
     async def _delete_session(self, session_id: str) -> None:
+        await self._delete(f"/sessions/{session_id}")
+
+    async def _delete(self, path: str) -> None:
         try:
-            await self.request_json("DELETE", f"/sessions/{session_id}")
+            await self.request_json("DELETE", path)
         except SandboxRequestRejected as exc:
             if exc.status != 404:  # 404: already gone, which is what was asked
                 raise
@@ -277,11 +280,7 @@ class HttpSandboxBackend(ServerSessionBackend):
         return await self._on_session(session_id, "snapshot", None, SnapshotInfo)
 
     async def _delete_snapshot(self, snapshot_id: str) -> None:
-        try:
-            await self.request_json("DELETE", f"/snapshots/{snapshot_id}")
-        except SandboxRequestRejected as exc:
-            if exc.status != 404:  # 404: already gone, which is what was asked
-                raise
+        await self._delete(f"/snapshots/{snapshot_id}")
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         return await self._post(self.run_jupyter_url, request, RunJupyterResponse,

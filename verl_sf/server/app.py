@@ -19,21 +19,12 @@ from aiohttp import web
 
 from verl_sf import __version__
 from verl_sf.e2b import E2BConfig, install_e2b
-from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone
-from verl_sf.executor import Executor, ExecutorConfig, InvalidRequest, Overloaded
-from verl_sf.executor.executor import ForkFailed
+from verl_sf.errors import SessionGone
+from verl_sf.executor import Executor, ExecutorConfig
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.metrics import ServerMetrics
-from verl_sf.server.rejections import (
-    fork_failed,
-    fork_unavailable,
-    invalid,
-    overloaded,
-    session_busy,
-    session_not_found,
-    snapshot_not_found,
-)
+from verl_sf.server.rejections import REFUSALS, refuse, session_not_found
 from verl_sf.server.requests import (
     EXECUTOR_KEY,
     METRICS_KEY,
@@ -88,12 +79,8 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
     started = time.monotonic()
     try:
         response = await run(parsed)
-    except Overloaded as exc:
-        return overloaded(request, exc)
-    except SessionGone as exc:
-        return session_not_found(request, exc)
-    except InvalidRequest as exc:
-        return invalid(request, exc)
+    except REFUSALS as exc:
+        return refuse(request, exc)
     get_metrics(request).record_run(endpoint, language(parsed), response.status, response.queue_wait,
                                     time.monotonic() - started)
     return web.Response(body=response.model_dump_json(), content_type="application/json")
@@ -105,18 +92,8 @@ async def create_session(request: web.Request) -> web.Response:
         return parsed
     try:
         info = await get_executor(request).create_session(parsed)
-    except Overloaded as exc:
-        return overloaded(request, exc)
-    except InvalidRequest as exc:  # from a snapshot: a field that clashes with it, as pydantic's would
-        return invalid(request, exc, status=400 if parsed.from_snapshot is None else 422)
-    except SnapshotGone as exc:
-        return snapshot_not_found(request, exc)
-    except SessionBusy as exc:  # its snapshot nests too deep to start from
-        return session_busy(request, exc)
-    except ForkUnavailable as exc:
-        return fork_unavailable(request, exc)
-    except ForkFailed as exc:
-        return fork_failed(request, exc)
+    except REFUSALS as exc:  # a field that clashes with a snapshot is 422, as pydantic's would be
+        return refuse(request, exc, invalid_status=400 if parsed.from_snapshot is None else 422)
     return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
 
 

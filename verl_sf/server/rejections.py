@@ -46,3 +46,26 @@ def invalid(request: web.Request, exc: InvalidRequest, status: int = 400) -> web
     """FastAPI's shape for a field the executor refused (the routes that predate 422 for it keep 400)."""
     get_metrics(request).rejections.labels("invalid").inc()
     return error(status, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}])
+
+
+REFUSALS = (SessionGone, SnapshotGone, SessionBusy, Overloaded, ForkUnavailable, ForkFailed, InvalidRequest)
+"""The executor's typed refusals: what a route catches and hands to `refuse`."""
+
+
+def refuse(request: web.Request, exc: Exception, invalid_status: int = 400) -> web.Response:
+    """The answer to one of REFUSALS (`invalid_status` for a field the executor refused)."""
+    if isinstance(exc, SessionGone):
+        return session_not_found(request, exc)
+    if isinstance(exc, SnapshotGone):
+        return snapshot_not_found(request, exc)
+    if isinstance(exc, SessionBusy):
+        return session_busy(request, exc)
+    if isinstance(exc, Overloaded):
+        return overloaded(request, exc)
+    if isinstance(exc, ForkUnavailable):
+        return fork_unavailable(request, exc)
+    if isinstance(exc, ForkFailed):
+        return fork_failed(request, exc)
+    if isinstance(exc, InvalidRequest):
+        return invalid(request, exc, invalid_status)
+    raise exc

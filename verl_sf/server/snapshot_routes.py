@@ -9,19 +9,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone
-from verl_sf.executor import InvalidRequest, Overloaded
-from verl_sf.executor.executor import ForkFailed
+from verl_sf.errors import SnapshotGone
 from verl_sf.models import SessionForkRequest, SnapshotList
-from verl_sf.server.rejections import (
-    fork_failed,
-    fork_unavailable,
-    invalid,
-    overloaded,
-    session_busy,
-    session_not_found,
-    snapshot_not_found,
-)
+from verl_sf.server.rejections import REFUSALS, refuse, snapshot_not_found
 from verl_sf.server.requests import get_executor, parse
 
 
@@ -32,34 +22,16 @@ async def fork_session(request: web.Request) -> web.Response:
         return parsed
     try:
         forks = await get_executor(request).fork_session(request.match_info["session_id"], parsed)
-    except SessionGone as exc:
-        return session_not_found(request, exc)
-    except SessionBusy as exc:
-        return session_busy(request, exc)
-    except InvalidRequest as exc:
-        return invalid(request, exc, status=422)
-    except Overloaded as exc:
-        return overloaded(request, exc)
-    except ForkUnavailable as exc:
-        return fork_unavailable(request, exc)
-    except ForkFailed as exc:
-        return fork_failed(request, exc)
+    except REFUSALS as exc:
+        return refuse(request, exc, invalid_status=422)
     return web.Response(body=forks.model_dump_json(), content_type="application/json", status=201)
 
 
 async def snapshot_session(request: web.Request) -> web.Response:
     try:
         info = await get_executor(request).snapshot_session(request.match_info["session_id"])
-    except SessionGone as exc:
-        return session_not_found(request, exc)
-    except SessionBusy as exc:
-        return session_busy(request, exc)
-    except Overloaded as exc:
-        return overloaded(request, exc)
-    except ForkUnavailable as exc:
-        return fork_unavailable(request, exc)
-    except ForkFailed as exc:
-        return fork_failed(request, exc)
+    except REFUSALS as exc:
+        return refuse(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
 
 
