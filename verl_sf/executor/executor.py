@@ -491,10 +491,12 @@ class Executor:
     async def _start_from(self, request: SessionCreateRequest) -> SessionInfo:
         assert request.from_snapshot is not None
         snapshot = self._snapshots.get(request.from_snapshot)
-        for name in ("language", "files"):
-            if name in request.model_fields_set:
-                raise InvalidRequest(name, f"a session started from a snapshot takes the snapshot's {name} "
-                                           f"(snapshot {snapshot.id!r} runs {snapshot.language})")
+        if request.language != snapshot.language and "language" in request.model_fields_set:
+            raise InvalidRequest("language", f"snapshot {snapshot.id!r} runs {snapshot.language}, not "
+                                             f"{request.language}: a session started from it takes its language")
+        if request.files:
+            raise InvalidRequest("files", "a session started from a snapshot holds the snapshot's files; "
+                                          "write more with code")
         self._check_forkable()
         self._reserve(1)
         memory_mb = snapshot.memory_mb if request.memory_limit_MB == -1 else self._memory_mb(request.memory_limit_MB)
