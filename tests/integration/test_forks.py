@@ -209,3 +209,16 @@ async def test_a_parent_ended_in_the_middle_of_its_fork_leaves_nothing(executor:
     await wait_until_async(lambda: len(set(descendants(zygote)) - before) <= 1, 30, "the fork's processes are gone")
     fresh = (await executor.create_session(SessionCreateRequest())).session_id
     assert await run(executor, fresh, "print(1)") == "1\n"
+
+
+async def test_a_forks_memory_is_what_it_alone_holds(executor: Executor) -> None:
+    parent = (await executor.create_session(SessionCreateRequest(memory_limit_MB=1024))).session_id
+    await run(executor, parent, "state = [bytes([i % 256]) * 4096 for i in range(32 * 1024)]")  # 128 MB
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    assert await run(executor, fork, "print(len(state))") == f"{32 * 1024}\n"
+    parent_bytes, fork_bytes = (executor.session_info(s).memory_bytes for s in (parent, fork))
+    assert parent_bytes is not None and fork_bytes is not None  # cgroups here: the server runs as root
+    assert parent_bytes > 128 << 20 and fork_bytes < 32 << 20, (parent_bytes, fork_bytes)
+    # What the fork writes is its own.
+    await run(executor, fork, "mine = [bytes([i % 256]) * 4096 for i in range(16 * 1024)]")  # 64 MB
+    assert (executor.session_info(fork).memory_bytes or 0) > fork_bytes + (48 << 20)
