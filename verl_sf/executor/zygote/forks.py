@@ -46,10 +46,15 @@ class Forking:
         self.made: list[tuple[int, int, list[int]]] = []  # per copy: its PID 1, its interpreter, our channel ends
         self.error = ""
         self.busy = False  # refused for the session's state, not a fault
-        for _ in head["ids"]:
-            zygote.sequence += 1
-            self.groups.append(zygote.groups.make(zygote.sequence))
-            zygote.groups.set_limits(self.groups[-1], head["limits"])
+        try:
+            for _ in head["ids"]:
+                zygote.sequence += 1
+                self.groups.append(zygote.groups.make(zygote.sequence))
+                zygote.groups.set_limits(self.groups[-1], head["limits"])
+        except OSError:
+            for group in self.groups:
+                zygote.groups.release(group, True)
+            raise
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # In our own PID namespace (children otherwise go to the one made for the next run), where it
         # sees the session's pid as we do.
