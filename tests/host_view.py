@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_sf.executor import Executor
 
 
 def _read(path: str) -> str:
@@ -52,6 +56,14 @@ def zygotes(server_pid: int) -> list[int]:
     their forked children carry the same command line, below one."""
     tree = descendants(server_pid)
     return [pid for pid, ppid in tree.items() if _interpreter(pid) and not _interpreter(ppid)]
+
+
+def session_zygote(executor: Executor, session_id: str) -> int:
+    """The zygote holding a session of an in-process executor (other servers' may run beside it)."""
+    process = executor.sessions[session_id].zygote.process
+    assert process is not None
+    [zygote] = zygotes(process.pid)
+    return zygote
 
 
 def run_processes(server_pid: int) -> list[int]:

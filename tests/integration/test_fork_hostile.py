@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.host_view import zygotes
+from tests.host_view import session_zygote
 from tests.waiting import wait_until_async
 from verl_sf.executor import Executor, ExecutorConfig
 from verl_sf.models import RunCodeRequest, SessionCreateRequest, SessionForkRequest
@@ -62,9 +62,9 @@ def _holds(pid: int, needles: list[bytes]) -> list[str]:
     return sorted(found)
 
 
-def _sealed(name: str) -> bytes:
+def _sealed(executor: Executor, session: str, name: str) -> bytes:
     """A zygote's sealed file, read from the host (root): the key, or the compiled filter."""
-    [zygote] = zygotes(os.getpid())
+    zygote = session_zygote(executor, session)
     for fd in Path(f"/proc/{zygote}/fd").iterdir():
         if os.readlink(fd).startswith(f"/memfd:{name} "):
             return fd.read_bytes()
@@ -73,8 +73,8 @@ def _sealed(name: str) -> bytes:
 
 async def test_the_key_is_in_no_runs_memory(executor: Executor) -> None:
     session = (await executor.create_session(SessionCreateRequest())).session_id
-    key = _sealed("fork-key")
-    program = _sealed("seccomp")
+    key = _sealed(executor, session, "fork-key")
+    program = _sealed(executor, session, "seccomp")
     assert len(key) == 16 and key != bytes(16)
     # The filter's instructions that hold the key (a BPF instruction is 8 bytes, its last 4 a constant).
     words = [key[0:4], key[4:8], key[8:12], key[12:16]]

@@ -4,12 +4,11 @@ independence, lifetimes, and what a fork refuses."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.host_view import descendants, zygotes
+from tests.host_view import descendants, session_zygote
 from tests.waiting import wait_until_async
 from verl_sf.errors import SessionBusy, SessionGone, SnapshotGone
 from verl_sf.executor import Executor, ExecutorConfig, Overloaded
@@ -197,7 +196,7 @@ async def test_a_parent_ended_in_the_middle_of_its_fork_leaves_nothing(executor:
     parent = await parent_with_state(executor)
     # 200 MB of files: copying them keeps the forker busy while the parent is ended.
     await run(executor, parent, "import os\nfor i in range(4):\n    open(f'/workdir/big{i}', 'wb').write(os.urandom(50 << 20))")
-    [zygote] = zygotes(os.getpid())
+    zygote = session_zygote(executor, parent)
     before = set(descendants(zygote))
     forking = asyncio.ensure_future(executor.fork_session(parent, SessionForkRequest(count=2)))
     await asyncio.sleep(0.05)
