@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 
 import pytest
 
@@ -71,3 +72,16 @@ async def test_past_max_sessions_the_longest_idle_session_ends_never_a_busy_one(
             await open_session()
         for call in (running, running_too):
             assert (await call).run_result.stdout == "done\n"
+
+
+async def test_hundreds_of_sessions_under_a_soft_open_files_limit_of_1024() -> None:
+    """A session holds several descriptors in its zygote: the zygote raises its own limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        async with Executor(ExecutorConfig(sandboxes=1, preload=(), max_sessions=256)) as executor:
+            sessions = [(await executor.create_session(SessionCreateRequest())).session_id for _ in range(200)]
+            last = await executor.run_code(RunCodeRequest(code="print(1)", language="python", session_id=sessions[-1]))
+            assert last.run_result is not None and last.run_result.stdout == "1\n"
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import select
 import shutil
 import time
@@ -39,6 +40,9 @@ class Zygote:
         with open("/proc/self/comm", "rb") as comm:
             name = comm.read().strip()
         self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if self.isolated else -1
+        # A session holds seven descriptors here (pipes, pidfds, its network): as many as the hard
+        # limit allows (runs set their own limit).
+        resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
         # Protocol fds move out of 0/1 so children can take those numbers for their stdio.
         self.req_fd = os.dup(0)
         self.rep_fd = os.dup(1)
