@@ -132,6 +132,11 @@ async def test_reseeded_forks_draw_their_own_numbers(executor: Executor) -> None
     forks = (await executor.fork_session(parent, SessionForkRequest(count=2, reseed=True))).session_ids
     draws = {await run(executor, session, "import random\nprint(random.random())") for session in (parent, *forks)}
     assert len(draws) == 3
+    shell = (await executor.create_session(SessionCreateRequest(language="bash"))).session_id
+    await run(executor, shell, "RANDOM=7", "bash")
+    for reseed, distinct in ((False, 1), (True, 2)):
+        copies = (await executor.fork_session(shell, SessionForkRequest(count=2, reseed=reseed))).session_ids
+        assert len({await run(executor, copy, "echo $RANDOM", "bash") for copy in copies}) == distinct
 
 
 async def test_a_snapshot_starts_many_sessions_and_runs_nothing(executor: Executor) -> None:
