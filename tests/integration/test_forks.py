@@ -226,3 +226,16 @@ async def test_a_forks_memory_is_what_it_alone_holds(executor: Executor) -> None
     # What the fork writes is its own.
     await run(executor, fork, "mine = [bytes([i % 256]) * 4096 for i in range(16 * 1024)]")  # 64 MB
     assert (executor.session_info(fork).memory_bytes or 0) > fork_bytes + (48 << 20)
+
+
+async def test_files_held_open_are_the_forks_own(executor: Executor) -> None:
+    parent = (await executor.create_session(SessionCreateRequest())).session_id
+    await run(executor, parent, "log = open('log.txt', 'a')\nlog.write('before\\n')\nlog.flush()\n"
+                                "scratch = open('/tmp/scratch', 'w+')\nscratch.write('12345')\nscratch.flush()")
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    await run(executor, fork, "log.write('fork\\n')\nlog.flush()\nscratch.write('678')\nscratch.flush()")
+    await run(executor, parent, "log.write('parent\\n')\nlog.flush()")
+    assert await run(executor, parent, "print(repr(open('log.txt').read()), repr(open('/tmp/scratch').read()))") \
+           == "'before\\nparent\\n' '12345'\n"
+    assert await run(executor, fork, "print(repr(open('log.txt').read()), repr(open('/tmp/scratch').read()))") \
+           == "'before\\nfork\\n' '12345678'\n"

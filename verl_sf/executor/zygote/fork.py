@@ -137,6 +137,7 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     assert init.forked is not None
     copy = tracing.Tracee(init.forked, attach=False)
     ends = _channels(copy, source, fifos)
+    _reopen_files(copy, source, [*(mount.target for mount in blueprint.mounts), "/dev/shm"])
     address = copy.put(cwd.encode() + b"\0")
     if copy.call("chdir", address) < 0:
         copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
@@ -195,6 +196,33 @@ def _channels(copy: tracing.Tracee, source: tracing.Tracee, fifos: list[str]) ->
             if target is not None and int(entry) not in CHANNELS:
                 copy.check("dup2", target, int(entry))
     return ends
+
+
+def _reopen_files(copy: tracing.Tracee, source: tracing.Tracee, mounts: list[str]) -> None:
+    """Files the session holds open on its tmpfs, reopened on the copy's own (at the same offset,
+    with the same flags, by the copy itself): else parent and copy would write one file."""
+    devices = set()
+    for target in mounts:
+        with contextlib.suppress(OSError):
+            devices.add(os.stat(f"/proc/{source.pid}/root{target}").st_dev)
+    for entry in os.listdir(f"/proc/{copy.pid}/fd"):
+        try:
+            info = os.stat(f"/proc/{copy.pid}/fd/{entry}")
+            path = os.readlink(f"/proc/{copy.pid}/fd/{entry}")
+            with open(f"/proc/{copy.pid}/fdinfo/{entry}") as fdinfo:
+                fields = dict(line.split(":", 1) for line in fdinfo.read().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if int(entry) in CHANNELS or info.st_dev not in devices or not stat.S_ISREG(info.st_mode) \
+                or path.endswith(" (deleted)"):
+            continue
+        reopened = copy.call("open", copy.put(path.encode() + b"\0"),
+                             int(fields["flags"], 8) & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))
+        if reopened < 0:
+            continue  # moved or made unreadable since: it stays shared, as after fork(2)
+        copy.check("lseek", reopened, int(fields["pos"]), os.SEEK_SET)
+        copy.check("dup2", reopened, int(entry))
+        copy.check("close", reopened)
 
 
 def _own_domain(source: tracing.Tracee) -> None:

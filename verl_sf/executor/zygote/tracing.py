@@ -27,7 +27,7 @@ SYSCALL_INSTRUCTION = b"\x0f\x05"
 RESTART_ERRORS = (-512, -513, -514)  # ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND: the call is made again
 IDLE_TRIES, IDLE_WAIT = 200, 0.005  # up to a second for an idle session to reach its read
 SCRATCH_BELOW_STACK = 4096  # bytes below the stack pointer our arguments go in (past the red zone)
-SYS = {"read": 0, "close": 3, "fcntl": 72, "chdir": 80, "open": 2, "dup2": 33, "prctl": 157, "capset": 126,
+SYS = {"read": 0, "close": 3, "lseek": 8, "fcntl": 72, "chdir": 80, "open": 2, "dup2": 33, "prctl": 157, "capset": 126,
        "clone": 56, "setsid": 112, "execve": 59, "close_range": 436, "landlock_create_ruleset": 444,
        "landlock_restrict_self": 446}
 
