@@ -101,6 +101,7 @@ class Executor:
         self._snapshots = SnapshotTable(self._table.boot_tag)
         self._reaper: Optional[asyncio.Task[None]] = None
         self.rung, self.rung_reason = "", ""  # chosen at start
+        self._fork_refusal = "the executor has not started"  # why sessions cannot be forked ("": they can)
 
     @property
     def sessions(self) -> dict[str, Session]:
@@ -110,6 +111,7 @@ class Executor:
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self.rung, self.rung_reason = await asyncio.to_thread(rungs.choose, self.config.isolation)
+        self._fork_refusal = self._why_no_forks()
         warning = describe(self.rung)
         if warning:
             log.warning(warning)
@@ -440,12 +442,7 @@ class Executor:
             raise InvalidRequest("count", f"count={request.count} is above the server's cap of "
                                           f"{self.config.max_sessions} sessions (--max-sessions)")
         self._reserve(request.count)
-        if source.busy.locked():
-            raise SessionBusy(session_id, "a call is running in it (a fork never copies a half-run call)")
-        await self._freeze_collector(source)
-        async with source.busy:
-            copies = await self._fork(source.zygote, source.open_id, session_id, source.memory_mb, request.count,
-                                      freeze=False)
+        copies = await self._fork_idle(source, request.count, freeze=False)
         sessions = [self._adopt(open_id, group, source.language, source.zygote, source.memory_mb,
                                 request.idle_ttl_s or source.idle_ttl_s) for open_id, group in copies]
         if request.reseed:
@@ -459,17 +456,21 @@ class Executor:
             self.stats.rejected += 1
             raise Overloaded(f"{len(self._snapshots)} snapshots kept (max_snapshots); delete one, or wait for "
                              f"one to expire")
-        if source.busy.locked():
-            raise SessionBusy(session_id, "a call is running in it (a snapshot never copies a half-run call)")
-        await self._freeze_collector(source)
-        async with source.busy:
-            [(open_id, _)] = await self._fork(source.zygote, source.open_id, session_id, source.memory_mb, 1,
-                                              freeze=True)
+        [(open_id, _)] = await self._fork_idle(source, 1, freeze=True)
         snapshot = Snapshot(id=self._snapshots.new_id(), language=source.language, source_session_id=session_id,
                             zygote=source.zygote, open_id=open_id, memory_mb=source.memory_mb,
                             idle_ttl_s=source.idle_ttl_s, expires_at=time.time() + self.config.snapshot_ttl_s)
         self._snapshots.add(snapshot)
         return self.snapshot_info(snapshot.id)
+
+    async def _fork_idle(self, source: Session, count: int, freeze: bool) -> list[tuple[int, Optional[str]]]:
+        """Copies of a session between calls (409 while one runs), its collector frozen first."""
+        if source.busy.locked():
+            raise SessionBusy(source.id, "a call is running in it (a fork never copies a half-run call)")
+        if source.language == "python":
+            await self._quiet_call(source, FREEZE)
+        async with source.busy:
+            return await self._fork(source.zygote, source.open_id, source.id, source.memory_mb, count, freeze)
 
     def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
         snapshot = self._snapshots.get(snapshot_id)
@@ -509,13 +510,19 @@ class Executor:
         return self.session_info(session.id)
 
     def _check_forkable(self) -> None:
+        if self._fork_refusal:
+            raise ForkUnavailable(self._fork_refusal)
+
+    def _why_no_forks(self) -> str:
+        """Why this server cannot fork sessions ("" if it can): fixed at start."""
         if self.rung != "namespaces":
-            raise ForkUnavailable(f"forks and snapshots need the namespaces isolation rung; this server runs "
-                                  f"{self.rung!r} ({self.rung_reason})")
+            return (f"forks and snapshots need the namespaces isolation rung; this server runs {self.rung!r} "
+                    f"({self.rung_reason})")
         abi, needed = rungs.landlock_abi(), rungs.LANDLOCK_SCOPED_SIGNALS_ABI
         if abi < needed:
-            raise ForkUnavailable(f"forks and snapshots need Landlock ABI {needed} (Linux 6.12) to keep a live "
-                                  f"parent from signalling its copies; this kernel has ABI {abi}")
+            return (f"forks and snapshots need Landlock ABI {needed} (Linux 6.12) to keep a live parent from "
+                    f"signalling its copies; this kernel has ABI {abi}")
+        return ""
 
     def _reserve(self, count: int) -> None:
         """Room for `count` more sessions, under the session cap and the memory cap, or 503."""
@@ -568,17 +575,16 @@ class Executor:
         self.stats.sessions_created += 1
         return session
 
-    async def _freeze_collector(self, source: Session) -> None:
-        if source.language == "python":
-            calls = source.calls
-            await self._session_call(source, 10.0, {"code": FREEZE, "output_limit": 4096})
-            source.calls = calls
+    async def _quiet_call(self, session: Session, code: str) -> Reply:
+        """A call of the server's own in a session (not counted among its calls)."""
+        calls = session.calls
+        reply, _ = await self._session_call(session, 10.0, {"code": code, "output_limit": 4096})
+        session.calls = calls
+        return reply
 
     async def _reseed(self, sessions: list[Session]) -> None:
         for session in sessions:
-            body: SessionCallBody = {"code": RESEED[session.language], "output_limit": 4096}
-            reply, _ = await self._session_call(session, 10.0, body)
-            session.calls = 0
+            reply = await self._quiet_call(session, RESEED[session.language])
             if reply.get("return_code") != 0:
                 for copy in sessions:
                     self._end(copy, "its random generators could not be reseeded")

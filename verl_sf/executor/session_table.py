@@ -6,7 +6,6 @@ it holds is from before the restart rather than unknown."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import re
 import secrets
@@ -14,6 +13,7 @@ import time
 from typing import Optional
 
 from verl_sf.errors import SessionGone
+from verl_sf.executor.live_table import LiveTable
 from verl_sf.executor.zygote_process import ZygoteProcess
 
 ENDED_SESSIONS_KEPT = 100_000  # ended sessions whose reason a late call can still be told
@@ -35,48 +35,25 @@ class Session:
     busy: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
-class SessionTable:
+class SessionTable(LiveTable[Session]):
     def __init__(self) -> None:
-        self.boot_tag = secrets.token_hex(3)
-        self.live: dict[str, Session] = {}
+        super().__init__(secrets.token_hex(3), ENDED_SESSIONS_KEPT)
         self.opening = 0  # sessions being created: they count against the cap already
-        self._by_open_id: dict[int, Session] = {}
-        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self.live)
 
     def new_id(self) -> str:
         return f"{self.boot_tag}-{secrets.token_hex(8)}"
-
-    def add(self, session: Session) -> None:
-        self.live[session.id] = session
-        self._by_open_id[session.open_id] = session
 
     def get(self, session_id: str) -> Session:
         session = self.live.get(session_id)
         if session is not None:
             return session
-        reason = self._ended.get(session_id)
+        reason = self.ended_reason(session_id)
         if reason is None:
             if not session_id.startswith(self.boot_tag + "-") and _SESSION_ID.fullmatch(session_id):
                 reason = "the server restarted since it was created: sessions do not survive a restart"
             else:
                 reason = "no such session"
         raise SessionGone(session_id, reason)
-
-    def by_open_id(self, open_id: int) -> Optional[Session]:
-        return self._by_open_id.get(open_id)
-
-    def forget(self, session: Session, reason: str) -> bool:
-        """Out of the table, its reason kept for late callers; False if it was gone already."""
-        if self.live.pop(session.id, None) is None:
-            return False
-        self._by_open_id.pop(session.open_id, None)
-        self._ended[session.id] = reason
-        while len(self._ended) > ENDED_SESSIONS_KEPT:
-            self._ended.popitem(last=False)
-        return True
 
     def idle(self) -> list[Session]:
         """Sessions not in a call, the longest idle first."""

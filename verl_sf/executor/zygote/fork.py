@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import signal
@@ -47,7 +48,7 @@ from .linux import (
     MS_NOSUID,
     MS_REC,
 )
-from .run_groups import Groups
+from .run_groups import Groups, write
 
 FORK_FLAGS = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
 CLONE_PARENT, SIGCHLD = 0x8000, 17
@@ -59,7 +60,6 @@ REAPER = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, signal.va
 PR_SET_KEEPCAPS, PR_SET_SECUREBITS = 8, 28
 # SECBIT_NOROOT, SECBIT_KEEP_CAPS_LOCKED and SECBIT_NO_CAP_AMBIENT_RAISE, with their locks.
 LOCKED_SECUREBITS = 0x1 | 0x2 | 0x20 | 0x40 | 0x80
-O_WRONLY, O_RDONLY, O_NONBLOCK, F_SETFL = os.O_WRONLY, os.O_RDONLY, os.O_NONBLOCK, 4
 LANDLOCK_SCOPES = 0x3  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL (ABI 6)
 CHANNELS = (1, 2, 3, 9)  # stdout, stderr, records, calls: each copy gets its own
 
@@ -176,12 +176,12 @@ def _channels(copy: tracing.Tracee, source: tracing.Tracee, fifos: list[str]) ->
     for fd, path in zip(CHANNELS, fifos, strict=True):
         address = copy.put(path.encode() + b"\0")
         if fd == 9:  # the zygote writes, the copy reads: the reader opens first, without waiting
-            theirs = copy.check("open", address, O_RDONLY | O_NONBLOCK)
+            theirs = copy.check("open", address, os.O_RDONLY | os.O_NONBLOCK)
             ours = os.open(root + path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            copy.check("fcntl", theirs, F_SETFL, 0)
+            copy.check("fcntl", theirs, fcntl.F_SETFL, 0)
         else:
             ours = os.open(root + path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-            theirs = copy.check("open", address, O_WRONLY)
+            theirs = copy.check("open", address, os.O_WRONLY)
             os.set_blocking(ours, True)
         copy.check("dup2", theirs, fd)
         copy.check("close", theirs)
@@ -266,24 +266,19 @@ def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) ->
     """Into the copy's cgroups (as its uid: cgroup v1 moves only a process of the opener's uid), then
     its namespaces, where a child of ours, in its PID namespace, does the mounts."""
     cfg = blueprint.cfg
-    namespaces = {kind: os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY) for kind in ("user", "mnt", "net", "pid")}
+    kinds = {"user": CLONE_NEWUSER, "mnt": CLONE_NEWNS, "net": CLONE_NEWNET, "pid": CLONE_NEWPID}  # in setns order
+    namespaces = {kind: os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY) for kind in kinds}
     if not cfg["single_uid"]:
         linux.check(linux.libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "PR_SET_KEEPCAPS")
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
         linux.raise_permitted()
-    for base, name in set(groups.values()):
-        procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=base)
-        try:
-            os.write(procs, str(pid).encode())
-        finally:
-            os.close(procs)
-    for kind in ("user", "mnt", "net", "pid"):
-        kind_flag = {"user": CLONE_NEWUSER, "mnt": CLONE_NEWNS, "net": CLONE_NEWNET, "pid": CLONE_NEWPID}[kind]
-        linux.check(linux.libc.setns(namespaces[kind], kind_flag), f"setns({kind})")
+    for group in set(groups.values()):
+        write(group, "cgroup.procs", str(pid))
+    for kind, flag in kinds.items():
+        linux.check(linux.libc.setns(namespaces[kind], flag), f"setns({kind})")
     _run_helper(lambda: _mounts(blueprint, fifos))
-    with contextlib.suppress(OSError):
-        linux.new_network()
+    linux.new_network()
 
 
 def _mounts(blueprint: Blueprint, fifos: list[str]) -> None:

@@ -29,9 +29,6 @@ class Zygote(JobZygote, Protocol):
     pidns_fd: int
     req_fd: int
     rep_fd: int
-    forking: dict[int, Forking]
-
-    def watch_fd(self, fd: int) -> None: ...
 
 MAX_FORK_LAYERS = 16  # Landlock domains a process may stack: a live session gets one per fork
 
@@ -69,7 +66,7 @@ class Forking:
         self.socket = ours
         source.forking = True
 
-    def on_readable(self, zygote: Zygote) -> None:
+    def on_event(self, zygote: Zygote, fd: int) -> None:
         message, fds, _, _ = socket.recv_fds(self.socket, 4096, len(fork.CHANNELS))
         if message.startswith((b"error ", b"busy ")):
             kind, _, text = message.partition(b" ")
@@ -83,7 +80,6 @@ class Forking:
             self._finish(zygote)
 
     def _finish(self, zygote: Zygote) -> None:
-        zygote.forking.pop(self.socket.fileno())
         zygote.unwatch(self.socket.fileno())
         self.socket.close()
         os.waitpid(self.pid, 0)
@@ -125,8 +121,7 @@ def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
         zygote.reply({"id": head["id"], "status": "Error", "session_alive": True,
                       "error": f"verl-sf: the fork could not be set up: {exc}"})
         return
-    zygote.forking[forking.socket.fileno()] = forking
-    zygote.watch_fd(forking.socket.fileno())
+    zygote.watch(forking, (forking.socket.fileno(),))
 
 
 def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:

@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 
 from . import forks, linux, procfs
 from .child import Blueprint, Child, Mount
-from .job import Job
+from .job import Job, Watcher
 from .messages import Head, Reply, ZygoteConfig
 from .python_runner import install_stdio, stdio_for_runs
 from .run import Run
@@ -79,8 +79,7 @@ class Zygote:
         self.runs: dict[int, Run] = {}  # request id -> run
         self.sessions: dict[int, Session] = {}  # open request id -> session
         self.reaping: dict[int, Job] = {}  # pidfd -> job whose answer is sent and whose PID 1 is still to collect
-        self.fd_owner: dict[int, Job] = {}  # fd -> job, for the poll loop
-        self.forking: dict[int, forks.Forking] = {}  # the forker's socket -> its fork request
+        self.fd_owner: dict[int, Watcher] = {}  # fd -> its job (or fork in progress), for the poll loop
         self.poller = select.poll()
         self.poller.register(self.req_fd, select.POLLIN)
         self.requests = Lines()
@@ -104,8 +103,6 @@ class Zygote:
                 job = self.fd_owner.get(fd)
                 if job is not None:
                     job.on_event(self, fd)
-                elif fd in self.forking:
-                    self.forking[fd].on_readable(self)
                 elif fd in self.reaping:
                     self._reap(fd)
             now = time.monotonic()
@@ -224,13 +221,10 @@ class Zygote:
             return -1
         return fd
 
-    def watch(self, job: Job, fds: Iterable[int]) -> None:
+    def watch(self, job: Watcher, fds: Iterable[int]) -> None:
         for fd in fds:
             self.fd_owner[fd] = job
             self.poller.register(fd, select.POLLIN)
-
-    def watch_fd(self, fd: int) -> None:
-        self.poller.register(fd, select.POLLIN)
 
     def unwatch(self, fd: int) -> None:
         self.fd_owner.pop(fd, None)
