@@ -7,6 +7,7 @@ import dataclasses
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -132,10 +133,21 @@ CONTAINER_MODES = [f"{mode}-container" for mode in SERVER_MODES]
 """The same, inside a container's default profile (tests/container_profile.py): the landlock rung."""
 
 
+def as_background_job() -> None:
+    """What a non-interactive shell does to a command it starts with `&` (POSIX): SIGINT and SIGQUIT
+    ignored, which the command inherits unless it sets them itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
-def server_in_mode(mode: str, *extra_args: str, extra_env: dict[str, str] | None = None) -> Iterator[ServerHandle]:
+def server_in_mode(mode: str, *extra_args: str, extra_env: dict[str, str] | None = None,
+                   background_job: bool = False) -> Iterator[ServerHandle]:
+    """`background_job`: started as a shell starts `verl-sf serve &`, with SIGINT and SIGQUIT ignored."""
     home = None
-    preexec_fn = container_profile.enter if mode.endswith("-container") else None
+    steps = [step for step, wanted in ((as_background_job, background_job),
+                                       (container_profile.enter, mode.endswith("-container"))) if wanted]
+    preexec_fn = (lambda: [step() for step in steps] and None) if steps else None
     if mode.startswith("root"):
         handle = start_server(*extra_args, env={**os.environ, **(extra_env or {})}, preexec_fn=preexec_fn)
     else:

@@ -237,6 +237,7 @@ def test_a_timeout_that_ignores_the_interrupt_kills_the_session_and_says_so(serv
                              "while True:\n    time.sleep(0.1)", run_timeout=1)
     assert body["status"] == "Failed" and body["run_result"]["status"] == "TimeLimitExceeded"
     assert body["session_alive"] is False and "the session ended" in body["message"]
+    assert "the code ignores SIGINT" in body["message"]
     assert "killed" in gone(server, sid)
 
 

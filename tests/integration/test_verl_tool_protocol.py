@@ -333,8 +333,9 @@ def test_a_turn_that_ignores_the_interrupt_ends_the_state_and_says_so(sf_server:
                 "    except KeyboardInterrupt:\n        pass</python>")
     observation = turn(sf_server, trajectory, stubborn)
     assert observation == result("Execution timed out after 10 seconds.\n[verl-sf: the interpreter ended (killed: the "
-                                 "call ignored the interrupt at its time-out for 2 s); the next turn starts from a "
-                                 "clean state]")
+                                 "call ignored the interrupt at its time-out for 2 s of its own time: the code did not "
+                                 "stop on the interrupt (it caught KeyboardInterrupt, or runs a long call in C)); the "
+                                 "next turn starts from a clean state]")
     fresh = turn(sf_server, trajectory, "<python>print('kept' in globals(), sqrt(16))</python>")
     assert fresh == result("False 4.0")  # a new interpreter, with verl-tool's pre-imports again
     finish(sf_server, [trajectory])

@@ -14,6 +14,7 @@ import time
 from typing import Any, Optional
 
 from . import procfs
+from .interrupts import Interrupt
 from .job import Job, Zygote
 from .messages import Limits, Reply, SessionCallBody, SessionCallHead, SessionOpenHead
 from .run_groups import Groups
@@ -28,7 +29,7 @@ class Session(Job):
         self.language = head["language"]
         self.call: Optional[SessionCallHead] = None  # the call in progress
         self.fetch_paths: list[str] = []  # a bash call's fetch_files, in order
-        self.interrupted_at: Optional[float] = None
+        self.interrupt: Optional[Interrupt] = None  # the call in progress was interrupted at its time-out
         self.interpreter = -1  # its pid, once ready
         self.interpreter_fd = -1  # a pidfd of it: the session ends with it
         self.parent: Optional[Session] = None
@@ -73,8 +74,9 @@ class Session(Job):
     def next_tick(self) -> Optional[float]:
         if self.call is None:  # an idle session holds no timer, but for the memory watchdog
             return time.monotonic() + IDLE_SESSION_TICK if self.watch_memory and self.alive else None
-        if self.interrupted_at is not None:
-            return self.interrupted_at + self.call["grace"]
+        if self.interrupt is not None:
+            now = time.monotonic()
+            return min(self.interrupt.due(now), self.hard_deadline)
         return super().next_tick()
 
     def sample_base(self, cpu: float, wait: float) -> tuple[float, float]:
@@ -94,7 +96,7 @@ class Session(Job):
         self.meta_bytes = 0
         self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self.begin_stage(self.limits["timeout"])
-        self.interrupted_at = None
+        self.interrupt = None
         # A session once demoted stays at the lowest priority (raising it back takes CAP_SYS_NICE on the
         # host): as in a multi-level feedback queue, a job that has run long stays low.
         try:
@@ -125,13 +127,18 @@ class Session(Job):
     def on_tick(self, zygote: Zygote, now: float) -> None:
         if self.call is None:
             return
-        if self.interrupted_at is not None:
-            if now >= self.interrupted_at + self.call["grace"]:
-                grace = self.call["grace"]
-                self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for {grace:g} s")
+        if self.interrupt is not None:
+            grace = self.interrupt.grace
+            if self.interrupt.spent(now):
+                self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for {grace:g} s of its own"
+                                  f" time: {self.interrupt.why()}")
+            elif now >= self.hard_deadline:
+                self.kill(zygote, f"killed: the call had not stopped on the interrupt at its time-out when the client's"
+                                  f" deadline came (it waited {self.interrupt.waited():.1f} s for a CPU):"
+                                  f" {self.interrupt.why()}")
             return
         if self.past_deadline(now):
-            self.interrupted_at = now
+            self.interrupt = Interrupt(self.interpreter, self.call["grace"], now)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
 
@@ -150,7 +157,7 @@ class Session(Job):
         if cells:
             reply["cells"] = cells
         self.call = None
-        self.interrupted_at = None
+        self.interrupt = None
         # What a call left running in the background drops to the lowest CPU priority.
         for pid in self.background():
             procfs.demote_tree(pid)

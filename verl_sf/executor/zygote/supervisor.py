@@ -142,8 +142,10 @@ class Zygote:
         elif head["op"] == "call":
             session = self.sessions.get(head["session"])
             if session is None or not session.alive:
+                reason = ("the sandbox holds no such session (its zygote restarted)" if session is None
+                          else session.failure or session.end_reason or "its interpreter exited")
                 self.reply({"id": head["id"], "status": "Error", "session_alive": False,
-                            "error": "the session is not running", "session_end": "ended"})
+                            "error": "the session is not running", "session_end": reason})
             else:
                 session.begin_call(self, head, body)
         elif head["op"] == "fork":
