@@ -51,7 +51,7 @@ async def one_session(http: aiohttp.ClientSession, url: str, kind: str, timeout:
     async with http.delete(f"{url}/sessions/{sid}"):
         pass
     alive = stuck.get("session_alive") is True and (after.get("run_result") or {}).get("stdout") == "5\n"
-    return alive, "" if alive else stuck.get("message", "")
+    return alive, "" if alive else f"{kind}: {stuck.get('message', '')} / next call: {after}"
 
 
 async def measure(url: str, sessions: int, load: int, timeout: float) -> tuple[int, int, list[str], int]:

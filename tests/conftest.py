@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.server_fixtures", "tests.ray_fixtures", "tests.leaks"]
+pytest_plugins = ["tests.leaks", "tests.server_fixtures", "tests.ray_fixtures"]
 
 INTEGRATION_DIRS = (Path(__file__).parent / "integration", Path(__file__).parent / "special_e2e")
 

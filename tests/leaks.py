@@ -2,8 +2,8 @@
 that a test leaves behind slows and skews every test after it, so the run fails naming it.
 
 Every process the suite starts inherits a marker in its environment; at the end none may live
-(sandboxed processes have a scrubbed environment, but die with their server).  The servers'
-cgroups (`verl-sf-<server pid>-*`) made during the run must be gone with their servers."""
+(sandboxed processes have a scrubbed environment, but die with their server).  The cgroups
+(`verl-sf-<server pid>-*`) of the servers the suite started must be gone with their servers."""
 
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ import pytest
 MARKER = "VERL_SF_TEST_RUN"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SETTLE_S = 30.0  # what stopping a server or Ray may take on a loaded machine
-_before = pytest.StashKey[set[Path]]()
+SERVERS: set[int] = set()
+"""The pids of the servers the suite started (tests/server_fixtures.py adds them)."""
 
 
-def _server_cgroups() -> set[Path]:
-    found: set[Path] = set()
+def _server_cgroups() -> list[str]:
+    found = []
     for controller in ("memory", "pids", ""):
         base = CGROUP_ROOT / controller if controller else CGROUP_ROOT
-        found.update(base.glob("verl-sf-*"))
-    return found
+        found.extend(str(group) for pid in SERVERS for group in base.glob(f"verl-sf-{pid}-*"))
+    return sorted(found)
 
 
 def _marked_processes(token: str) -> list[str]:
@@ -45,16 +46,14 @@ def _marked_processes(token: str) -> list[str]:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     os.environ[MARKER] = secrets.token_hex(8)
-    session.config.stash[_before] = _server_cgroups()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     token = os.environ.get(MARKER, "")
-    before = session.config.stash.get(_before, set())
     deadline = time.monotonic() + SETTLE_S
     while True:
         processes = _marked_processes(token)
-        groups = sorted(str(group) for group in _server_cgroups() - before if group.exists())
+        groups = _server_cgroups()
         if not processes and not groups or time.monotonic() > deadline:
             break
         time.sleep(0.5)

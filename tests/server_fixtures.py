@@ -19,7 +19,7 @@ import pytest
 import requests
 
 import verl_sf
-from tests import container_profile
+from tests import container_profile, leaks
 from verl_sf.server.process import start_server_process, stop_server_process
 
 
@@ -38,6 +38,7 @@ def start_server(*extra_args: str, env: dict[str, str] | None = None, timeout: f
                  stderr: IO[str] | None = None, preexec_fn: Callable[[], None] | None = None) -> ServerHandle:
     """Start `verl-sf serve --port 0` and wait for its 'listening on' line."""
     proc, url = start_server_process(*extra_args, env=env, timeout=timeout, stderr=stderr, preexec_fn=preexec_fn)
+    leaks.SERVERS.add(proc.pid)
     return ServerHandle(url, proc)
 
 
@@ -90,6 +91,7 @@ def start_server_as_user(*extra_args: str, extra_env: dict[str, str] | None = No
             "directory whose parents are world-traversable (e.g. /opt or /tmp, not under a 0700 home).")
     proc, url = start_server_process(*extra_args, env=env, timeout=timeout, user=CI_ACCOUNT, stderr=stderr,
                                      preexec_fn=preexec_fn)
+    leaks.SERVERS.add(proc.pid)
     return ServerHandle(url, proc, as_root=False), home
 
 

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from . import linux, tracing
+from . import linux, procfs, tracing
 from .child import Blueprint
 from .linux import (
     CLONE_NEWIPC,
@@ -62,14 +62,19 @@ PR_SET_KEEPCAPS, PR_SET_SECUREBITS = 8, 28
 LOCKED_SECUREBITS = 0x1 | 0x2 | 0x20 | 0x40 | 0x80
 LANDLOCK_SCOPES = 0x3  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL (ABI 6)
 CHANNELS = (1, 2, 3, 9)  # stdout, stderr, records, calls: each copy gets its own
+NAMESPACE_FILES = {"cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts"}  # readlink: "net:[4026...]"
 
 
 class ForkFailed(OSError):
     """The copies could not be made; none is left behind."""
 
 
-class TooDeep(ForkFailed):
-    """A fork of a fork of ... past what the kernel nests: the session's state, not a fault."""
+class Refused(ForkFailed):
+    """The session's state forbids a fork now (answered 409): it is let go as it was."""
+
+
+class TooDeep(Refused):
+    """A fork of a fork of ... past what the kernel nests."""
 
 
 def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, parent_frozen: bool,
@@ -78,11 +83,19 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     each one's pid and zygote-side channel ends, and exit.  On failure, kill what was made."""
     made: list[int] = []
     try:
-        key = blueprint.seccomp.key()
+        # Nothing of the session's may read the key from us (a core, /proc/<pid>/mem of the same uid).
+        linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
         # Between calls a python session reads them on fd 9, bash on fd 0 (`read <&9`); a snapshot
         # stands stopped on that read, and is never let go to reach it.
-        source = tracing.Tracee(parent, reading=() if parent_frozen else (0, 9))
         try:
+            source = tracing.Tracee(parent, reading=() if parent_frozen else (0, 9))
+        except tracing.NotIdle as exc:
+            raise Refused(f"its interpreter is not waiting for its next call ({exc})") from None
+        try:
+            # Checked with the interpreter stopped, so they hold until the copies exist: nothing of
+            # the session runs while the key is in a register (/proc/<pid>/syscall shows it).
+            _check_alone(parent)
+            key = blueprint.seccomp.key()
             cwd = _working_directory(parent, blueprint.cfg["workdir"])
             for copy_groups in groups:
                 # A child of the session's PID 1 (CLONE_PARENT): it outlives the parent's interpreter.
@@ -110,10 +123,30 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         message = str(exc) if isinstance(exc, OSError) else traceback.format_exc()
-        kind = b"busy " if isinstance(exc, TooDeep) else b"error "
+        kind = b"busy " if isinstance(exc, Refused) else b"error "
         with contextlib.suppress(OSError):
             reply.sendall(kind + message.replace("\n", " ").encode() + b"\n")
         os._exit(1)
+
+
+def _check_alone(interpreter: int) -> None:
+    """The stopped interpreter is the session's one thread and one process: no thread of its, no
+    child, no orphan taken in by the session's PID 1 (whose other children, the session's copies,
+    live in PID namespaces of their own) could run while the fork is made."""
+    threads = os.listdir(f"/proc/{interpreter}/task")
+    if threads != [str(interpreter)]:
+        raise Refused(f"its interpreter runs {len(threads)} threads; fork(2) copies only the one that takes calls, "
+                      "so the copies would wait forever on what the others hold")
+    children = procfs.children(interpreter)
+    init = procfs.parent(interpreter)
+    namespace = os.stat(f"/proc/{interpreter}/ns/pid").st_ino
+    for pid in procfs.children(init):
+        with contextlib.suppress(FileNotFoundError):
+            if pid != interpreter and os.stat(f"/proc/{pid}/ns/pid").st_ino == namespace:
+                children.append(pid)
+    if children:
+        raise Refused(f"it has {len(children)} background process(es), which a fork does not copy and which "
+                      "could reach the copies: end them first")
 
 
 def _working_directory(pid: int, fallback: str) -> str:
@@ -138,6 +171,7 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     copy = tracing.Tracee(init.forked, attach=False)
     ends = _channels(copy, source, fifos)
     _reopen_files(copy, source, [*(mount.target for mount in blueprint.mounts), "/dev/shm"])
+    _close_reaching_parent(copy)
     address = copy.put(cwd.encode() + b"\0")
     if copy.call("chdir", address) < 0:
         copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
@@ -225,6 +259,20 @@ def _reopen_files(copy: tracing.Tracee, source: tracing.Tracee, mounts: list[str
         copy.check("close", reopened)
 
 
+def _close_reaching_parent(copy: tracing.Tracee) -> None:
+    """Descriptors inherited from the parent that reach processes outside the copy's namespaces:
+    directories and files of the parent's /proc, pidfds and namespace files."""
+    for entry in os.listdir(f"/proc/{copy.pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{copy.pid}/fd/{entry}")
+        except OSError:
+            continue
+        kind = target.partition(":")[0]
+        if int(entry) not in CHANNELS and (target == "/proc" or target.startswith("/proc/")
+                                           or target == "anon_inode:[pidfd]" or kind in NAMESPACE_FILES):
+            copy.check("close", int(entry))
+
+
 def _own_domain(source: tracing.Tracee) -> None:
     """The parent into a Landlock domain of its own: its copies, left in the one it had, are out of
     its reach (signals, ptrace, abstract sockets)."""
@@ -273,8 +321,10 @@ def _helper(blueprint: Blueprint, pid: int, groups: Groups, fifos: list[str]) ->
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
         linux.raise_permitted()
+    # This helper too: the copies of the parent's files it and its child write are charged to the copy.
     for group in set(groups.values()):
         write(group, "cgroup.procs", str(pid))
+        write(group, "cgroup.procs", str(os.getpid()))
     for kind, flag in kinds.items():
         linux.check(linux.libc.setns(namespaces[kind], flag), f"setns({kind})")
     _run_helper(lambda: _mounts(blueprint, fifos))

@@ -93,7 +93,7 @@ class Forking:
                     os.close(fd)
             for group in self.groups:
                 zygote.groups.release(group, True)
-            error = ("the session ended while it was being forked" if not source.alive
+            error = (f"the session ended while it was being forked ({self.error})" if not source.alive
                      else self.error or "the forker ended before making every copy")
             zygote.reply({"id": head["id"], "status": "Error", "busy": self.busy, "session_alive": source.alive,
                           "error": error if self.busy else f"verl-sf: the fork failed: {error}"})
@@ -138,12 +138,4 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
         return (f"it was forked {source.layers} times, as often as a live session can be (each fork puts it in "
                 "a Landlock domain of its own, and Linux stacks 16): snapshot it and start sessions from the "
                 "snapshot instead")
-    threads = len(os.listdir(f"/proc/{source.interpreter}/task"))
-    if threads > 1:
-        return (f"its interpreter runs {threads} threads; fork(2) copies only the one that takes calls, "
-                "so the copies would wait forever on what the others hold")
-    background = source.background()
-    if background:
-        return (f"it has {len(background)} background process(es), which a fork does not copy and which "
-                "could reach the copies: end them first")
-    return None
+    return None  # its threads and processes are checked by the forker, with the interpreter stopped

@@ -65,12 +65,13 @@ def demote_tree(pid: int, skip: Collection[int] = ()) -> tuple[float, float]:
     return cpu, wait
 
 
-def has_children(pid: int) -> bool:
+def parent(pid: int) -> int:
+    """`pid`'s parent (0 if it is gone)."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
-            return bool(fh.read().strip())
-    except OSError:
-        return False
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def tree_memory(pid: int, skip: Collection[int] = ()) -> int:

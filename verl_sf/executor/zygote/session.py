@@ -79,6 +79,11 @@ class Session(Job):
             return min(self.interrupt.due(now), self.hard_deadline)
         return super().next_tick()
 
+    def deadline(self) -> float:
+        """A call is interrupted early enough that its grace ends before the client's deadline."""
+        grace = self.call["grace"] if self.call is not None else 0.0
+        return min(super().deadline(), self.hard_deadline - grace)
+
     def sample_base(self, cpu: float, wait: float) -> tuple[float, float]:
         return cpu, wait  # what earlier calls used is not this call's
 

@@ -39,6 +39,10 @@ class TraceError(OSError):
     """The traced process did not behave as a process stopped in a system call does (it died, or ran)."""
 
 
+class NotIdle(TraceError):
+    """The process is not waiting for its next call (its code is doing something else): let go as it was."""
+
+
 class Registers(ctypes.Structure):
     _fields_ = [(name, ctypes.c_ulonglong) for name in (
         "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi", "rdi",
@@ -90,14 +94,14 @@ class Tracee:
             self.saved = self.registers()
         else:
             if reading:
-                self.close()
-                raise TraceError(f"process {pid} did not come to wait for its next call")
+                self.detach()
+                raise NotIdle(f"process {pid} did not come to wait for its next call")
         # Interrupted in a call, it stands past the instruction; stopped before making one (a
         # snapshot, or a copy just made), on it or past it.
         self.gate = self.saved.rip if self._on_gate() else self.saved.rip - 2
         if os.pread(self.mem, 2, self.gate) != SYSCALL_INSTRUCTION:
-            self.close()
-            raise TraceError(f"process {pid} is not waiting in a system call")
+            self.detach()
+            raise NotIdle(f"process {pid} is not waiting in a system call")
         self.scratch = (self.saved.rsp - SCRATCH_BELOW_STACK) & ~0xF
 
     def _on_gate(self) -> bool:

@@ -1,0 +1,149 @@
+"""Forks against a hostile tenant, through HTTP, as root and as the CI account: the session's code
+watches its own fork from a thread or a child started after the server's checks (the gc.freeze the
+server calls just before forking, replaced), keeps its interpreter away from its next call, holds
+descriptors of its /proc; the copy is charged for the files it holds.  No watcher may see the key,
+a refused fork leaves its session as it was, and a copy reaches nothing of its parent's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from tests.server_fixtures import SERVER_MODES, ServerHandle, server_in_mode
+
+pytestmark = pytest.mark.integration
+
+# Replaces gc.freeze (the server's last call before the fork): out of its read() long enough for
+# the forker to start, then a watcher of the interpreter's system calls, then back to the read.
+WATCH = """
+import gc, os, threading, time
+seen = []
+main = os.getpid()
+def watch(stop_at):
+    while time.monotonic() < stop_at:
+        try:
+            with open(f"/proc/{main}/task/{main}/syscall") as fh:
+                fields = fh.read().split()
+        except OSError:
+            continue
+        if fields and fields[0] == "56":  # clone(2), as the forker would inject it
+            seen.append(fields)
+def late_watcher():
+    time.sleep(0.3)
+    {start}
+gc.freeze = late_watcher
+"""
+THREAD = "threading.Thread(target=watch, args=(time.monotonic() + 5,), daemon=True).start()"
+CHILD = ("pid = os.fork()\n    if pid == 0:\n        watch(time.monotonic() + 5)\n"
+         "        open('/tmp/seen', 'w').write(json.dumps(seen)); os._exit(0)")
+
+
+@pytest.fixture(scope="module", params=SERVER_MODES)
+def server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    with server_in_mode(request.param) as handle:
+        yield handle
+
+
+def create(server: ServerHandle) -> str:
+    response = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
+    assert response.status_code == 201, response.text
+    return str(response.json()["session_id"])
+
+
+def call(server: ServerHandle, sid: str, code: str) -> dict:
+    response = requests.post(server.url + "/run_code", json={"code": code, "language": "python", "session_id": sid},
+                             timeout=60)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def fork(server: ServerHandle, sid: str) -> requests.Response:
+    return requests.post(f"{server.url}/sessions/{sid}/fork", json={"count": 1}, timeout=60)
+
+
+def stdout(body: dict) -> str:
+    assert body["status"] == "Success", body
+    return str(body["run_result"]["stdout"])
+
+
+def namespace_attempt() -> str:
+    """Code that tries clone(CLONE_NEWUSER|CLONE_NEWNET) with every argument pattern it was shown."""
+    return ("import ctypes, json\nlibc = ctypes.CDLL(None, use_errno=True)\nok = []\n"
+            "for fields in seen:\n    args = [int(x, 16) for x in fields[1:6]]\n"
+            "    r = libc.syscall(56, 0x10000000 | 0x40000000 | 17, 0, args[2], args[3], 0)\n"
+            "    if r == 0: libc.syscall(60, 0)\n    ok.append(r > 0)\nprint(json.dumps([len(seen), any(ok)]))")
+
+
+@pytest.mark.parametrize("start", [THREAD, CHILD], ids=["thread", "child"])
+def test_a_watcher_started_after_the_checks_sees_no_key_and_the_session_lives(server: ServerHandle,
+                                                                                 start: str) -> None:
+    sid = create(server)
+    call(server, sid, "import json\nkept = 'state'\n" + WATCH.replace("{start}", start))
+    answer = fork(server, sid)
+    # Refused (409, the thread or child is seen once the interpreter is stopped) or made safely.
+    assert answer.status_code in (201, 409), answer.text
+    if answer.status_code == 409:
+        assert "thread" in answer.text or "background process" in answer.text
+    if start == CHILD:
+        call(server, sid, "import os, time\nwhile not os.path.exists('/tmp/seen'): time.sleep(0.05)\n"
+                          "time.sleep(0.2)\nseen = json.load(open('/tmp/seen'))")
+    else:
+        call(server, sid, "import time\ntime.sleep(5.5)")
+    watched, created = json.loads(stdout(call(server, sid, namespace_attempt())))
+    assert watched == 0 and created is False
+    assert stdout(call(server, sid, "print(kept)")) == "state\n"
+
+
+def test_a_session_kept_from_its_read_is_refused_and_lives(server: ServerHandle) -> None:
+    sid = create(server)
+    # Just before the fork, a timer whose handler spins for 3 s: the interpreter is out of its read()
+    # for longer than the forker waits for it.
+    call(server, sid, "import gc, signal, time\nkept = 1\n"
+                      "def spin(*_):\n    end = time.monotonic() + 3\n    while time.monotonic() < end: pass\n"
+                      "signal.signal(signal.SIGALRM, spin)\n"
+                      "gc.freeze = lambda: signal.setitimer(signal.ITIMER_REAL, 0.001)")
+    answer = fork(server, sid)
+    # Refused when the forker finds it spinning; made when it caught the read before the timer fired.
+    assert answer.status_code == 201 or answer.status_code == 409 and "not waiting for its next call" in answer.text, \
+        answer.text
+    body = call(server, sid, "print(kept)")
+    assert stdout(body) == "1\n" and body["session_alive"] is True
+
+
+def test_a_copy_closes_the_parents_proc_descriptors(server: ServerHandle) -> None:
+    sid = create(server)
+    call(server, sid, "import os\nproc_fd = os.open('/proc/self', os.O_RDONLY | os.O_DIRECTORY)\n"
+                      "task_fd = os.open('/proc/self/status', os.O_RDONLY)")
+    assert stdout(call(server, sid, "print(os.read(os.open('status', os.O_RDONLY, dir_fd=proc_fd), 5))")) == "b'Name:'\n"
+    answer = fork(server, sid)
+    assert answer.status_code == 201, answer.text
+    [copy] = answer.json()["session_ids"]
+    probe = ("import errno\nfor fd in (proc_fd, task_fd):\n    try:\n        os.fstat(fd)\n        print('open')\n"
+             "    except OSError as exc:\n        print(errno.errorcode[exc.errno])")
+    assert stdout(call(server, copy, probe)) == "EBADF\nEBADF\n"
+
+
+@pytest.fixture(scope="module")
+def root_server() -> Iterator[ServerHandle]:
+    """Memory cgroups need a root server here (cgroup v1): there the copy's charge is checked."""
+    with server_in_mode("root") as handle:
+        yield handle
+
+
+def test_a_copy_is_charged_for_the_files_it_holds(root_server: ServerHandle) -> None:
+    server = root_server
+    response = requests.post(server.url + "/sessions", json={"language": "python", "memory_limit_MB": 256},
+                             timeout=60)
+    sid = response.json()["session_id"]
+    call(server, sid, "open('/tmp/big', 'wb').write(b'x' * (48 << 20))")
+    answer = fork(server, sid)
+    assert answer.status_code == 201, answer.text
+    [copy] = answer.json()["session_ids"]
+    info = requests.get(f"{server.url}/sessions/{copy}", timeout=30).json()
+    assert info["memory_bytes"] >= 48 << 20, info
+    # Its files count against its limit: 48 MB of them and 220 MB of memory pass 256 MB.
+    body = call(server, copy, "hold = bytearray(220 << 20)")
+    assert body["session_alive"] is False and "memory" in body["message"], body
