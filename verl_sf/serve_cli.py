@@ -72,7 +72,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
                    help="/get_observation: seconds a trajectory keeps its state without a turn")
     p.add_argument("--e2b-api-key", default=None,
-                   help="the API key E2B SDK clients must send (E2B_API_KEY); by default any non-empty key")
+                   help="the only API key E2B SDK clients may send (E2B_API_KEY); by default any non-empty "
+                        "key, each its own tenant (sees only the sandboxes it created)")
     p.add_argument("--e2b-max-sandboxes", type=int, default=E2BConfig.max_sandboxes,
                    help="live E2B sandboxes at once (each is a session); past it, creation answers 429")
     p.add_argument("--fronts", type=int, default=1,

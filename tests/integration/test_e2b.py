@@ -209,6 +209,17 @@ def _query(metadata: dict[str, str]):  # type: ignore[no-untyped-def]
 def test_access_tokens_and_api_key(server: ServerHandle, sandbox: Sandbox) -> None:
     with pytest.raises(AuthenticationException):
         Sandbox.create(api_key="not-the-key")
+    # With --e2b-api-key no other key is a tenant: every call is 401, whatever sandbox it names.
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="not-the-key").next_items()
+    for call in (Sandbox.get_info, Sandbox.connect, Sandbox.kill, lambda i, **o: Sandbox.set_timeout(i, 5, **o)):
+        with pytest.raises(AuthenticationException):
+            call(sandbox.sandbox_id, api_key="not-the-key")
+    for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/timeout"), ("POST", "/connect"), ("POST", "/pause")):
+        refused = requests.request(method, f"{server.url}/sandboxes/{sandbox.sandbox_id}{path}", json={"timeout": 5},
+                                   headers={"X-API-Key": API_KEY + "x"}, timeout=30)
+        assert refused.status_code == 401 and "Token" not in refused.text, (method, path, refused.text)
+    assert sandbox.is_running() and sandbox.run_code("1 + 1").text == "2"
     other = Sandbox.create(timeout=60)
     try:
         headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": other._envd_access_token}
@@ -277,7 +288,7 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
         sandbox.files.watch_dir("/home/user")
     unknown = requests.post(server.url + "/execute", json={"code": "1"}, timeout=30,
                             headers={"E2b-Sandbox-Id": "inope", "E2b-Sandbox-Port": "49999"})
-    assert unknown.status_code == 404 and "was not found" in unknown.text
+    assert unknown.status_code == 401 and "access token" in unknown.text  # as for a sandbox that exists
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect("i-no-such-sandbox")
     assert sandbox.run_code("1 + 1").text == "2"  # the server still serves everyone

@@ -9,7 +9,8 @@ from typing import Optional
 @dataclasses.dataclass
 class E2BConfig:
     api_key: Optional[str] = None
-    """The API key control-plane calls must carry (X-API-Key); None: any non-empty key."""
+    """The only API key control-plane calls may carry (X-API-Key); None: any non-empty key, each a
+    tenant of its own (a sandbox is its creating key's: verl_sf.tenancy)."""
     max_sandboxes: int = 256
     """Live sandboxes at once (each is one session, counted in the executor's max_sessions too);
     past it, creation answers 429."""

@@ -1,10 +1,12 @@
 """E2B's control plane (the API the SDK reaches at E2B_API_URL): create, get, list, kill,
-set-timeout and connect.  Errors are E2B's `{"code": status, "message": ...}`."""
+set-timeout and connect.  Errors are E2B's `{"code": status, "message": ...}`.
+
+A sandbox is its creating key's (verl_sf.tenancy): any other key is answered, on every call that
+names it, exactly as for an id never given out (404)."""
 
 from __future__ import annotations
 
 import datetime
-import hmac
 import time
 import urllib.parse
 from typing import Any, Optional
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
 from verl_sf.executor import Overloaded
+from verl_sf.tenancy import key_accepted, owner_of
 
 CLIENT_ID = "verl-sf"
 
@@ -70,13 +73,14 @@ class ControlPlane:
         for path in ("/sandboxes/{sandbox_id}/{action}", "/v2/sandboxes/{sandbox_id}/{action}"):
             app.router.add_route("*", path, self.unimplemented)
 
-    def _authorized(self, request: web.Request) -> Optional[web.Response]:
+    def _key(self, request: web.Request) -> str | web.Response:
+        """The caller's API key (X-API-Key), or the 401 for a missing or refused one."""
         key = request.headers.get("X-API-Key", "")
         if not key:
             return error(401, "missing API key: set E2B_API_KEY (any non-empty value unless the server requires one)")
-        if self.config.api_key is not None and not hmac.compare_digest(key.encode(), self.config.api_key.encode()):
+        if not key_accepted(self.config.api_key, key):
             return error(401, "invalid API key")
-        return None
+        return key
 
     async def _body(self, request: web.Request, model: type[Any]) -> Any:
         try:
@@ -101,15 +105,19 @@ class ControlPlane:
         return None
 
     def _sandbox(self, request: web.Request) -> Sandbox | web.Response:
+        """The caller's sandbox the path names, or the 401 or 404 (another key's is not found, as a missing one)."""
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
         try:
-            return self.sandboxes.get(request.match_info["sandbox_id"])
+            return self.sandboxes.owned(request.match_info["sandbox_id"], key)
         except SandboxGone as exc:
             return error(404, str(exc))
 
     async def create(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        if refused:
-            return refused
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
         if not self.config.single_process:
             return error(501, "E2B sandboxes need a single server process: start `verl-sf serve` with --fronts 1")
         body = await self._body(request, NewSandbox)
@@ -124,7 +132,8 @@ class ControlPlane:
         if refused:
             return refused
         try:
-            sandbox = await self.sandboxes.create(body.template_id, timeout, body.metadata, body.env_vars)
+            sandbox = await self.sandboxes.create(body.template_id, timeout, body.metadata, body.env_vars,
+                                                  owner=owner_of(key))
         except TooManySandboxes as exc:
             return error(429, str(exc))
         except Overloaded as exc:
@@ -136,7 +145,7 @@ class ControlPlane:
     def _created(self, sandbox: Sandbox) -> dict[str, Any]:
         return {"templateID": sandbox.template_id, "sandboxID": sandbox.id, "clientID": CLIENT_ID,
                 "alias": sandbox.template_id, "envdVersion": ENVD_VERSION, "envdAccessToken": sandbox.access_token,
-                "trafficAccessToken": None, "domain": None}
+                "trafficAccessToken": sandbox.traffic_token, "domain": None}
 
     def _listed(self, sandbox: Sandbox) -> dict[str, Any]:
         executor = self.sandboxes.executor.config
@@ -146,18 +155,18 @@ class ControlPlane:
                 "metadata": sandbox.metadata, "state": "running", "envdVersion": ENVD_VERSION}
 
     async def get(self, request: web.Request) -> web.Response:
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         return web.json_response({**self._listed(sandbox), "envdAccessToken": sandbox.access_token, "domain": None})
 
     async def list(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        if refused:
-            return refused
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
         states = request.query.get("state")
         wanted = dict(urllib.parse.parse_qsl(request.query.get("metadata", "")))
-        sandboxes = sorted(self.sandboxes.listing(), key=lambda s: s.started_at)
+        sandboxes = sorted(self.sandboxes.listing(key), key=lambda s: s.started_at)
         if states is not None and "running" not in states.split(","):
             sandboxes = []
         sandboxes = [s for s in sandboxes if all(s.metadata.get(k) == v for k, v in wanted.items())]
@@ -169,14 +178,14 @@ class ControlPlane:
         return web.json_response([self._listed(s) for s in page], headers=headers)
 
     async def kill(self, request: web.Request) -> web.Response:
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         self.sandboxes.kill(sandbox.id)
         return web.Response(status=204)
 
     async def set_timeout(self, request: web.Request) -> web.Response:
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         body = await self._body(request, TimeoutBody)
@@ -190,7 +199,7 @@ class ControlPlane:
 
     async def refresh(self, request: web.Request) -> web.Response:
         """The older SDKs' keep-alive: `{"duration": s}` extends the sandbox's life to now + s."""
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         try:
@@ -206,7 +215,7 @@ class ControlPlane:
 
     async def connect(self, request: web.Request) -> web.Response:
         """Connect to a running sandbox: its access details; a longer timeout extends its life."""
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         body = await self._body(request, ConnectBody)
@@ -220,6 +229,8 @@ class ControlPlane:
         return web.json_response(self._created(sandbox), status=200)
 
     async def unimplemented(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        return refused or error(501, f"{request.method} {request.path} is not implemented by verl-sf "
+        sandbox = self._sandbox(request)  # another key's sandbox is not found here either
+        if isinstance(sandbox, web.Response):
+            return sandbox
+        return error(501, f"{request.method} {request.path} is not implemented by verl-sf "
                                      f"(docs/e2b.md lists what is)")
