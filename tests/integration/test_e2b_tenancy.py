@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import pytest
 import requests
-from e2b import NotFoundException, SandboxNotFoundException, SandboxQuery
+from e2b import NotFoundException, RateLimitException, SandboxNotFoundException, SandboxQuery
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from tests.server_fixtures import ServerHandle, start_server, stop_server
@@ -237,3 +237,27 @@ def test_a_killed_sandbox_tells_its_owner_why(server: ServerHandle) -> None:
         box.run_code("1")
     with pytest.raises(NotFoundException, match="killed"):
         box.list_code_contexts()
+
+
+def test_a_burst_of_creations_cannot_push_out_another_tenants_sandbox() -> None:
+    """Creations in flight count against --e2b-max-sandboxes: a key creating many at once gets 429s,
+    never the places of the executor's sessions, where the longest idle (another key's) would be evicted."""
+    handle = start_server("--slots", "2", "--preload", "", "--e2b-max-sandboxes", "2", "--max-sessions", "3")
+    try:
+        idle = Sandbox.create(timeout=120, **opts(handle, KEY_A))
+        idle.run_code("kept = 'yes'")
+
+        async def burst() -> list[object]:
+            creations = [AsyncSandbox.create(timeout=60, retries=0, **opts(handle, KEY_B)) for _ in range(8)]
+            return list(await asyncio.gather(*creations, return_exceptions=True))
+
+        results = asyncio.run(burst())
+        created = [r for r in results if isinstance(r, AsyncSandbox)]
+        assert len(created) == 1, results  # the one place A's sandbox leaves
+        assert all(isinstance(r, RateLimitException) for r in results if not isinstance(r, AsyncSandbox)), results
+        assert idle.run_code("kept").text == "yes"
+        for sandbox in created:
+            asyncio.run(sandbox.kill())
+        idle.kill()
+    finally:
+        stop_server(handle.process)

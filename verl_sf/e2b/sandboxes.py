@@ -139,6 +139,7 @@ class Sandboxes:
         self.executor = executor
         self.config = config
         self.live: dict[str, Sandbox] = {}
+        self._opening = 0
         self._ended: collections.OrderedDict[str, Ended] = collections.OrderedDict()
         self._reaper: Optional[asyncio.Task[None]] = None
 
@@ -169,10 +170,15 @@ class Sandboxes:
                      envs: dict[str, str], owner: Optional[Owner] = None) -> Sandbox:
         """A new sandbox of `owner` (verl_sf.tenancy; None: of no API key, so no key lists or reaches it)."""
         self._prune()
-        if len(self.live) >= self.config.max_sandboxes:
-            raise TooManySandboxes(f"{len(self.live)} sandboxes are running, the server's cap (max_sandboxes); "
-                                   f"kill some or wait for their timeout")
-        info = await self.executor.create_session(SessionCreateRequest(language="python", idle_ttl_s=MAX_TIMEOUT_S))
+        if len(self.live) + self._opening >= self.config.max_sandboxes:
+            raise TooManySandboxes(f"{self.config.max_sandboxes} sandboxes are running or starting, the server's cap "
+                                   f"(max_sandboxes); kill some or wait for their timeout")
+        self._opening += 1  # a place is taken from the first await on: a burst cannot pass the cap
+        try:
+            info = await self.executor.create_session(SessionCreateRequest(language="python",
+                                                                           idle_ttl_s=MAX_TIMEOUT_S))
+        finally:
+            self._opening -= 1
         now = time.time()
         sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id, access_token=new_token(),
                           traffic_token=new_token(), owner=owner, template_id=template_id, metadata=metadata,
