@@ -276,6 +276,15 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
                              headers=key, timeout=30)
     assert too_long.status_code == 400 and "timeout" in too_long.json()["message"]
     assert requests.get(server.url + "/v2/sandboxes", timeout=30).status_code == 401  # no key
+    for field, value in (("nextToken", "9" * 5000), ("nextToken", "\u00b2"), ("nextToken", "x"), ("limit", "\u00b2"),
+                         ("limit", "9" * 5000), ("limit", "0")):
+        page = requests.get(server.url + "/v2/sandboxes", params={field: value}, headers=key, timeout=30)
+        assert page.status_code == 400 and field in page.json()["message"], (field, value, page.text)
+    for duration in (b"1e400", b'"' + b"9" * 5000 + b'"', b"-1", b"1.5", b'"soon"'):
+        refresh = requests.post(f"{server.url}/sandboxes/{sandbox.sandbox_id}/refreshes", timeout=30,
+                                data=b'{"duration": ' + duration + b"}",
+                                headers={**key, "Content-Type": "application/json"})
+        assert refresh.status_code == 400 and "duration" in refresh.json()["message"], (duration, refresh.text)
     headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983",
                "X-Access-Token": sandbox._envd_access_token}
     garbled = requests.post(server.url + "/filesystem.Filesystem/Stat", data=b"{not json",

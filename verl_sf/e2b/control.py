@@ -42,6 +42,21 @@ class TimeoutBody(BaseModel):
     timeout: int = Field(ge=0)
 
 
+class RefreshBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    duration: Optional[int] = Field(default=None, ge=0)
+
+
+class ListQuery(BaseModel):
+    """GET /sandboxes query: a page is `limit` sandboxes from the index `nextToken` (the X-Next-Token we gave)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    next_token: int = Field(default=0, ge=0, alias="nextToken")
+    limit: Optional[int] = Field(default=None, ge=1)
+
+
 class ConnectBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -50,6 +65,16 @@ class ConnectBody(BaseModel):
 
 def error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
+
+
+def _validated(model: type[Any], data: dict[str, Any]) -> Any:
+    """`data` as `model`, or the 400 naming the first field that is wrong."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        return error(400, f"{field}: {first['msg']}")
 
 
 def _iso(unix: float) -> str:
@@ -89,12 +114,7 @@ class ControlPlane:
             return error(400, f"the body is not JSON: {exc}")
         if not isinstance(body, dict):
             return error(400, "the body must be a JSON object")
-        try:
-            return model.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            return error(400, f"{field}: {first['msg']}")
+        return _validated(model, body)
 
     def _check_timeout(self, timeout: int, sandbox: Optional[Sandbox] = None) -> Optional[web.Response]:
         """A sandbox may not outlive the server's session lifetime, counted from its creation."""
@@ -164,15 +184,16 @@ class ControlPlane:
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
+        query = _validated(ListQuery, dict(request.query))
+        if isinstance(query, web.Response):
+            return query
         states = request.query.get("state")
         wanted = dict(urllib.parse.parse_qsl(request.query.get("metadata", "")))
         sandboxes = sorted(self.sandboxes.listing(key), key=lambda s: s.started_at)
         if states is not None and "running" not in states.split(","):
             sandboxes = []
         sandboxes = [s for s in sandboxes if all(s.metadata.get(k) == v for k, v in wanted.items())]
-        start = int(request.query.get("nextToken", "0")) if request.query.get("nextToken", "0").isdigit() else 0
-        limit = request.query.get("limit", "")
-        count = int(limit) if limit.isdigit() and int(limit) > 0 else len(sandboxes)
+        start, count = query.next_token, query.limit or len(sandboxes)
         page = sandboxes[start:start + count]
         headers = {"X-Next-Token": str(start + count)} if start + count < len(sandboxes) else {}
         return web.json_response([self._listed(s) for s in page], headers=headers)
@@ -202,11 +223,10 @@ class ControlPlane:
         sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
-        try:
-            body = await request.json() if request.body_exists else {}
-            duration = int(body.get("duration", self.config.default_timeout_s))
-        except (ValueError, TypeError, AttributeError):
-            return error(400, "duration: must be an integer number of seconds")
+        body = await self._body(request, RefreshBody)
+        if isinstance(body, web.Response):
+            return body
+        duration = self.config.default_timeout_s if body.duration is None else body.duration
         refused = self._check_timeout(duration, sandbox)
         if refused:
             return refused
