@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import struct
 import time
 from collections.abc import Iterator
 
@@ -293,6 +294,16 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     wrong_type = requests.post(server.url + "/filesystem.Filesystem/Stat", json={"path": 5}, headers=headers,
                                timeout=30)
     assert wrong_type.status_code == 400 and "path" in wrong_type.json()["message"]
+    superscript_two = "\u00b2".encode().decode("latin-1")  # a digit to str.isdigit, not to int()
+    deadline = requests.post(server.url + "/filesystem.Filesystem/Stat", json={"path": "/home/user"}, timeout=30,
+                             headers={**headers, "Connect-Timeout-Ms": superscript_two})
+    assert deadline.status_code == 400 and "Connect-Timeout-Ms" in deadline.json()["message"]
+    start = json.dumps({"process": {"cmd": "echo", "args": ["hi"]}}).encode()
+    for name in ("Connect-Timeout-Ms", "Keepalive-Ping-Interval"):
+        stream = requests.post(server.url + "/process.Process/Start", timeout=30,
+                               data=struct.pack(">BI", 0, len(start)) + start,
+                               headers={**headers, name: superscript_two, "Content-Type": "application/connect+json"})
+        assert stream.status_code == 200 and stream.content.endswith(b"}"), (name, stream.content)
     with pytest.raises(SandboxException, match="not implemented"):
         sandbox.files.watch_dir("/home/user")
     unknown = requests.post(server.url + "/execute", json={"code": "1"}, timeout=30,
