@@ -261,3 +261,25 @@ def test_a_burst_of_creations_cannot_push_out_another_tenants_sandbox() -> None:
         idle.kill()
     finally:
         stop_server(handle.process)
+
+
+def test_a_key_cap_keeps_places_for_the_other_keys() -> None:
+    """--e2b-max-sandboxes-per-key: one key creating all it can leaves the rest of the server's places free."""
+    handle = start_server("--slots", "2", "--preload", "", "--e2b-max-sandboxes", "4",
+                          "--e2b-max-sandboxes-per-key", "2")
+    try:
+        async def burst(key: str, count: int) -> list[object]:
+            creations = [AsyncSandbox.create(timeout=60, retries=0, **opts(handle, key)) for _ in range(count)]
+            return list(await asyncio.gather(*creations, return_exceptions=True))
+
+        async def kill(results: list[object]) -> None:
+            await asyncio.gather(*(r.kill() for r in results if isinstance(r, AsyncSandbox)))
+
+        hostile = asyncio.run(burst(KEY_B, 6))
+        refused = [r for r in hostile if not isinstance(r, AsyncSandbox)]
+        assert len(refused) == 4 and all(isinstance(r, RateLimitException) and "per key" in str(r) for r in refused)
+        other = asyncio.run(burst(KEY_A, 2))
+        assert all(isinstance(r, AsyncSandbox) for r in other), other
+        asyncio.run(kill(hostile + other))
+    finally:
+        stop_server(handle.process)

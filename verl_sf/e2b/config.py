@@ -14,6 +14,8 @@ class E2BConfig:
     max_sandboxes: int = 256
     """Live sandboxes at once (each is one session, counted in the executor's max_sessions too);
     past it, creation answers 429."""
+    max_sandboxes_per_key: Optional[int] = None
+    """Live sandboxes of one API key at once; None: a key may take all of `max_sandboxes`."""
     default_timeout_s: int = 300
     """A sandbox's lifetime when the create call names none (E2B's default)."""
     execute_timeout_s: float = 300.0

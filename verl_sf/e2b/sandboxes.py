@@ -139,7 +139,8 @@ class Sandboxes:
         self.executor = executor
         self.config = config
         self.live: dict[str, Sandbox] = {}
-        self._opening = 0
+        self._opening: collections.Counter[Optional[Owner]] = collections.Counter()
+        """Sandboxes starting (their session on the way), by owner."""
         self._ended: collections.OrderedDict[str, Ended] = collections.OrderedDict()
         self._reaper: Optional[asyncio.Task[None]] = None
 
@@ -170,15 +171,22 @@ class Sandboxes:
                      envs: dict[str, str], owner: Optional[Owner] = None) -> Sandbox:
         """A new sandbox of `owner` (verl_sf.tenancy; None: of no API key, so no key lists or reaches it)."""
         self._prune()
-        if len(self.live) + self._opening >= self.config.max_sandboxes:
+        if len(self.live) + sum(self._opening.values()) >= self.config.max_sandboxes:
             raise TooManySandboxes(f"{self.config.max_sandboxes} sandboxes are running or starting, the server's cap "
                                    f"(max_sandboxes); kill some or wait for their timeout")
-        self._opening += 1  # a place is taken from the first await on: a burst cannot pass the cap
+        per_key = self.config.max_sandboxes_per_key
+        if owner is not None and per_key is not None and \
+                sum(s.owner == owner for s in self.live.values()) + self._opening[owner] >= per_key:
+            raise TooManySandboxes(f"this key has {per_key} sandboxes running or starting, the server's cap per key "
+                                   f"(max_sandboxes_per_key); kill some or wait for their timeout")
+        self._opening[owner] += 1  # a place is taken from the first await on: a burst cannot pass the caps
         try:
             info = await self.executor.create_session(SessionCreateRequest(language="python",
                                                                            idle_ttl_s=MAX_TIMEOUT_S))
         finally:
-            self._opening -= 1
+            self._opening[owner] -= 1
+            if not self._opening[owner]:
+                del self._opening[owner]  # no entry kept per key ever seen
         now = time.time()
         sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id, access_token=new_token(),
                           traffic_token=new_token(), owner=owner, template_id=template_id, metadata=metadata,
