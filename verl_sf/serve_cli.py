@@ -72,9 +72,12 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verl-tool-idle-ttl", type=float, default=VerlToolConfig.idle_ttl_s,
                    help="/get_observation: seconds a trajectory keeps its state without a turn")
     p.add_argument("--e2b-api-key", default=None,
-                   help="the API key E2B SDK clients must send (E2B_API_KEY); by default any non-empty key")
+                   help="the only API key E2B SDK clients may send (E2B_API_KEY); by default any non-empty "
+                        "key, each its own tenant (sees only the sandboxes it created)")
     p.add_argument("--e2b-max-sandboxes", type=int, default=E2BConfig.max_sandboxes,
                    help="live E2B sandboxes at once (each is a session); past it, creation answers 429")
+    p.add_argument("--e2b-max-sandboxes-per-key", type=int, default=None,
+                   help="live E2B sandboxes of one API key at once (default: no cap of its own); past it, 429")
     p.add_argument("--fronts", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
     p.add_argument("--log-level", default="INFO")
@@ -97,7 +100,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
-    e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes, single_process=args.fronts == 1)
+    e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes,
+                    max_sandboxes_per_key=args.e2b_max_sandboxes_per_key, single_process=args.fronts == 1)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
                           max_connections=args.max_connections, executor=executor, verl_tool=verl_tool, e2b=e2b)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import struct
 import time
 from collections.abc import Iterator
 
@@ -209,6 +210,17 @@ def _query(metadata: dict[str, str]):  # type: ignore[no-untyped-def]
 def test_access_tokens_and_api_key(server: ServerHandle, sandbox: Sandbox) -> None:
     with pytest.raises(AuthenticationException):
         Sandbox.create(api_key="not-the-key")
+    # With --e2b-api-key no other key is a tenant: every call is 401, whatever sandbox it names.
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="not-the-key").next_items()
+    for call in (Sandbox.get_info, Sandbox.connect, Sandbox.kill, lambda i, **o: Sandbox.set_timeout(i, 5, **o)):
+        with pytest.raises(AuthenticationException):
+            call(sandbox.sandbox_id, api_key="not-the-key")
+    for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/timeout"), ("POST", "/connect"), ("POST", "/pause")):
+        refused = requests.request(method, f"{server.url}/sandboxes/{sandbox.sandbox_id}{path}", json={"timeout": 5},
+                                   headers={"X-API-Key": API_KEY + "x"}, timeout=30)
+        assert refused.status_code == 401 and "Token" not in refused.text, (method, path, refused.text)
+    assert sandbox.is_running() and sandbox.run_code("1 + 1").text == "2"
     other = Sandbox.create(timeout=60)
     try:
         headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": other._envd_access_token}
@@ -265,6 +277,15 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
                              headers=key, timeout=30)
     assert too_long.status_code == 400 and "timeout" in too_long.json()["message"]
     assert requests.get(server.url + "/v2/sandboxes", timeout=30).status_code == 401  # no key
+    for field, value in (("nextToken", "9" * 5000), ("nextToken", "\u00b2"), ("nextToken", "x"), ("limit", "\u00b2"),
+                         ("limit", "9" * 5000), ("limit", "0")):
+        page = requests.get(server.url + "/v2/sandboxes", params={field: value}, headers=key, timeout=30)
+        assert page.status_code == 400 and field in page.json()["message"], (field, value, page.text)
+    for duration in (b"1e400", b'"' + b"9" * 5000 + b'"', b"-1", b"1.5", b'"soon"'):
+        refresh = requests.post(f"{server.url}/sandboxes/{sandbox.sandbox_id}/refreshes", timeout=30,
+                                data=b'{"duration": ' + duration + b"}",
+                                headers={**key, "Content-Type": "application/json"})
+        assert refresh.status_code == 400 and "duration" in refresh.json()["message"], (duration, refresh.text)
     headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983",
                "X-Access-Token": sandbox._envd_access_token}
     garbled = requests.post(server.url + "/filesystem.Filesystem/Stat", data=b"{not json",
@@ -273,11 +294,21 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     wrong_type = requests.post(server.url + "/filesystem.Filesystem/Stat", json={"path": 5}, headers=headers,
                                timeout=30)
     assert wrong_type.status_code == 400 and "path" in wrong_type.json()["message"]
+    superscript_two = "\u00b2".encode().decode("latin-1")  # a digit to str.isdigit, not to int()
+    deadline = requests.post(server.url + "/filesystem.Filesystem/Stat", json={"path": "/home/user"}, timeout=30,
+                             headers={**headers, "Connect-Timeout-Ms": superscript_two})
+    assert deadline.status_code == 400 and "Connect-Timeout-Ms" in deadline.json()["message"]
+    start = json.dumps({"process": {"cmd": "echo", "args": ["hi"]}}).encode()
+    for name in ("Connect-Timeout-Ms", "Keepalive-Ping-Interval"):
+        stream = requests.post(server.url + "/process.Process/Start", timeout=30,
+                               data=struct.pack(">BI", 0, len(start)) + start,
+                               headers={**headers, name: superscript_two, "Content-Type": "application/connect+json"})
+        assert stream.status_code == 200 and stream.content.endswith(b"}"), (name, stream.content)
     with pytest.raises(SandboxException, match="not implemented"):
         sandbox.files.watch_dir("/home/user")
     unknown = requests.post(server.url + "/execute", json={"code": "1"}, timeout=30,
                             headers={"E2b-Sandbox-Id": "inope", "E2b-Sandbox-Port": "49999"})
-    assert unknown.status_code == 404 and "was not found" in unknown.text
+    assert unknown.status_code == 401 and "access token" in unknown.text  # as for a sandbox that exists
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect("i-no-such-sandbox")
     assert sandbox.run_code("1 + 1").text == "2"  # the server still serves everyone

@@ -9,10 +9,13 @@ from typing import Optional
 @dataclasses.dataclass
 class E2BConfig:
     api_key: Optional[str] = None
-    """The API key control-plane calls must carry (X-API-Key); None: any non-empty key."""
+    """The only API key control-plane calls may carry (X-API-Key); None: any non-empty key, each a
+    tenant of its own (a sandbox is its creating key's: verl_sf.tenancy)."""
     max_sandboxes: int = 256
     """Live sandboxes at once (each is one session, counted in the executor's max_sessions too);
     past it, creation answers 429."""
+    max_sandboxes_per_key: Optional[int] = None
+    """Live sandboxes of one API key at once; None: a key may take all of `max_sandboxes`."""
     default_timeout_s: int = 300
     """A sandbox's lifetime when the create call names none (E2B's default)."""
     execute_timeout_s: float = 300.0

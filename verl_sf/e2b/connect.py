@@ -53,7 +53,7 @@ def timeout_s(request: web.Request) -> Optional[float]:
     raw = request.headers.get("Connect-Timeout-Ms")
     if raw is None:
         return None
-    if not raw.isdigit() or len(raw) > 10:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:
         raise ConnectError("invalid_argument", f"Connect-Timeout-Ms must be a positive integer, got {raw!r}")
     return max(int(raw), 1) / 1000
 

@@ -1,10 +1,12 @@
 """E2B's control plane (the API the SDK reaches at E2B_API_URL): create, get, list, kill,
-set-timeout and connect.  Errors are E2B's `{"code": status, "message": ...}`."""
+set-timeout and connect.  Errors are E2B's `{"code": status, "message": ...}`.
+
+A sandbox is its creating key's (verl_sf.tenancy): any other key is answered, on every call that
+names it, exactly as for an id never given out (404)."""
 
 from __future__ import annotations
 
 import datetime
-import hmac
 import time
 import urllib.parse
 from typing import Any, Optional
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
 from verl_sf.executor import Overloaded
+from verl_sf.tenancy import key_accepted, owner_of
 
 CLIENT_ID = "verl-sf"
 
@@ -39,6 +42,21 @@ class TimeoutBody(BaseModel):
     timeout: int = Field(ge=0)
 
 
+class RefreshBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    duration: Optional[int] = Field(default=None, ge=0)
+
+
+class ListQuery(BaseModel):
+    """GET /sandboxes query: a page is `limit` sandboxes from the index `nextToken` (the X-Next-Token we gave)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    next_token: int = Field(default=0, ge=0, alias="nextToken")
+    limit: Optional[int] = Field(default=None, ge=1)
+
+
 class ConnectBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -47,6 +65,16 @@ class ConnectBody(BaseModel):
 
 def error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
+
+
+def _validated(model: type[Any], data: dict[str, Any]) -> Any:
+    """`data` as `model`, or the 400 naming the first field that is wrong."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        return error(400, f"{field}: {first['msg']}")
 
 
 def _iso(unix: float) -> str:
@@ -70,13 +98,14 @@ class ControlPlane:
         for path in ("/sandboxes/{sandbox_id}/{action}", "/v2/sandboxes/{sandbox_id}/{action}"):
             app.router.add_route("*", path, self.unimplemented)
 
-    def _authorized(self, request: web.Request) -> Optional[web.Response]:
+    def _key(self, request: web.Request) -> str | web.Response:
+        """The caller's API key (X-API-Key), or the 401 for a missing or refused one."""
         key = request.headers.get("X-API-Key", "")
         if not key:
             return error(401, "missing API key: set E2B_API_KEY (any non-empty value unless the server requires one)")
-        if self.config.api_key is not None and not hmac.compare_digest(key.encode(), self.config.api_key.encode()):
+        if not key_accepted(self.config.api_key, key):
             return error(401, "invalid API key")
-        return None
+        return key
 
     async def _body(self, request: web.Request, model: type[Any]) -> Any:
         try:
@@ -85,12 +114,7 @@ class ControlPlane:
             return error(400, f"the body is not JSON: {exc}")
         if not isinstance(body, dict):
             return error(400, "the body must be a JSON object")
-        try:
-            return model.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            return error(400, f"{field}: {first['msg']}")
+        return _validated(model, body)
 
     def _check_timeout(self, timeout: int, sandbox: Optional[Sandbox] = None) -> Optional[web.Response]:
         """A sandbox may not outlive the server's session lifetime, counted from its creation."""
@@ -101,15 +125,19 @@ class ControlPlane:
         return None
 
     def _sandbox(self, request: web.Request) -> Sandbox | web.Response:
+        """The caller's sandbox the path names, or the 401 or 404 (another key's is not found, as a missing one)."""
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
         try:
-            return self.sandboxes.get(request.match_info["sandbox_id"])
+            return self.sandboxes.owned(request.match_info["sandbox_id"], key)
         except SandboxGone as exc:
             return error(404, str(exc))
 
     async def create(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        if refused:
-            return refused
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
         if not self.config.single_process:
             return error(501, "E2B sandboxes need a single server process: start `verl-sf serve` with --fronts 1")
         body = await self._body(request, NewSandbox)
@@ -124,7 +152,8 @@ class ControlPlane:
         if refused:
             return refused
         try:
-            sandbox = await self.sandboxes.create(body.template_id, timeout, body.metadata, body.env_vars)
+            sandbox = await self.sandboxes.create(body.template_id, timeout, body.metadata, body.env_vars,
+                                                  owner=owner_of(key))
         except TooManySandboxes as exc:
             return error(429, str(exc))
         except Overloaded as exc:
@@ -136,7 +165,7 @@ class ControlPlane:
     def _created(self, sandbox: Sandbox) -> dict[str, Any]:
         return {"templateID": sandbox.template_id, "sandboxID": sandbox.id, "clientID": CLIENT_ID,
                 "alias": sandbox.template_id, "envdVersion": ENVD_VERSION, "envdAccessToken": sandbox.access_token,
-                "trafficAccessToken": None, "domain": None}
+                "trafficAccessToken": sandbox.traffic_token, "domain": None}
 
     def _listed(self, sandbox: Sandbox) -> dict[str, Any]:
         executor = self.sandboxes.executor.config
@@ -146,37 +175,38 @@ class ControlPlane:
                 "metadata": sandbox.metadata, "state": "running", "envdVersion": ENVD_VERSION}
 
     async def get(self, request: web.Request) -> web.Response:
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         return web.json_response({**self._listed(sandbox), "envdAccessToken": sandbox.access_token, "domain": None})
 
     async def list(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        if refused:
-            return refused
+        key = self._key(request)
+        if isinstance(key, web.Response):
+            return key
+        query = _validated(ListQuery, dict(request.query))
+        if isinstance(query, web.Response):
+            return query
         states = request.query.get("state")
         wanted = dict(urllib.parse.parse_qsl(request.query.get("metadata", "")))
-        sandboxes = sorted(self.sandboxes.listing(), key=lambda s: s.started_at)
+        sandboxes = sorted(self.sandboxes.listing(key), key=lambda s: s.started_at)
         if states is not None and "running" not in states.split(","):
             sandboxes = []
         sandboxes = [s for s in sandboxes if all(s.metadata.get(k) == v for k, v in wanted.items())]
-        start = int(request.query.get("nextToken", "0")) if request.query.get("nextToken", "0").isdigit() else 0
-        limit = request.query.get("limit", "")
-        count = int(limit) if limit.isdigit() and int(limit) > 0 else len(sandboxes)
+        start, count = query.next_token, query.limit or len(sandboxes)
         page = sandboxes[start:start + count]
         headers = {"X-Next-Token": str(start + count)} if start + count < len(sandboxes) else {}
         return web.json_response([self._listed(s) for s in page], headers=headers)
 
     async def kill(self, request: web.Request) -> web.Response:
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         self.sandboxes.kill(sandbox.id)
         return web.Response(status=204)
 
     async def set_timeout(self, request: web.Request) -> web.Response:
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         body = await self._body(request, TimeoutBody)
@@ -190,14 +220,13 @@ class ControlPlane:
 
     async def refresh(self, request: web.Request) -> web.Response:
         """The older SDKs' keep-alive: `{"duration": s}` extends the sandbox's life to now + s."""
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
-        try:
-            body = await request.json() if request.body_exists else {}
-            duration = int(body.get("duration", self.config.default_timeout_s))
-        except (ValueError, TypeError, AttributeError):
-            return error(400, "duration: must be an integer number of seconds")
+        body = await self._body(request, RefreshBody)
+        if isinstance(body, web.Response):
+            return body
+        duration = self.config.default_timeout_s if body.duration is None else body.duration
         refused = self._check_timeout(duration, sandbox)
         if refused:
             return refused
@@ -206,7 +235,7 @@ class ControlPlane:
 
     async def connect(self, request: web.Request) -> web.Response:
         """Connect to a running sandbox: its access details; a longer timeout extends its life."""
-        sandbox = self._authorized(request) or self._sandbox(request)
+        sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
         body = await self._body(request, ConnectBody)
@@ -220,6 +249,8 @@ class ControlPlane:
         return web.json_response(self._created(sandbox), status=200)
 
     async def unimplemented(self, request: web.Request) -> web.Response:
-        refused = self._authorized(request)
-        return refused or error(501, f"{request.method} {request.path} is not implemented by verl-sf "
+        sandbox = self._sandbox(request)  # another key's sandbox is not found here either
+        if isinstance(sandbox, web.Response):
+            return sandbox
+        return error(501, f"{request.method} {request.path} is not implemented by verl-sf "
                                      f"(docs/e2b.md lists what is)")

@@ -308,7 +308,7 @@ class Envd:
 
 def _keepalive_interval(request: web.Request) -> float:
     raw = request.headers.get("Keepalive-Ping-Interval", "")
-    return float(raw) if raw.isdigit() and 0 < int(raw) < 3600 else 50.0
+    return float(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) < 3600 else 50.0
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

@@ -31,6 +31,7 @@ from verl_sf.models import (
     RunJupyterResponse,
     SessionCreateRequest,
 )
+from verl_sf.tenancy import Owner, new_token, owns
 
 Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
 
@@ -78,6 +79,11 @@ class Sandbox:
     id: str
     session_id: str
     access_token: str
+    """envd's token (X-Access-Token)."""
+    traffic_token: str
+    """The other ports' token (E2B-Traffic-Access-Token: the code interpreter's calls carry it)."""
+    owner: Optional[Owner]
+    """The API key that created it (verl_sf.tenancy); None: no key's (a sandbox a server part made)."""
     template_id: str
     metadata: dict[str, str]
     started_at: float
@@ -118,12 +124,24 @@ def parse_answer(stdout: str) -> Any:
     return answer.get("ok")
 
 
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """What is kept of an ended sandbox: why it ended, told only to its owner and to its tokens."""
+
+    reason: str
+    owner: Optional[Owner]
+    access_token: str
+    traffic_token: str
+
+
 class Sandboxes:
     def __init__(self, executor: Executor, config: E2BConfig):
         self.executor = executor
         self.config = config
         self.live: dict[str, Sandbox] = {}
-        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._opening: collections.Counter[Optional[Owner]] = collections.Counter()
+        """Sandboxes starting (their session on the way), by owner."""
+        self._ended: collections.OrderedDict[str, Ended] = collections.OrderedDict()
         self._reaper: Optional[asyncio.Task[None]] = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -150,15 +168,28 @@ class Sandboxes:
 
     # ---- control plane -----------------------------------------------------------------------
     async def create(self, template_id: str, timeout_s: int, metadata: dict[str, str],
-                     envs: dict[str, str]) -> Sandbox:
+                     envs: dict[str, str], owner: Optional[Owner] = None) -> Sandbox:
+        """A new sandbox of `owner` (verl_sf.tenancy; None: of no API key, so no key lists or reaches it)."""
         self._prune()
-        if len(self.live) >= self.config.max_sandboxes:
-            raise TooManySandboxes(f"{len(self.live)} sandboxes are running, the server's cap (max_sandboxes); "
-                                   f"kill some or wait for their timeout")
-        info = await self.executor.create_session(SessionCreateRequest(language="python", idle_ttl_s=MAX_TIMEOUT_S))
+        if len(self.live) + sum(self._opening.values()) >= self.config.max_sandboxes:
+            raise TooManySandboxes(f"{self.config.max_sandboxes} sandboxes are running or starting, the server's cap "
+                                   f"(max_sandboxes); kill some or wait for their timeout")
+        per_key = self.config.max_sandboxes_per_key
+        if owner is not None and per_key is not None and \
+                sum(s.owner == owner for s in self.live.values()) + self._opening[owner] >= per_key:
+            raise TooManySandboxes(f"this key has {per_key} sandboxes running or starting, the server's cap per key "
+                                   f"(max_sandboxes_per_key); kill some or wait for their timeout")
+        self._opening[owner] += 1  # a place is taken from the first await on: a burst cannot pass the caps
+        try:
+            info = await self.executor.create_session(SessionCreateRequest(language="python",
+                                                                           idle_ttl_s=MAX_TIMEOUT_S))
+        finally:
+            self._opening[owner] -= 1
+            if not self._opening[owner]:
+                del self._opening[owner]  # no entry kept per key ever seen
         now = time.time()
-        sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id,
-                          access_token=secrets.token_urlsafe(24), template_id=template_id, metadata=metadata,
+        sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id, access_token=new_token(),
+                          traffic_token=new_token(), owner=owner, template_id=template_id, metadata=metadata,
                           started_at=now, end_at=now + timeout_s, default_context=secrets.token_hex(16))
         sandbox.contexts[sandbox.default_context] = Context(sandbox.default_context, "python", "/home/user")
         self.live[sandbox.id] = sandbox
@@ -170,21 +201,34 @@ class Sandboxes:
             raise
         return sandbox
 
-    def get(self, sandbox_id: str) -> Sandbox:
+    def record(self, sandbox_id: str) -> Union[Sandbox, Ended, None]:
+        """The live sandbox by that id, what is kept of an ended one, or None; the same lookups whichever."""
         sandbox = self.live.get(sandbox_id)
-        if sandbox is None:
-            raise SandboxGone(sandbox_id, self._ended.get(sandbox_id, "no such sandbox"))
-        if sandbox.session_id not in self.executor.sessions:
+        if sandbox is not None and sandbox.session_id not in self.executor.sessions:
             self._forget(sandbox, "its session ended")
-            raise SandboxGone(sandbox_id, self._ended[sandbox_id])
-        return sandbox
+        return self.live.get(sandbox_id) or self._ended.get(sandbox_id)
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        record = self.record(sandbox_id)
+        if isinstance(record, Sandbox):
+            return record
+        raise SandboxGone(sandbox_id, record.reason if record is not None else "no such sandbox")
+
+    def owned(self, sandbox_id: str, api_key: str) -> Sandbox:
+        """`api_key`'s live sandbox by that id; else SandboxGone, whose reason only the owner is told."""
+        record = self.record(sandbox_id)
+        if not owns(record.owner if record is not None else None, api_key):
+            raise SandboxGone(sandbox_id, "no such sandbox")
+        return self.get(sandbox_id)
 
     def end_reason(self, sandbox_id: str) -> Optional[str]:
-        return self._ended.get(sandbox_id)
+        ended = self._ended.get(sandbox_id)
+        return ended.reason if ended is not None else None
 
-    def listing(self) -> list[Sandbox]:
+    def listing(self, api_key: str) -> list[Sandbox]:
+        """`api_key`'s live sandboxes."""
         self._prune()
-        return list(self.live.values())
+        return [sandbox for sandbox in self.live.values() if owns(sandbox.owner, api_key)]
 
     def kill(self, sandbox_id: str, reason: str = "it was killed") -> None:
         sandbox = self.get(sandbox_id)
@@ -202,7 +246,7 @@ class Sandboxes:
     def _forget(self, sandbox: Sandbox, reason: str) -> None:
         if self.live.pop(sandbox.id, None) is None:
             return
-        self._ended[sandbox.id] = reason
+        self._ended[sandbox.id] = Ended(reason, sandbox.owner, sandbox.access_token, sandbox.traffic_token)
         while len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
 
