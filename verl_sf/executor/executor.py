@@ -222,6 +222,14 @@ class Executor:
         """Sandboxes whose last reply reader failed, by name, with why."""
         return {z.name: z.fault for group in self._zygotes.values() for z in group if z.fault}
 
+    def gpus_status(self) -> dict[str, object]:
+        """The GPUs runs get (--gpus), free slots per GPU and runs waiting for one."""
+        if self.gpu_slots is None:
+            return {"gpus": []}
+        return {"gpus": self.gpu_slots.indices, "runs_per_gpu": self.gpu_slots.per_gpu,
+                "free_slots": {str(i): self.gpu_slots.free[i] for i in self.gpu_slots.indices},
+                "waiting": self.gpu_slots.waiting}
+
     def cgroups_status(self) -> str:
         if self.cgroups is None:
             return "off"
