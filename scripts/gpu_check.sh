@@ -32,7 +32,8 @@ command -v bwrap >/dev/null || dpkg -i "$wheels"/bubblewrap_*.deb || exit 1
 ldconfig -p | grep -q 'libseccomp\.so\.2' || dpkg -i "$wheels"/libseccomp2_*.deb || exit 1
 bwrap --version
 
-# What a sandbox with only the GPU's nodes gives CUDA, before the server: with /sys hidden (as the sandbox does).
+# What CUDA gets on the host (which also loads nvidia-uvm), then in a bare sandbox with only the GPU's nodes,
+# with /sys hidden (as verl-sf's sandbox does) and shown.
 say "bare bubblewrap probe"
 probe=$(mktemp -d)
 cat >"$probe/m.cu" <<'EOF'
@@ -41,7 +42,7 @@ cat >"$probe/m.cu" <<'EOF'
 int main() { size_t f, t; cudaError_t e = cudaMemGetInfo(&f, &t);
   printf("%s free=%zu total=%zu\n", cudaGetErrorName(e), f, t); return e != cudaSuccess; }
 EOF
-"$nvcc" -o "$probe/m" "$probe/m.cu" && for sys in hidden shown; do
+"$nvcc" -o "$probe/m" "$probe/m.cu" && echo "on the host: $("$probe/m" 2>&1)" && for sys in hidden shown; do
   extra=(--tmpfs /sys); [ "$sys" = shown ] && extra=()
   nodes=(); for n in /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia0; do [ -e "$n" ] && nodes+=(--dev-bind "$n" "$n"); done
   echo "/sys $sys: $(bwrap --ro-bind / / --dev /dev "${nodes[@]}" --proc /proc "${extra[@]}" --unshare-pid \

@@ -80,6 +80,9 @@ def test_gpu_information_gives_minor_and_uuid() -> None:
             "Bus Location: \t 0000:00:07.0\nDevice Minor: \t 3\n")
     assert parse_gpu_information(text) == (3, "GPU-6f1d8c2e-0000-1111-2222-333344445555")
     assert parse_gpu_information("Model: x\n") == (None, None)
+    hidden = "GPU UUID: \t GPU-????????-????-????-????-????????????\nDevice Minor: \t 0\n"
+    assert parse_gpu_information(hidden) == (0, None)  # then CUDA_VISIBLE_DEVICES names the index
+    assert GpuView(0, ("/dev/nvidiactl", "/dev/nvidia0"), ()).missing_nodes == ["/dev/nvidia-uvm"]
 
 
 def _toolchains() -> Toolchains:

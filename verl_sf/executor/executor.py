@@ -145,6 +145,10 @@ class Executor:
         if chosen:
             self.gpu_slots = GpuSlots(chosen, self.config.runs_per_gpu)
             for view in await asyncio.to_thread(gpu_views, chosen):
+                if view.missing_nodes:
+                    log.warning("verl-sf: GPU %d: %s missing, so CUDA runs will fail; load the driver's modules "
+                                "first (`nvidia-modprobe -u -c=0`, or any CUDA program run once as root)",
+                                view.index, ", ".join(view.missing_nodes))
                 # A sandbox per GPU: it holds that GPU's device node and no other GPU's.
                 launcher = SandboxLauncher(self.config, self.toolchains, extra_etc, self.rung, gpu=view)
                 self._gpu_launchers.append(launcher)

@@ -26,6 +26,8 @@ GPU_NODE = re.compile(r"nvidia(\d+)")
 DRIVER_LIBRARY = re.compile(r"lib(cuda|nvidia-[\w-]+|nvcuvid)\.so(\.\d+)*")
 """libcuda and what it loads: the PTX JIT (libnvidia-ptxjitcompiler), NVML, the GPU compiler."""
 PROC_GPUS = "/proc/driver/nvidia/gpus"
+UUID = re.compile(r"(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+"""A UUID CUDA_VISIBLE_DEVICES accepts (a driver that hides it prints question marks)."""
 CUDA_HOMES = ("CUDA_HOME", "CUDA_PATH")
 DEFAULT_CUDA_BIN = "/usr/local/cuda/bin"
 
@@ -46,6 +48,11 @@ class GpuView:
     library_path: tuple[str, ...] = ()
     """Those of them the loader's cache does not list: the sandbox's LD_LIBRARY_PATH, as the server's."""
     uuid: Optional[str] = None
+
+    @property
+    def missing_nodes(self) -> list[str]:
+        """Control nodes CUDA needs that the host has not made yet (nvidia-uvm appears once the module loads)."""
+        return [f"{DEV}/{name}" for name in CONTROL_NODES if f"{DEV}/{name}" not in self.nodes]
 
     @property
     def env(self) -> dict[str, str]:
@@ -104,7 +111,7 @@ def parse_gpu_information(text: str) -> tuple[Optional[int], Optional[str]]:
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     minor = fields.get("Device Minor", "").strip()
     uuid = fields.get("GPU UUID", "").strip()
-    return (int(minor) if minor.isdigit() else None), (uuid if uuid.startswith(("GPU-", "MIG-")) else None)
+    return (int(minor) if minor.isdigit() else None), (uuid if UUID.fullmatch(uuid) else None)
 
 
 def gpu_uuids(proc_gpus: str = PROC_GPUS) -> dict[int, str]:
