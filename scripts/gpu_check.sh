@@ -49,11 +49,24 @@ EOF
     --unshare-user --unshare-net "$probe/m" 2>&1)"
 done
 
-say "serve"
-python3 -m verl_sf.cli serve --port "$port" --gpus all --runs-per-gpu 2 >"$out/server.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
-for _ in $(seq 240); do grep -q "listening on" "$out/server.log" && break; sleep 0.5; done
+grep -E "^Cap(Eff|Bnd)" /proc/self/status; cat /proc/self/cgroup; uname -r
+
+# The strongest rung first (auto); where this host refuses it, the container rung (landlock), and both logs kept.
+server=""
+trap '[ -n "$server" ] && kill $server 2>/dev/null; wait 2>/dev/null' EXIT
+for isolation in auto landlock; do
+  say "serve --isolation $isolation"
+  python3 -m verl_sf.cli serve --port "$port" --isolation "$isolation" --gpus all --runs-per-gpu 2 \
+    >"$out/server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 240); do
+    grep -q "listening on" "$out/server.log" && break 2
+    kill -0 $server 2>/dev/null || break
+    sleep 0.5
+  done
+  grep -E "verl-sf|Error" "$out/server.log" | tail -5
+  cp "$out/server.log" "$out/server-$isolation-failed.log"
+done
 url="http://127.0.0.1:$port"
 python3 -c "import json, sys, urllib.request; h = json.load(urllib.request.urlopen(sys.argv[1] + '/health'));
 json.dump(h, open(sys.argv[2], 'w'), indent=1); print({k: h[k] for k in ('isolation', 'gpus', 'limits')});

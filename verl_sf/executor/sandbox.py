@@ -305,15 +305,24 @@ class SandboxLauncher:
         staged = {d: s for d, s in self._staged.items() if d != s}
 
         def _preexec() -> None:
-            if procs_files:
-                join_cgroups(procs_files)
-            if not isolated:
-                os.setsid()
-            elif single:
-                _enter_own_user_namespace()
-            else:
-                _stage(staged)
-                _enter_mapped_user_namespace(root_uid, inner_uid, run_uid)
+            step = "joining its cgroups"
+            try:
+                if procs_files:
+                    join_cgroups(procs_files)
+                if not isolated:
+                    os.setsid()
+                elif single:
+                    step = "entering a user namespace"
+                    _enter_own_user_namespace()
+                else:
+                    step = "staging its directories"
+                    _stage(staged)
+                    step = "entering its mapped user namespace"
+                    _enter_mapped_user_namespace(root_uid, inner_uid, run_uid)
+            except BaseException as exc:
+                # subprocess reports only "Exception occurred in preexec_fn": say which step failed and why.
+                os.write(2, f"verl-sf: a sandbox could not start: {step} failed: {exc!r}\n".encode())
+                raise
 
         return _preexec
 
