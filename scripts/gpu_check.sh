@@ -29,7 +29,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   "$wheels"/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 command -v bwrap >/dev/null || dpkg -i "$wheels"/bubblewrap_*.deb || exit 1
-ldconfig -p | grep -q 'libseccomp\.so\.2' || dpkg -i "$wheels"/libseccomp2_*.deb || exit 1
+grep -q 'libseccomp\.so\.2' <(ldconfig -p) || dpkg -i "$wheels"/libseccomp2_*.deb || exit 1
 bwrap --version
 
 # What CUDA gets on the host (which also loads nvidia-uvm), then in a bare sandbox with only the GPU's nodes,
