@@ -40,7 +40,12 @@ def test_as_root_the_servers_group_goes_at_the_top(tmp_path: Path) -> None:
         # Up: bubblewrap's processes join the leaf the zygote moved to, then the group hands controllers down.
         (group / "zygote").mkdir()
         (group / "cgroup.procs").write_text("301\n302\n")
+        early = group / "run-1"  # a run group the zygote made before the controllers came down
+        early.mkdir()
+        os.chown(early, 100000, 100000)
+        (early / "memory.max").write_text("max\n")  # the kernel's, owned by root
         sandbox.settle()
+        assert (early / "memory.max").stat().st_uid == 100000  # the zygote can cap that run
         assert (group / "zygote" / "cgroup.procs").read_text() == "302"  # a real cgroup.procs takes each write
         assert (group / "cgroup.subtree_control").read_text() == "+memory +pids"
         sandbox.prepare()  # a restart: the group stops handing down first (v2 keeps processes out otherwise)

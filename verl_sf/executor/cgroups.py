@@ -67,10 +67,23 @@ class SandboxCgroup:
                 except ProcessLookupError:
                     continue
             _write(Path(directory, "cgroup.subtree_control"), "+memory +pids")
+            _hand_over_interfaces(Path(directory))
 
     def remove(self) -> None:
         for directory in dict.fromkeys(self.dirs.values()):
             _remove_tree(Path(directory))
+
+
+def _hand_over_interfaces(directory: Path) -> None:
+    """Groups the zygote made before its group handed memory and pids down got those controllers'
+    files from the kernel, owned by root: they go to the group's owner, who must write its caps."""
+    for child in directory.iterdir():
+        if not child.is_dir() or child.name == ZYGOTE_LEAF:
+            continue
+        owner = child.stat()
+        for entry in child.iterdir():
+            if entry.is_file() and entry.stat().st_uid != owner.st_uid:
+                os.chown(entry, owner.st_uid, owner.st_gid)
 
 
 def _remove_tree(directory: Path, attempts: int = 50) -> None:
