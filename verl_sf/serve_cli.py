@@ -64,6 +64,11 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-connections", type=int, default=None,
                    help="open connections per server process (default: as many as the open-files limit, raised "
                         "to its hard limit at start, leaves room for); at the cap the longest-waiting one is closed")
+    p.add_argument("--gpus", default=defaults.gpus or "none",
+                   help="NVIDIA GPUs the cuda and python_gpu languages run on: 'all', indices such as 0,1, or "
+                        "'none' (those languages are refused)")
+    p.add_argument("--runs-per-gpu", type=int, default=defaults.runs_per_gpu,
+                   help="GPU runs sharing one GPU at a time (each holds its slot for its whole run)")
     p.add_argument("--python", default=defaults.python, help="runtime interpreter the code runs with")
     p.add_argument("--verl-tool-state", choices=[s.value for s in VerlToolState], default=VerlToolState.session.value,
                    help="/get_observation: a live interpreter per trajectory, or verl-tool's replay of earlier code")
@@ -97,7 +102,14 @@ def _serve(args: argparse.Namespace) -> int:
         default_memory_mb=args.default_memory_mb, runs_memory_mb=args.runs_memory_mb,
         output_limit_bytes=args.output_limit_kb << 10,
         workdir_size_mb=args.workdir_size_mb, max_processes=args.max_processes, python=args.python,
+        gpus=args.gpus, runs_per_gpu=args.runs_per_gpu,
     )
+    if args.runs_per_gpu < 1:
+        print("verl-sf serve: --runs-per-gpu must be 1 or more", file=sys.stderr)
+        return 2
+    if args.fronts != 1 and args.gpus != "none":
+        print("verl-sf serve: --gpus needs --fronts 1 (one process hands the GPU slots out)", file=sys.stderr)
+        return 2
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
     e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes,

@@ -33,7 +33,23 @@ def test_as_root_the_servers_group_goes_at_the_top(tmp_path: Path) -> None:
     if os.geteuid() == 0:  # delegation chowns to the sandbox's uid (and its gid, which only root may give)
         sandbox.delegate(100000)
         assert (parent / "stdlib-0").stat().st_uid == 100000
-        assert (parent / "stdlib-0" / "cgroup.subtree_control").read_text() == "+memory +pids"
+        group = parent / "stdlib-0"
+        (group / "cgroup.subtree_control").write_text("")  # what the kernel makes with a group
+        sandbox.prepare()  # a fresh group hands nothing down: the sandbox's first process may join it
+        assert (group / "cgroup.subtree_control").read_text() == ""
+        # Up: bubblewrap's processes join the leaf the zygote moved to, then the group hands controllers down.
+        (group / "zygote").mkdir()
+        (group / "cgroup.procs").write_text("301\n302\n")
+        early = group / "run-1"  # a run group the zygote made before the controllers came down
+        early.mkdir()
+        os.chown(early, 100000, 100000)
+        (early / "memory.max").write_text("max\n")  # the kernel's, owned by root
+        sandbox.settle()
+        assert (early / "memory.max").stat().st_uid == 100000  # the zygote can cap that run
+        assert (group / "zygote" / "cgroup.procs").read_text() == "302"  # a real cgroup.procs takes each write
+        assert (group / "cgroup.subtree_control").read_text() == "+memory +pids"
+        sandbox.prepare()  # a restart: the group stops handing down first (v2 keeps processes out otherwise)
+        assert (group / "cgroup.subtree_control").read_text() == "-memory -pids"
     (parent / "memory.current").write_text("12345\n")
     assert manager.memory_usage() == 12345
 
@@ -81,6 +97,8 @@ def delegated(tmp_path: Path) -> int:
 
 def test_run_groups_under_v2_write_memory_max_and_read_memory_events(delegated: int) -> None:
     groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True})  # type: ignore[typeddict-item]
+    # Before it forks anything the zygote moves to its leaf (a group that hands controllers down holds no process).
+    assert Path(f"/proc/self/fd/{delegated}/zygote/cgroup.procs").read_text() == "0"
     made = groups.make(1)
     assert made["memory"] == made["pids"]  # one unified group
     groups.set_limits(made, LIMITS)

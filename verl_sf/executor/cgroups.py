@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from verl_sf.executor.zygote.messages import ZYGOTE_LEAF
+
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids")
@@ -46,12 +48,42 @@ class SandboxCgroup:
                 path = os.path.join(directory, name)
                 if os.path.exists(path):
                     os.chown(path, uid, uid)
-            if self.v2:
-                _write(Path(directory, "cgroup.subtree_control"), "+memory +pids")
+
+    def prepare(self) -> None:
+        """Before the sandbox (re)starts, v2: its group hands nothing down, so that its first process may join it
+        (and so be the root of the sandbox's cgroup namespace, with the run groups inside it)."""
+        for directory in dict.fromkeys(self.dirs.values()) if self.v2 else ():
+            control = Path(directory, "cgroup.subtree_control")
+            if control.read_text().strip():
+                _write(control, "-memory -pids")
+
+    def settle(self) -> None:
+        """Once the sandbox is up, v2: the processes left in its group (bubblewrap's; the zygote moved itself)
+        join the zygote's leaf, and the group hands memory and pids down to the run groups."""
+        for directory in dict.fromkeys(self.dirs.values()) if self.v2 else ():
+            for pid in Path(directory, "cgroup.procs").read_text().split():
+                try:
+                    _write(Path(directory, ZYGOTE_LEAF, "cgroup.procs"), pid)
+                except ProcessLookupError:
+                    continue
+            _write(Path(directory, "cgroup.subtree_control"), "+memory +pids")
+            _hand_over_interfaces(Path(directory))
 
     def remove(self) -> None:
         for directory in dict.fromkeys(self.dirs.values()):
             _remove_tree(Path(directory))
+
+
+def _hand_over_interfaces(directory: Path) -> None:
+    """Groups the zygote made before its group handed memory and pids down got those controllers'
+    files from the kernel, owned by root: they go to the group's owner, who must write its caps."""
+    for child in directory.iterdir():
+        if not child.is_dir() or child.name == ZYGOTE_LEAF:
+            continue
+        owner = child.stat()
+        for entry in child.iterdir():
+            if entry.is_file() and entry.stat().st_uid != owner.st_uid:
+                os.chown(entry, owner.st_uid, owner.st_gid)
 
 
 def _remove_tree(directory: Path, attempts: int = 50) -> None:

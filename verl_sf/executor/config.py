@@ -108,6 +108,11 @@ class ExecutorConfig:
     """Frozen session copies kept at once (POST /sessions/{id}/snapshot beyond it: 503)."""
     snapshot_ttl_s: float = 3600.0
     """Seconds a snapshot is kept after it was taken."""
+    gpus: str = ""
+    """NVIDIA GPUs GPU runs (cuda, python_gpu) may use: "all", indices such as "0,1", or "" (none: those
+    languages are refused)."""
+    runs_per_gpu: int = 1
+    """GPU runs on one GPU at a time; each holds its GPU slot for its whole run."""
     pod_name: str = dataclasses.field(default_factory=lambda: os.uname().nodename)
     runtime_dir: str = dataclasses.field(default_factory=default_runtime_dir)
     """verl-sf's own runtime directory (npm packages for nodejs, jest, typescript), bound read-only."""

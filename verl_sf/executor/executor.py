@@ -22,6 +22,8 @@ from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, VerlSfErro
 from verl_sf.executor import jobs, rungs
 from verl_sf.executor.cgroups import CgroupManager, SandboxCgroup
 from verl_sf.executor.config import ExecutorConfig
+from verl_sf.executor.gpu_slots import GpuLease, GpuSlots, NoGpuFree
+from verl_sf.executor.gpus import gpu_views, host_gpus, parse_gpu_choice
 from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains, etc_paths
 from verl_sf.executor.responses import ResponseContext, jupyter_response, note_session_end, run_response
 from verl_sf.executor.sandbox import SandboxLauncher, describe
@@ -54,6 +56,11 @@ __all__ = ["Executor", "ExecutorStats", "ForkFailed", "InvalidRequest", "Overloa
 RESEED = {"python": "import random as _r, sys as _s\n_r.seed()\nif 'numpy' in _s.modules:\n"
                     "    _s.modules['numpy'].random.seed()\ndel _r, _s\n",
           "bash": "RANDOM=$SRANDOM"}
+def gpu_flavor(index: int) -> str:
+    """The zygote group of GPU `index`'s sandbox."""
+    return f"gpu{index}"
+
+
 # Run in a python session just before it is forked: the collector then leaves the objects made so
 # far alone, so the copies do not write (and so copy) every page of them on their first collection.
 FREEZE = "import gc as _gc\n_gc.freeze()\ndel _gc\n"
@@ -93,8 +100,10 @@ class Executor:
         self.toolchains: Optional[Toolchains] = None
         self.cgroups: Optional[CgroupManager] = None
         self.slots = CpuSlots(self.config.slots, self.config.cpu_slice_s)
+        self.gpu_slots: Optional[GpuSlots] = None  # with --gpus: one slot per GPU (runs_per_gpu)
         self._launcher: Optional[SandboxLauncher] = None
         self._extra_etc = extra_etc
+        self._gpu_launchers: list[SandboxLauncher] = []
         self._zygotes: dict[str, list[ZygoteProcess]] = {}
         self._heavy_names: Optional[re.Pattern[str]] = None
         self._table = SessionTable()
@@ -122,29 +131,50 @@ class Executor:
             if not self.cgroups.available:
                 log.warning("verl-sf: without cgroups, runs are capped by rlimits (RLIMIT_DATA, RLIMIT_NPROC) and a "
                             "memory watchdog that kills a run past its cap: %s", self.cgroups.reason)
+        present = host_gpus()
+        chosen = parse_gpu_choice(self.config.gpus, present)
         self.toolchains = await asyncio.to_thread(detect_toolchains, self.config.python, self.config.preload,
                                                   self.config.runtime_dir)
+        if not chosen:
+            self.toolchains.refuse_gpu_languages(
+                f"needs a GPU given to the server (`verl-sf serve --gpus all`; this host has {len(present)})"
+                if present else "needs an NVIDIA GPU and the CUDA toolkit: this host has no GPU (no /dev/nvidiactl "
+                                "with a /dev/nvidiaN beside it)")
         extra_etc = tuple(etc_paths(self.toolchains.available_languages())) + self._extra_etc
         self._launcher = SandboxLauncher(self.config, self.toolchains, extra_etc, self.rung)
+        if chosen:
+            self.gpu_slots = GpuSlots(chosen, self.config.runs_per_gpu)
+            for view in await asyncio.to_thread(gpu_views, chosen):
+                if view.missing_nodes:
+                    log.warning("verl-sf: GPU %d: %s missing, so CUDA runs will fail; load the driver's modules "
+                                "first (`nvidia-modprobe -u -c=0`, or any CUDA program run once as root)",
+                                view.index, ", ".join(view.missing_nodes))
+                # A sandbox per GPU: it holds that GPU's device node and no other GPU's.
+                launcher = SandboxLauncher(self.config, self.toolchains, extra_etc, self.rung, gpu=view)
+                self._gpu_launchers.append(launcher)
+                self._zygotes[gpu_flavor(view.index)] = [self._zygote(STDLIB, 0, launcher, gpu_flavor(view.index))]
         heavy = self.preloaded()
         if self.config.fast_path and heavy:
             self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, heavy)) + r")\b")
         for flavor in [STDLIB, *heavy, *([FULL] if len(heavy) > 1 else [])]:
             self._zygotes[flavor] = [self._zygote(flavor, i) for i in range(self.config.sandboxes)]
-        await asyncio.gather(*(z.ensure_started() for z in self._zygotes[STDLIB]))
+        await asyncio.gather(*(z.ensure_started() for flavor, group in self._zygotes.items() for z in group
+                               if flavor == STDLIB or flavor.startswith("gpu")))
         self._reaper = asyncio.create_task(self._expire_sessions())
         missing = sorted(self.toolchains.missing)
         if missing:
             log.info("verl-sf: languages not available here: %s (`verl-sf languages list` says how to add them)",
                      ", ".join(missing))
 
-    def _zygote(self, flavor: str, index: int) -> ZygoteProcess:
-        assert self._launcher is not None
-        name = f"{flavor}-{index}"
+    def _zygote(self, flavor: str, index: int, launcher: Optional[SandboxLauncher] = None,
+                group: str = "") -> ZygoteProcess:
+        launcher = launcher or self._launcher
+        assert launcher is not None
+        name = f"{group or flavor}-{index}"
         cgroup: Optional[SandboxCgroup] = self.cgroups.sandbox(name) if self.cgroups else None
         if cgroup is not None:
-            cgroup.delegate(self._launcher.host_uids()[0])
-        return ZygoteProcess(name, flavor, self._launcher, cgroup, self._session_died)
+            cgroup.delegate(launcher.host_uids()[0])
+        return ZygoteProcess(name, flavor, launcher, cgroup, self._session_died)
 
     async def close(self) -> None:
         if self._reaper is not None:
@@ -159,8 +189,9 @@ class Executor:
                 zygote.cgroup.remove()
         if self.cgroups:
             self.cgroups.remove()
-        if self._launcher:
-            self._launcher.close()
+        for launcher in [*([self._launcher] if self._launcher else []), *self._gpu_launchers]:
+            launcher.close()
+        self._gpu_launchers = []
         self._zygotes = {}
 
     async def __aenter__(self) -> Executor:
@@ -194,6 +225,14 @@ class Executor:
     def faults(self) -> dict[str, str]:
         """Sandboxes whose last reply reader failed, by name, with why."""
         return {z.name: z.fault for group in self._zygotes.values() for z in group if z.fault}
+
+    def gpus_status(self) -> dict[str, object]:
+        """The GPUs runs get (--gpus), free slots per GPU and runs waiting for one."""
+        if self.gpu_slots is None:
+            return {"gpus": []}
+        return {"gpus": self.gpu_slots.indices, "runs_per_gpu": self.gpu_slots.per_gpu,
+                "free_slots": {str(i): self.gpu_slots.free[i] for i in self.gpu_slots.indices},
+                "waiting": self.gpu_slots.waiting}
 
     def cgroups_status(self) -> str:
         if self.cgroups is None:
@@ -282,10 +321,17 @@ class Executor:
     def _context(self, memory_mb: int, queue_wait: float = 0.0, session_id: Optional[str] = None) -> ResponseContext:
         return ResponseContext(self.config.pod_name, self.config.runs_memory_mb, memory_mb, queue_wait, session_id)
 
-    async def _run(self, flavor: str, job: jobs.Job, arrived: float) -> tuple[Reply, float]:
-        """Admit, wait for a CPU slot, run, and give the slot back; (reply, time spent queued)."""
+    async def _run(self, flavor: str, job: jobs.Job, arrived: float, gpu: bool = False) -> tuple[Reply, float]:
+        """Admit, wait for a GPU slot (`gpu`: held until the reply, which comes once the run's
+        processes, and so its CUDA context, are gone) and a CPU slot, run, and give the slots back;
+        (reply, time spent queued).  NoGpuFree when no GPU slot came free within the run's timeout."""
         self._admit(job.body["memory"] >> 20)
+        gpu_lease: Optional[GpuLease] = None
         try:
+            if gpu:
+                assert self.gpu_slots is not None
+                gpu_lease = await self.gpu_slots.acquire(job.head["limits"]["timeout"])
+                flavor = gpu_flavor(gpu_lease.index)
             lease = await self.slots.acquire()
             try:
                 zygote = await self._pick(flavor)
@@ -299,6 +345,8 @@ class Executor:
             raise
         finally:
             self.stats.in_flight -= 1
+            if gpu_lease is not None:
+                gpu_lease.release()
         return reply, queue_wait
 
     def _count(self, response: Union[RunCodeResponse, RunJupyterResponse]) -> None:
@@ -328,10 +376,14 @@ class Executor:
                            self.toolchains.argv(spec.compile, source.params) if spec.compile else None,
                            self.config, memory_mb, fast)
         try:
-            reply, queue_wait = await self._run(self._flavor_for(request.code) if fast else STDLIB, job, arrived)
+            reply, queue_wait = await self._run(self._flavor_for(request.code) if fast else STDLIB, job, arrived,
+                                                gpu=spec.gpu)
         except SandboxCrashed as exc:
             return RunCodeResponse(status=RunStatus.SandboxError, message=f"sandbox failed: {exc}",
                                    run_result=CommandRunResult(status=CommandRunStatus.Error),
+                                   executor_pod_name=self.config.pod_name)
+        except NoGpuFree as exc:
+            return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc),
                                    executor_pod_name=self.config.pod_name)
         response = run_response(reply, bool(spec.compile), self._context(memory_mb, queue_wait))
         self._count(response)

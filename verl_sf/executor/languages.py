@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
+from verl_sf.executor.gpus import cuda_bin_dirs
 from verl_sf.executor.language_packages import install_hint
 
 RUNTIME_DIR_ENV = "VERL_SF_RUNTIME_DIR"
@@ -27,7 +28,6 @@ JUNIT_CLASSPATH = f"{JAVA_CLASSPATH}:{JUNIT_CONSOLE}"
 CSHARP_IMPLICIT_USINGS = ("System", "System.IO", "System.Linq", "System.Collections.Generic", "System.Net.Http",
                           "System.Threading", "System.Threading.Tasks")
 """What `dotnet new console` (SF's C# runner) imports implicitly; mcs has no global usings."""
-GPU_DEVICE = "/dev/nvidiactl"
 
 # /etc entries every toolchain may read (dynamic loader, accounts, name service, time zone).
 COMMON_ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
@@ -67,6 +67,8 @@ class LanguageSpec:
     the union, so no variable here may change another language (FORCE_COLOR would colour pytest)."""
     prepare: Callable[[str], PreparedSource] | None = None
     """How the code becomes the source file, when it is more than writing it to `source`."""
+    gpu: bool = False
+    """Runs on a GPU slot, in the sandbox of its GPU (served only with `verl-sf serve --gpus`)."""
 
     def prepare_source(self, code: str) -> PreparedSource:
         return self.prepare(code) if self.prepare else PreparedSource(self.source, code)
@@ -122,7 +124,7 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("python", "main.py", ("{python}", "main.py")),
     LanguageSpec("pytest", "test_main.py",
                  ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_main.py")),
-    LanguageSpec("python_gpu", "main.py", ("{python}", "main.py"), needs=(GPU_DEVICE,)),
+    LanguageSpec("python_gpu", "main.py", ("{python}", "main.py"), gpu=True),
     LanguageSpec("python2", "main.py", ("python2", "main.py"), needs=("python2",)),
     LanguageSpec("bash", "main.sh", ("bash", "main.sh"), needs=("bash",)),
     # Assertions stay on everywhere (java -ea, rust debug assertions, no NDEBUG, no dmd -release):
@@ -130,7 +132,7 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
     LanguageSpec("cpp", "main.cpp", ("./main",),
                  ("g++", "-std=c++17", "-O2", "main.cpp", "-o", "main", "-lm", "-lpthread"),
                  needs=("g++",)),
-    LanguageSpec("cuda", "main.cu", ("./main",), ("nvcc", "main.cu", "-o", "main"), needs=("nvcc", GPU_DEVICE)),
+    LanguageSpec("cuda", "main.cu", ("./main",), ("nvcc", "main.cu", "-o", "main"), needs=("nvcc",), gpu=True),
     LanguageSpec("gtest", "main.cpp", ("./main",),
                  ("g++", "-std=c++17", "-O2", "main.cpp", "-o", "main", "-lgtest", "-lgtest_main", "-lpthread"),
                  needs=("g++", "/usr/include/gtest/gtest.h")),
@@ -209,13 +211,25 @@ class Toolchains:
     """Modules (of those asked about) the runtime python can import."""
     runtime_dir: str = ""
     """verl-sf's own runtime directory (bound read-only into the sandbox when it exists)."""
+    gpu_refusal: str = ""
+    """Why the GPU languages are not served here ("" when they are, or their toolchain is what is missing)."""
 
     def available_languages(self) -> list[str]:
         return sorted(name for name in SPECS if name not in self.missing)
 
     def missing_message(self, language: str) -> str:
-        tools = ", ".join(repr(t) for t in self.missing[language])
-        return f"language {language!r} needs {tools}, which is not installed on this server; {install_hint(language)}"
+        reasons = [f"needs {', '.join(repr(t) for t in self.missing[language])}, which is not installed on this "
+                   f"server"] if self.missing[language] else []
+        if SPECS[language].gpu and self.gpu_refusal:
+            reasons.append(self.gpu_refusal)
+        return f"language {language!r} {' and '.join(reasons)}; {install_hint(language)}"
+
+    def refuse_gpu_languages(self, reason: str) -> None:
+        """No GPU runs on this server: the GPU languages answer SandboxError with `reason`."""
+        self.gpu_refusal = reason
+        for spec in SPECS.values():
+            if spec.gpu:
+                self.missing.setdefault(spec.name, ())
 
     def fill(self, part: str, params: dict[str, str] | None = None) -> str:
         values = {"{python}": self.python, "{runtime}": self.runtime_dir,
@@ -264,7 +278,8 @@ def importable_modules(python: str, modules: tuple[str, ...]) -> frozenset[str]:
 def detect_toolchains(python: str, modules: tuple[str, ...] = (), runtime_dir: str | None = None) -> Toolchains:
     """Resolve every language's tools; `modules` are runtime libraries to look for besides pytest."""
     runtime_dir = runtime_dir or default_runtime_dir()
-    search_path = os.pathsep.join([os.environ.get("PATH", os.defpath), os.path.join(runtime_dir, "bin")])
+    search_path = os.pathsep.join([os.environ.get("PATH", os.defpath), os.path.join(runtime_dir, "bin"),
+                                   *cuda_bin_dirs()])
     executables: dict[str, str] = {}
     extra: set[str] = {runtime_dir} if os.path.isdir(runtime_dir) else set()
     missing: dict[str, tuple[str, ...]] = {}

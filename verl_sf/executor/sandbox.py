@@ -32,7 +32,8 @@ from typing import Optional
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
 from verl_sf.executor.config import STDLIB_PRELOAD, ExecutorConfig
-from verl_sf.executor.languages import Toolchains
+from verl_sf.executor.gpus import GpuView
+from verl_sf.executor.languages import STANDARD_DIRS, Toolchains
 from verl_sf.executor.rungs import can_change_uids, landlock_abi, libseccomp_path
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED, SECCOMP_DENIED_SOCKET_FAMILIES
 from verl_sf.executor.zygote.linux import CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC
@@ -56,8 +57,9 @@ ZYGOTE_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[2]); from zygote.ma
                     "main(sys.argv[1], sys.argv[2])")
 
 
-def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str]:
-    """The whole environment code sees: nothing of the server's (API keys live there)."""
+def sandbox_env(config: ExecutorConfig, toolchains: Toolchains, gpu: Optional[GpuView] = None) -> dict[str, str]:
+    """The whole environment code sees: nothing of the server's (API keys live there); in a GPU's
+    sandbox also which GPU CUDA uses and where the driver's libraries are."""
     bin_dirs = [os.path.dirname(config.python), os.path.dirname(os.path.realpath(config.python))]
     bin_dirs += [os.path.join(d, "bin") for d in toolchains.extra_dirs]
     env = {
@@ -74,6 +76,10 @@ def sandbox_env(config: ExecutorConfig, toolchains: Toolchains) -> dict[str, str
     for key, value in os.environ.items():
         if key.startswith(ENV_PASSTHROUGH_PREFIXES) and key not in env:
             env[key] = value
+    if gpu is not None:
+        env.update(gpu.env)
+        if gpu.library_path:  # a driver outside the loader's cache (e.g. /usr/local/nvidia/lib64) is found
+            env["LD_LIBRARY_PATH"] = ":".join(gpu.library_path)
     return env
 
 
@@ -104,13 +110,14 @@ class SandboxLauncher:
     """Builds the argv for a sandbox and spawns it; one per executor."""
 
     def __init__(self, config: ExecutorConfig, toolchains: Toolchains, extra_etc: tuple[str, ...] = (),
-                 rung: str = "namespaces"):
+                 rung: str = "namespaces", gpu: Optional[GpuView] = None):
         self.config = config
         self.toolchains = toolchains
         self.rung = rung
+        self.gpu = gpu
         self.isolated = rung == "namespaces"
         self.single_uid = os.geteuid() != 0 or not self.isolated
-        self.env = sandbox_env(config, toolchains)
+        self.env = sandbox_env(config, toolchains, gpu)
         self.extra_etc = extra_etc
         self._state_dir = tempfile.mkdtemp(prefix="verl-sf-")
         os.chmod(self._state_dir, 0o755)
@@ -234,10 +241,14 @@ class SandboxLauncher:
         system = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc"]
         etc = [os.path.join("/etc", e) for e in (*ETC_ENTRIES, *self.extra_etc, *LANDLOCK_HOST_ETC)]
         return {"abi": landlock_abi(), "read": [*system, *etc, *self.bound_dirs()],
-                "devices": ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]}
+                "devices": ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                            *(self.gpu.nodes if self.gpu else ())]}
 
     def bound_dirs(self) -> list[str]:
-        return _runtime_dirs(self.config.python) + list(self.toolchains.extra_dirs)
+        """Read-only directories beyond the system's: the runtime, toolchains, and a GPU sandbox's
+        driver libraries where they live outside /usr and /lib."""
+        gpu_dirs = [d for d in (self.gpu.library_dirs if self.gpu else ()) if not d.startswith(STANDARD_DIRS)]
+        return list(dict.fromkeys(_runtime_dirs(self.config.python) + list(self.toolchains.extra_dirs) + gpu_dirs))
 
     def kept_entries(self, directory: str) -> list[str]:
         """Top entries of a per-run mount point that lead to bound runtime dirs: bound again in every run."""
@@ -271,6 +282,7 @@ class SandboxLauncher:
                  "--size", str(cfg.tmp_size_mb << 20), "--perms", "1777", "--tmpfs", SANDBOX_TMP,
                  "--size", str(cfg.workdir_size_mb << 20), "--perms", "0755", "--tmpfs", SANDBOX_WORKDIR,
                  "--dir", SANDBOX_DATA]
+        args += gpu_device_args(self.gpu)
         args += ["--ro-bind", self._staged[ZYGOTE_PACKAGE], ZYGOTE_MOUNT]
         for extra, staged in self._staged.items():
             if extra in (self._etc_dir, ZYGOTE_PACKAGE):
@@ -293,20 +305,38 @@ class SandboxLauncher:
         staged = {d: s for d, s in self._staged.items() if d != s}
 
         def _preexec() -> None:
-            if procs_files:
-                join_cgroups(procs_files)
-            if not isolated:
-                os.setsid()
-            elif single:
-                _enter_own_user_namespace()
-            else:
-                _stage(staged)
-                _enter_mapped_user_namespace(root_uid, inner_uid, run_uid)
+            step = "joining its cgroups"
+            try:
+                if procs_files:
+                    join_cgroups(procs_files)
+                if not isolated:
+                    os.setsid()
+                elif single:
+                    step = "entering a user namespace"
+                    _enter_own_user_namespace()
+                else:
+                    step = "staging its directories"
+                    _stage(staged)
+                    step = "entering its mapped user namespace"
+                    _enter_mapped_user_namespace(root_uid, inner_uid, run_uid)
+            except BaseException as exc:
+                # subprocess reports only "Exception occurred in preexec_fn": say which step failed and why.
+                os.write(2, f"verl-sf: a sandbox could not start: {step} failed: {exc!r}\n".encode())
+                raise
 
         return _preexec
 
     def close(self) -> None:
         shutil.rmtree(self._state_dir, ignore_errors=True)
+
+
+def gpu_device_args(gpu: Optional[GpuView]) -> list[str]:
+    """bwrap's binds of one GPU's device nodes over its minimal /dev (every run's mount namespace
+    then makes them read-only: ioctl and mmap on them still work, as on /dev/null)."""
+    args: list[str] = []
+    for node in gpu.nodes if gpu else ():
+        args += ["--dev-bind", node, node]
+    return args
 
 
 def _unshare(flag: int, what: str) -> None:

@@ -69,6 +69,8 @@ class ZygoteProcess:
 
     async def _start(self) -> None:
         procs = self.cgroup.procs_files if self.cgroup else []
+        if self.cgroup:
+            self.cgroup.prepare()
         # The zygote reaches its delegated cgroups through these descriptors, never through a path.
         fds = {c: os.open(d, os.O_RDONLY | os.O_DIRECTORY) for c, d in self.cgroup.dirs.items()} if self.cgroup else {}
         try:
@@ -87,6 +89,8 @@ class ZygoteProcess:
         if not hello.get("ready"):
             code = await self.process.wait()
             raise SandboxCrashed(f"sandbox {self.name} ({self.flavor}) failed to start (exit code {code})")
+        if self.cgroup:
+            self.cgroup.settle()
         self._reader = asyncio.create_task(self._read_replies(self.process))
 
     async def _read_replies(self, process: asyncio.subprocess.Process) -> None:

@@ -145,6 +145,7 @@ async def health(request: web.Request) -> web.Response:
         "sandboxes": executor.config.sandboxes,
         "in_flight": executor.stats.in_flight,
         "queued": executor.slots.waiting,
+        "gpus": executor.gpus_status(),
         "max_in_flight": executor.config.max_in_flight,
         "sessions": len(executor.sessions),
         "max_sessions": executor.config.max_sessions,

@@ -207,5 +207,9 @@ class Reply(StageResult, total=False):
     busy: bool  # a fork refused for the session's state (a call, threads, background processes), not a fault
 
 
+ZYGOTE_LEAF = "zygote"
+"""cgroup v2: the group below a sandbox's own that its processes live in.  A group that hands
+controllers to its children (the run groups) may hold no process itself, so the zygote moves there
+before it forks anything, and the server moves bubblewrap's processes after it."""
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
 """Appended to a stream (or a cell's) past its output limit."""

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Optional
 
-from .messages import Limits, MemoryScope, ZygoteConfig
+from .messages import ZYGOTE_LEAF, Limits, MemoryScope, ZygoteConfig
 
 Group = tuple[int, str]  # (descriptor of the delegated directory, the group's name below it)
 Groups = dict[str, Group]  # controller -> group
@@ -22,6 +22,11 @@ class RunGroups:
         self.v2 = config["cgroup_v2"]
         self.free: list[Groups] = []
         self.written: dict[tuple[Group, str], str] = {}  # (group, file) -> the value it holds
+        if self.v2:
+            for base in set(self.bases.values()):  # before any fork: every child then starts in the leaf too
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(ZYGOTE_LEAF, 0o755, dir_fd=base)
+                write((base, ZYGOTE_LEAF), "cgroup.procs", "0")
 
     def make(self, sequence: int) -> Groups:
         """A group per controller for the next child (the same one for both under v2)."""
