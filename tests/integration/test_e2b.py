@@ -67,11 +67,28 @@ def test_run_code_keeps_state_and_shows_results_and_errors(sandbox: Sandbox) -> 
     assert failed.error is not None
     assert (failed.error.name, failed.error.value) == ("ValueError", "bad input")
     assert "raise ValueError('bad input')" in failed.error.traceback
-    assert "<cell-" not in failed.error.traceback and "verl-sf-e2b" not in failed.error.traceback
+    assert "verl-sf-e2b" not in failed.error.traceback and "Cell In[" in failed.error.traceback
     syntax = sandbox.run_code("def (:")
     assert syntax.error is not None and syntax.error.name == "SyntaxError"
-    assert syntax.error.traceback.startswith('  File "<execution-') and "def (:" in syntax.error.traceback
+    assert syntax.error.traceback.startswith("  Cell In[7], line 1") and "def (:" in syntax.error.traceback
     assert sandbox.run_code("x").text == "41"  # an error leaves the state alone
+
+
+def test_cells_run_as_ipython_runs_them(sandbox: Sandbox) -> None:
+    indented = sandbox.run_code("    x = 1\n    x + 1")  # a common indent is stripped
+    assert indented.error is None and indented.text == "2"
+    shown = sandbox.run_code("from IPython.display import display, HTML, Markdown\n"
+                             "display(HTML('<i>a</i>'))\ndisplay(Markdown('**b**'))\n'done'")
+    assert [(r.html, r.markdown, r.is_main_result) for r in shown.results] == \
+        [("<i>a</i>", None, False), (None, "**b**", False), (None, None, True)]
+    assert shown.results[2].text == "done"
+    assert sandbox.run_code("!echo shell").logs.stdout == ["shell\n"]
+    timed = sandbox.run_code("%time 6 * 7")
+    assert timed.text == "42" and "Wall time" in "".join(timed.logs.stdout)
+    assert sandbox.run_code("import asyncio\nawait asyncio.sleep(0)\n'awaited'").text == "awaited"
+    offline = sandbox.run_code("%pip install requests")
+    assert offline.error is not None and offline.error.name == "UsageError" and "no network" in offline.error.value
+    assert sandbox.run_code("In[1]").text == "x = 1\\nx + 1"  # IPython's history, dedented
 
 
 def test_html_and_png_results(sandbox: Sandbox) -> None:

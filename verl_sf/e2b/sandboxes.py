@@ -155,7 +155,8 @@ class Sandboxes:
         if len(self.live) >= self.config.max_sandboxes:
             raise TooManySandboxes(f"{len(self.live)} sandboxes are running, the server's cap (max_sandboxes); "
                                    f"kill some or wait for their timeout")
-        info = await self.executor.create_session(SessionCreateRequest(language="python", idle_ttl_s=MAX_TIMEOUT_S))
+        info = await self.executor.create_session(SessionCreateRequest(language="python", idle_ttl_s=MAX_TIMEOUT_S),
+                                                 cells=True)
         now = time.time()
         sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id,
                           access_token=secrets.token_urlsafe(24), template_id=template_id, metadata=metadata,

@@ -31,7 +31,7 @@ from typing import Optional
 
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
-from verl_sf.executor.config import STDLIB_PRELOAD, ExecutorConfig
+from verl_sf.executor.config import CELLS, STDLIB_PRELOAD, ExecutorConfig
 from verl_sf.executor.languages import Toolchains
 from verl_sf.executor.rungs import can_change_uids, landlock_abi, libseccomp_path
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED, SECCOMP_DENIED_SOCKET_FAMILIES
@@ -178,7 +178,9 @@ class SandboxLauncher:
             os.chmod(path, 0o644)
 
     def heavy_preload(self, flavor: str) -> list[str]:
-        """A flavor is `stdlib` (the standard library only), one preloaded library by name, or `full` (all of them)."""
+        """A flavor is `stdlib` (the standard library only), one preloaded library by name, or `full` (all of
+        them); each has a twin for cells (`CELLS` appended) that preloads the same."""
+        flavor = flavor.removesuffix(CELLS)
         if flavor == "stdlib":
             return []
         if flavor == "full":
@@ -212,6 +214,7 @@ class SandboxLauncher:
             "gid": cfg.sandbox_uid,
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": workdir},
             "preload": list(STDLIB_PRELOAD) + self.heavy_preload(flavor),
+            "ipython": flavor.endswith(CELLS),
             "fetch_limit": cfg.fetch_file_limit_bytes,
             "cgroups": cgroup_fds,
             "cgroup_v2": cgroup_v2,
@@ -281,7 +284,8 @@ class SandboxLauncher:
                     args += ["--perms", "0711", "--dir", parent]
             args += ["--ro-bind", staged, extra]
         # E2B's working directory is /home/user: the same per-run directory under that name too.
-        args += ["--symlink", SANDBOX_WORKDIR, E2B_HOME, "--chdir", SANDBOX_WORKDIR]
+        args += ["--perms", "0755", "--dir", os.path.dirname(E2B_HOME),
+                 "--symlink", SANDBOX_WORKDIR, E2B_HOME, "--chdir", SANDBOX_WORKDIR]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:

@@ -37,6 +37,7 @@ class ZygoteConfig(TypedDict):
     gid: int
     env: dict[str, str]
     preload: list[str]
+    ipython: bool  # build IPython's shell while warming up: this zygote serves cells
     fetch_limit: int  # bytes of fetched files per run, all files together
     cgroups: dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
     cgroup_v2: bool
@@ -137,7 +138,7 @@ class CellRecord(TypedDict):
     kind: Literal["cell"]
     stdout: str
     stderr: str
-    display: list[dict[str, str]]
+    display: list[dict[str, object]]
     error: list[dict[str, object]]
     truncated: bool
 
