@@ -132,9 +132,13 @@ def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
     sandbox.files.write("blob.bin", payload, use_octet_stream=True)  # relative: the home directory
     assert sandbox.files.read("/home/user/blob.bin", format="bytes") == bytearray(payload)
     assert sandbox.files.read("data/notes.txt") == "line one\n"
-    # Code and commands see the same files.
+    # Code and commands see the same files, by relative path or under /home/user, which is their cwd.
     assert sandbox.run_code("open('data/notes.txt').read()").text == "line one\\n"
+    assert sandbox.run_code("open('/home/user/data/notes.txt').read()").text == "line one\\n"
+    assert sandbox.run_code("import os\nos.getcwd(), os.environ['HOME']").text == "('/home/user', '/home/user')"
     assert sandbox.commands.run("wc -c < blob.bin").stdout.strip() == "1024"
+    assert sandbox.commands.run("pwd; wc -c < /home/user/blob.bin").stdout.split() == ["/home/user", "1024"]
+    assert sandbox.commands.run("pwd", cwd="/home/user/data").stdout == "/home/user/data\n"
 
     names = {entry.name: entry for entry in sandbox.files.list("/home/user")}
     assert names["data"].type == FileType.DIR and names["blob.bin"].size == 1024
@@ -157,7 +161,7 @@ def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
 def test_commands_foreground(sandbox: Sandbox) -> None:
     result = sandbox.commands.run("echo $GREETING; pwd; echo oops >&2", envs={"GREETING": "hi"}, cwd="/tmp")
     assert (result.exit_code, result.stdout, result.stderr) == (0, "hi\n/tmp\n", "oops\n")
-    assert sandbox.commands.run("pwd").stdout == "/workdir\n"  # the home directory (see docs/e2b.md)
+    assert sandbox.commands.run("pwd").stdout == "/home/user\n"  # the home directory, as E2B says it
     with pytest.raises(CommandExitException) as failed:
         sandbox.commands.run("echo partial; exit 3")
     assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"

@@ -6,7 +6,8 @@ arguments as one JSON string literal (user data is never pasted into code).  Fil
 processes and code contexts are then handled by the sandbox's own unprivileged process, with
 exactly the rights its code has.
 
-Paths: the SDK's home, `/home/user`, is the session's working directory; relative paths are
+Paths: the SDK's home, `/home/user`, is the session's working directory (bound there under that
+name; on the landlock rung, where it cannot be, its paths are mapped); relative paths are
 resolved there too.  Answers go back on stdout as one line after `MARK` (see `dispatch`).
 """
 
@@ -47,8 +48,12 @@ class GuestError(Exception):
 def setup(payload):
     """Sandbox-wide environment variables and the default context (the session's `__main__`)."""
     request = json.loads(payload)
+    global _home
+    if os.path.isdir(HOME_ALIAS) and os.path.samefile(HOME_ALIAS, _home):  # E2B's home is a real directory here
+        os.chdir(HOME_ALIAS)
+        _home = HOME_ALIAS
     os.environ.update(request["envs"])
-    os.environ["HOME"] = _home
+    os.environ.update(HOME=_home, PWD=_home)
     _contexts[request["default_context"]] = _new_context(_home)
     _answer({"ok": True})
 
@@ -178,7 +183,8 @@ def fs_read(path, inline_limit):
         data = fh.read(inline_limit + 1)
     if len(data) <= inline_limit:
         return {"data": base64.b64encode(data).decode()}
-    return {"fetch": real}
+    # The session's fetch knows the home by its first name only: a path in it goes relative.
+    return {"fetch": os.path.relpath(real, _home) if real.startswith(_home + "/") else real}
 
 
 # ---- processes ---------------------------------------------------------------------------------

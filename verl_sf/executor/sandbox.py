@@ -203,6 +203,7 @@ class SandboxLauncher:
             "run_uids": list(self.run_uid_range()),
             "single_uid": self.single_uid,
             "workdir": workdir,
+            "home_alias": E2B_HOME if self.isolated else "",
             "tmpdir": tmpdir,
             "datadir": datadir,
             "premade": list(SANDBOX_DATA_DIRS) if self.isolated else [],
@@ -283,9 +284,9 @@ class SandboxLauncher:
                 if parent not in (SANDBOX_TMP, SANDBOX_WORKDIR):
                     args += ["--perms", "0711", "--dir", parent]
             args += ["--ro-bind", staged, extra]
-        # E2B's working directory is /home/user: the same per-run directory under that name too.
-        args += ["--perms", "0755", "--dir", os.path.dirname(E2B_HOME),
-                 "--symlink", SANDBOX_WORKDIR, E2B_HOME, "--chdir", SANDBOX_WORKDIR]
+        # E2B's working directory is /home/user: each job binds its own working directory there too.
+        args += ["--perms", "0755", "--dir", os.path.dirname(E2B_HOME), "--perms", "0755", "--dir", E2B_HOME,
+                 "--chdir", SANDBOX_WORKDIR]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:

@@ -156,6 +156,7 @@ class Child:
                 linux.mount(f"/proc/self/fd/{fd}".encode(), f"{mount.target}/{entry}".encode(), None,
                             MS_BIND | MS_REC, None)
                 os.close(fd)
+        linux.bind_home_alias(self.cfg["home_alias"], self.cfg["workdir"])
         owner = 0 if self.cfg["single_uid"] else self.cfg["uid"]
         for directory in self.cfg["premade"]:
             os.mkdir(directory, 0o755)

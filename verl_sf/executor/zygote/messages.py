@@ -28,6 +28,7 @@ class ZygoteConfig(TypedDict):
     run_uids: list[int]  # [first, count]: a uid of its own per job (the landlock rung, with CAP_SETUID); [] keeps ours
     single_uid: bool  # no second uid is mapped: runs keep uid 0 of the namespace, without capabilities
     workdir: str
+    home_alias: str  # a second name of every job's workdir (E2B's /home/user); "": none
     tmpdir: str
     datadir: str
     premade: list[str]  # directories made in each run's fresh mounts (Sandbox Fusion's /mnt/data in /mnt)
