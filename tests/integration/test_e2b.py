@@ -8,7 +8,6 @@ Every test asserts what the SDK hands its caller; a few hostile checks speak raw
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from e2b import (
 )
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.server_fixtures import ServerHandle, e2b_environment, start_server, stop_server
 
 API_KEY = "e2b-test-key-3d1f"
 
@@ -36,14 +35,8 @@ API_KEY = "e2b-test-key-3d1f"
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
     handle = start_server("--slots", "2", "--preload", "", "--e2b-api-key", API_KEY)
-    saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    os.environ.update(E2B_API_URL=handle.url, E2B_SANDBOX_URL=handle.url, E2B_API_KEY=API_KEY)
-    yield handle
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with e2b_environment(handle, API_KEY):
+        yield handle
     stop_server(handle.process)
 
 
@@ -302,80 +295,6 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect("i-no-such-sandbox")
     assert sandbox.run_code("1 + 1").text == "2"  # the server still serves everyone
-
-
-OPEN_R1_EVALUATION_SCRIPT = """
-import subprocess
-import json
-
-def evaluate_code(code, test_cases):
-    passed = 0
-    total = len(test_cases)
-    exec_timeout = 5
-
-    for case in test_cases:
-        process = subprocess.run(
-            ["python3", "-c", code],
-            input=case["input"],
-            text=True,
-            capture_output=True,
-            timeout=exec_timeout
-        )
-
-        if process.returncode != 0:  # Error in execution
-            continue
-
-        output = process.stdout.strip()
-        all_correct = True
-        for line1, line2 in zip(output.split('\\n'), case['output'].split('\\n')):
-            all_correct = all_correct and line1.strip() == line2.strip()
-
-        if all_correct:
-            passed += 1
-
-    success_rate = (passed / total)
-    return success_rate
-
-code_snippet = {code}
-test_cases = json.loads({test_cases})
-
-evaluate_code(code_snippet, test_cases)
-"""
-"""open-r1's code-reward script (src/open_r1/rewards.py), which its E2B provider sends as is."""
-
-
-async def _open_r1_run_script(script: str, language: str, semaphore: asyncio.Semaphore) -> float:
-    """open-r1's E2BProvider._run_script (src/open_r1/utils/code_providers.py), unchanged in substance."""
-    sandbox_timeout, margin = 30, 2
-    async with semaphore:
-        sandbox = None
-        try:
-            sandbox = await AsyncSandbox.create(timeout=sandbox_timeout, request_timeout=sandbox_timeout - margin)
-            execution = await asyncio.wait_for(sandbox.run_code(script, language=language),
-                                               timeout=sandbox_timeout + margin)
-            return float(execution.text)
-        except (TypeError, ValueError):
-            return 0.0
-        finally:
-            if sandbox is not None:
-                await sandbox.kill()
-
-
-def test_open_r1_code_reward_pattern(server: ServerHandle) -> None:
-    cases = [{"input": "3 4\n", "output": "7"}, {"input": "10 -2\n", "output": "8"}]
-    solutions = {"right": "a, b = map(int, input().split())\nprint(a + b)",
-                 "half": "a, b = map(int, input().split())\nprint(7)",
-                 "crash": "raise SystemExit(1)"}
-    scripts = [OPEN_R1_EVALUATION_SCRIPT.format(code=json.dumps(code), test_cases=json.dumps(json.dumps(cases)))
-               for code in solutions.values()] * 8  # 24 sandboxes, 16 at once, as open-r1 runs them
-
-    async def main() -> list[float]:
-        semaphore = asyncio.Semaphore(16)
-        return await asyncio.gather(*[_open_r1_run_script(s, "python", semaphore) for s in scripts])
-
-    rewards = asyncio.run(main())
-    assert rewards == [1.0, 0.5, 0.0] * 8
-    assert Sandbox.list().next_items() == []  # every sandbox was killed
 
 
 def test_async_calls_on_one_sandbox_take_turns(server: ServerHandle) -> None:
