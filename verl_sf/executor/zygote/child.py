@@ -16,7 +16,7 @@ import resource
 import signal
 from typing import NoReturn, Optional
 
-from . import landlock, linux
+from . import ipython_shell, landlock, linux
 from .interactive import BASH_SESSION, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
@@ -99,6 +99,8 @@ class Child:
         elif self.cfg["landlock"] is not None:
             self._restrict()
         namespace = main_namespace(self.blueprint.cwd if self.blueprint.isolated else self.workdir)
+        if self.cfg["ipython"]:
+            ipython_shell.prepare(namespace)
         job = _read_job()
         linux.set_name(self.blueprint.comm)
         try:

@@ -9,6 +9,7 @@ cell in `Outputs` instead of written to a terminal.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import json
@@ -60,6 +61,14 @@ def shell_for(namespace: dict[str, Any]) -> Any:
             module.__dict__.update(namespace)
         bind(_shell, module)
     return _shell
+
+
+def prepare(namespace: dict[str, Any]) -> None:
+    """In a forked child before its job comes: bind the shell and run an empty cell.  The first
+    cell of a fork writes to thousands of pages it shares with the zygote (IPython's objects), and
+    their copy-on-write faults cost milliseconds; paid here, they are off the request's path."""
+    with contextlib.suppress(ImportError):
+        shell_for(namespace).run_cell("None", store_history=False)
 
 
 def bind(shell: Any, module: types.ModuleType) -> None:
@@ -153,6 +162,9 @@ def _build() -> Any:
     config.InteractiveShell.colors = "nocolor"
     ipython_dir = os.path.join(os.environ.get("TMPDIR") or "/tmp", ".ipython")
     shell = CellShell.instance(config=config, ipython_dir=ipython_dir)
+    # Its exit handler closes history and deletes %edit's temporary files (neither exists here):
+    # a run would pay milliseconds for it as it ends.
+    atexit.unregister(shell.atexit_operations)
 
     def no_network(line: str) -> None:
         raise UsageError(NO_NETWORK.format(what="this magic"))
