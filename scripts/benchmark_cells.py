@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""What a cell costs: `/run_jupyter` with one cell, beside `/run_code` for the same code, on a
-server from this checkout and one from a baseline checkout (a worktree of the commit before a
-change), called in turn at concurrency 1 so both see the same machine at the same moments.
+"""What a cell costs: `/run_jupyter` with one cell on a server from this checkout and on one from
+a baseline checkout (a worktree of the commit before a change), called in turn at concurrency 1 so
+both see the same machine at the same moments.  `--mixed` puts a `/run_code` call of the same code
+after every cell on each server (a workload of both).
 
 Printed (and written with --output): p50 and p99 per server and API, and the cell's p50 less the
 baseline's.
@@ -35,6 +36,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured calls per server and API first")
     parser.add_argument("--server-arg", action="append", default=["--preload", ""], metavar="ARG",
                         help="`verl-sf serve` argument for both servers; repeat (default: --preload '')")
+    parser.add_argument("--mixed", action="store_true", help="a /run_code call after every cell, on each server")
     parser.add_argument("--output", help="also write the results as JSON here")
     return parser.parse_args(argv)
 
@@ -56,7 +58,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     checkouts = {"baseline": os.path.abspath(args.baseline), "this": here}
     servers = {name: start_server_process(*args.server_arg, env={**os.environ, "PYTHONPATH": path})
                for name, path in checkouts.items()}
-    latencies: dict[tuple[str, str], list[float]] = {(n, a): [] for n in servers for a in ("/run_jupyter", "/run_code")}
+    apis = ("/run_jupyter", "/run_code") if args.mixed else ("/run_jupyter",)
+    latencies: dict[tuple[str, str], list[float]] = {(n, a): [] for n in servers for a in apis}
     try:
         sessions = {name: requests.Session() for name in servers}
         for index in range(args.warmup + args.calls):
@@ -76,11 +79,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{name:8s} {api:13s} p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  ({len(values)} calls)")
     p50 = {(row["server"], row["api"]): row["p50_ms"] for row in rows}
     cell_delta = p50["this", "/run_jupyter"] - p50["baseline", "/run_jupyter"]
-    print(f"a cell costs {cell_delta:+.2f} ms at p50 against the baseline "
-          f"(/run_code: {p50['this', '/run_code'] - p50['baseline', '/run_code']:+.2f} ms)")
+    control = f" (/run_code: {p50['this', '/run_code'] - p50['baseline', '/run_code']:+.2f} ms)" if args.mixed else ""
+    print(f"a cell costs {cell_delta:+.2f} ms at p50 against the baseline{control}")
     if args.output:
         with open(args.output, "w") as fh:
             json.dump({"code": CODE, "cpus": os.cpu_count(), "baseline": args.baseline, "server_args": args.server_arg,
+                       "mixed": args.mixed,
                        "results": rows, "cell_p50_delta_ms": cell_delta}, fh, indent=2)
     return 0
 
