@@ -12,6 +12,7 @@ idle sandboxes fit in the default memory budget (`runs_memory_mb`, all runs' cap
 Examples:
   python scripts/benchmark_e2b.py                      # starts a server, levels 1 and 64
   python scripts/benchmark_e2b.py --url http://127.0.0.1:8080 --concurrency 1 8 64 --iterations 10
+  python scripts/benchmark_e2b.py --checkout /tmp/before --concurrency 1   # a server from another checkout
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ EXPECTED = f"{sum(i * i for i in range(1000))}\n"
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a running verl-sf server (else the script starts one)")
+    parser.add_argument("--checkout", metavar="DIR",
+                        help="start the server from this checkout's verl_sf (a worktree of the commit before a "
+                             "change, to compare on the same machine in the same run)")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="extra `verl-sf serve` argument for the server the script starts; repeat")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 64], metavar="C")
@@ -146,7 +150,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if url is None:
         from verl_sf.server.process import start_server_process
 
-        process, url = start_server_process(*args.server_arg)
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(args.checkout)} if args.checkout else None
+        process, url = start_server_process(*args.server_arg, env=env)
     try:
         measured = asyncio.run(run(args, url.rstrip("/"), process.pid if process is not None else None))
     finally:
@@ -157,7 +162,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.output:
         with open(args.output, "w") as fh:
             json.dump({"code": CODE, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                       "server_args": args.server_arg, "warmup": args.warmup, "iterations": args.iterations,
+                       "server_args": args.server_arg, "checkout": args.checkout, "warmup": args.warmup,
+                       "iterations": args.iterations,
                        **measured}, fh, indent=2)
     return 0
 

@@ -160,3 +160,21 @@ def server_in_mode(mode: str, *extra_args: str, extra_env: dict[str, str] | None
         stop_server(handle.process)
         if home:
             shutil.rmtree(home, ignore_errors=True)
+
+
+E2B_VARIABLES = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+
+
+@contextlib.contextmanager
+def e2b_environment(handle: ServerHandle, api_key: str) -> Iterator[None]:
+    """The E2B SDKs pointed at `handle` as their users point them: by environment variables only."""
+    saved = {name: os.environ.get(name) for name in E2B_VARIABLES}
+    os.environ.update(E2B_API_URL=handle.url, E2B_SANDBOX_URL=handle.url, E2B_API_KEY=api_key)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import requests
 import sandbox_fusion
 from sandbox_fusion import RunCodeRequest, RunJupyterRequest, RunStatus
 from verl.utils.reward_score.sandbox_fusion.utils import _process_single_case, call_sandbox_api
@@ -41,6 +42,40 @@ def test_sandbox_fusion_client_run_code_and_run_jupyter(server: ServerHandle) ->
     assert notebook.status == RunStatus.Success
     assert notebook.cells[1].display == [{"text/plain": "42"}]
     assert notebook.cells[2].stdout == "20\n"
+
+
+def test_sandbox_fusion_client_run_jupyter_is_ipython(server: ServerHandle) -> None:
+    sandbox_fusion.set_endpoint(server.url)
+    cells = ["    s = 'abc'\n    s",  # indented as a model writes it; text/plain is the repr
+             "from IPython.display import display, HTML, Latex\ndisplay(HTML('<b>1</b>'))\n"
+             "display(Latex('$x$'))\n{'k': [1, 2]}",
+             "!echo from-shell", "%time sum(range(5))", "import asyncio\nawait asyncio.sleep(0)\n7",
+             "1 / 0", "def broken(:", "!pip install anything"]
+    notebook = sandbox_fusion.run_jupyter(RunJupyterRequest(cells=cells, cell_timeout=20, total_timeout=60))
+    assert notebook.status == RunStatus.Success
+    indented, shown, shell, timed, awaited, failed, syntax, offline = notebook.cells
+    assert indented.display == [{"text/plain": "'abc'"}] and indented.error == []
+    assert shown.display == [{"text/plain": "<IPython.core.display.HTML object>", "text/html": "<b>1</b>"},
+                             {"text/plain": "<IPython.core.display.Latex object>", "text/latex": "$x$"},
+                             {"text/plain": "{'k': [1, 2]}"}]
+    assert shell.stdout == "from-shell\n"
+    assert timed.display == [{"text/plain": "10"}] and "Wall time" in timed.stdout
+    assert awaited.display == [{"text/plain": "7"}]
+    assert (failed.error[0]["ename"], failed.error[0]["evalue"]) == ("ZeroDivisionError", "division by zero")
+    assert any("----> 1 1 / 0" in line for line in failed.error[0]["traceback"])
+    assert syntax.error[0]["ename"] == "SyntaxError"
+    assert "no network" in offline.stderr and offline.error == []
+
+
+def test_skyrl_sandbox_fusion_calls(server: ServerHandle) -> None:
+    """SkyRL's coder1 verifier posts {language, code, stdin, run_timeout} and reads it with the
+    client's model; its CodeInterpreter tool goes through verl's _process_single_case, stdin None."""
+    body = {"language": "python", "code": "print(input() * 2)", "stdin": "ab", "run_timeout": 10}
+    answer = requests.post(server.run_code_url, json=body, timeout=12)
+    result = sandbox_fusion.RunCodeResponse(**answer.json())
+    assert result.status == RunStatus.Success and result.run_result.stdout == "abab\n"
+    _, meta = _process_single_case(0, None, None, server.run_code_url, "print(6 * 7)", 30, 1024, "python")
+    assert meta["run_status"] == "Finished" and meta["stdout"] + meta["stderr"] == "42\n"
 
 
 def test_verl_call_sandbox_api(server: ServerHandle) -> None:

@@ -29,7 +29,7 @@ from e2b import (
 )
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.server_fixtures import ServerHandle, e2b_environment, start_server, stop_server
 
 API_KEY = "e2b-test-key-3d1f"
 
@@ -37,14 +37,8 @@ API_KEY = "e2b-test-key-3d1f"
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
     handle = start_server("--slots", "2", "--preload", "", "--e2b-api-key", API_KEY)
-    saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    os.environ.update(E2B_API_URL=handle.url, E2B_SANDBOX_URL=handle.url, E2B_API_KEY=API_KEY)
-    yield handle
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with e2b_environment(handle, API_KEY):
+        yield handle
     stop_server(handle.process)
 
 
@@ -68,11 +62,28 @@ def test_run_code_keeps_state_and_shows_results_and_errors(sandbox: Sandbox) -> 
     assert failed.error is not None
     assert (failed.error.name, failed.error.value) == ("ValueError", "bad input")
     assert "raise ValueError('bad input')" in failed.error.traceback
-    assert "<cell-" not in failed.error.traceback and "verl-sf-e2b" not in failed.error.traceback
+    assert "verl-sf-e2b" not in failed.error.traceback and "Cell In[" in failed.error.traceback
     syntax = sandbox.run_code("def (:")
     assert syntax.error is not None and syntax.error.name == "SyntaxError"
-    assert syntax.error.traceback.startswith('  File "<execution-') and "def (:" in syntax.error.traceback
+    assert syntax.error.traceback.startswith("  Cell In[7], line 1") and "def (:" in syntax.error.traceback
     assert sandbox.run_code("x").text == "41"  # an error leaves the state alone
+
+
+def test_cells_run_as_ipython_runs_them(sandbox: Sandbox) -> None:
+    indented = sandbox.run_code("    x = 1\n    x + 1")  # a common indent is stripped
+    assert indented.error is None and indented.text == "2"
+    shown = sandbox.run_code("from IPython.display import display, HTML, Markdown\n"
+                             "display(HTML('<i>a</i>'))\ndisplay(Markdown('**b**'))\n'done'")
+    assert [(r.html, r.markdown, r.is_main_result) for r in shown.results] == \
+        [("<i>a</i>", None, False), (None, "**b**", False), (None, None, True)]
+    assert shown.results[2].text == "done"
+    assert sandbox.run_code("!echo shell").logs.stdout == ["shell\n"]
+    timed = sandbox.run_code("%time 6 * 7")
+    assert timed.text == "42" and "Wall time" in "".join(timed.logs.stdout)
+    assert sandbox.run_code("import asyncio\nawait asyncio.sleep(0)\n'awaited'").text == "awaited"
+    offline = sandbox.run_code("%pip install requests")
+    assert offline.error is not None and offline.error.name == "UsageError" and "no network" in offline.error.value
+    assert sandbox.run_code("In[1]").text == "x = 1\\nx + 1"  # IPython's history, dedented
 
 
 def test_html_and_png_results(sandbox: Sandbox) -> None:
@@ -116,9 +127,13 @@ def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
     sandbox.files.write("blob.bin", payload, use_octet_stream=True)  # relative: the home directory
     assert sandbox.files.read("/home/user/blob.bin", format="bytes") == bytearray(payload)
     assert sandbox.files.read("data/notes.txt") == "line one\n"
-    # Code and commands see the same files.
+    # Code and commands see the same files, by relative path or under /home/user, which is their cwd.
     assert sandbox.run_code("open('data/notes.txt').read()").text == "line one\\n"
+    assert sandbox.run_code("open('/home/user/data/notes.txt').read()").text == "line one\\n"
+    assert sandbox.run_code("import os\nos.getcwd(), os.environ['HOME']").text == "('/home/user', '/home/user')"
     assert sandbox.commands.run("wc -c < blob.bin").stdout.strip() == "1024"
+    assert sandbox.commands.run("pwd; wc -c < /home/user/blob.bin").stdout.split() == ["/home/user", "1024"]
+    assert sandbox.commands.run("pwd", cwd="/home/user/data").stdout == "/home/user/data\n"
 
     names = {entry.name: entry for entry in sandbox.files.list("/home/user")}
     assert names["data"].type == FileType.DIR and names["blob.bin"].size == 1024
@@ -141,7 +156,7 @@ def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
 def test_commands_foreground(sandbox: Sandbox) -> None:
     result = sandbox.commands.run("echo $GREETING; pwd; echo oops >&2", envs={"GREETING": "hi"}, cwd="/tmp")
     assert (result.exit_code, result.stdout, result.stderr) == (0, "hi\n/tmp\n", "oops\n")
-    assert sandbox.commands.run("pwd").stdout == "/workdir\n"  # the home directory (see docs/e2b.md)
+    assert sandbox.commands.run("pwd").stdout == "/home/user\n"  # the home directory, as E2B says it
     with pytest.raises(CommandExitException) as failed:
         sandbox.commands.run("echo partial; exit 3")
     assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"
@@ -312,80 +327,6 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect("i-no-such-sandbox")
     assert sandbox.run_code("1 + 1").text == "2"  # the server still serves everyone
-
-
-OPEN_R1_EVALUATION_SCRIPT = """
-import subprocess
-import json
-
-def evaluate_code(code, test_cases):
-    passed = 0
-    total = len(test_cases)
-    exec_timeout = 5
-
-    for case in test_cases:
-        process = subprocess.run(
-            ["python3", "-c", code],
-            input=case["input"],
-            text=True,
-            capture_output=True,
-            timeout=exec_timeout
-        )
-
-        if process.returncode != 0:  # Error in execution
-            continue
-
-        output = process.stdout.strip()
-        all_correct = True
-        for line1, line2 in zip(output.split('\\n'), case['output'].split('\\n')):
-            all_correct = all_correct and line1.strip() == line2.strip()
-
-        if all_correct:
-            passed += 1
-
-    success_rate = (passed / total)
-    return success_rate
-
-code_snippet = {code}
-test_cases = json.loads({test_cases})
-
-evaluate_code(code_snippet, test_cases)
-"""
-"""open-r1's code-reward script (src/open_r1/rewards.py), which its E2B provider sends as is."""
-
-
-async def _open_r1_run_script(script: str, language: str, semaphore: asyncio.Semaphore) -> float:
-    """open-r1's E2BProvider._run_script (src/open_r1/utils/code_providers.py), unchanged in substance."""
-    sandbox_timeout, margin = 30, 2
-    async with semaphore:
-        sandbox = None
-        try:
-            sandbox = await AsyncSandbox.create(timeout=sandbox_timeout, request_timeout=sandbox_timeout - margin)
-            execution = await asyncio.wait_for(sandbox.run_code(script, language=language),
-                                               timeout=sandbox_timeout + margin)
-            return float(execution.text)
-        except (TypeError, ValueError):
-            return 0.0
-        finally:
-            if sandbox is not None:
-                await sandbox.kill()
-
-
-def test_open_r1_code_reward_pattern(server: ServerHandle) -> None:
-    cases = [{"input": "3 4\n", "output": "7"}, {"input": "10 -2\n", "output": "8"}]
-    solutions = {"right": "a, b = map(int, input().split())\nprint(a + b)",
-                 "half": "a, b = map(int, input().split())\nprint(7)",
-                 "crash": "raise SystemExit(1)"}
-    scripts = [OPEN_R1_EVALUATION_SCRIPT.format(code=json.dumps(code), test_cases=json.dumps(json.dumps(cases)))
-               for code in solutions.values()] * 8  # 24 sandboxes, 16 at once, as open-r1 runs them
-
-    async def main() -> list[float]:
-        semaphore = asyncio.Semaphore(16)
-        return await asyncio.gather(*[_open_r1_run_script(s, "python", semaphore) for s in scripts])
-
-    rewards = asyncio.run(main())
-    assert rewards == [1.0, 0.5, 0.0] * 8
-    assert Sandbox.list().next_items() == []  # every sandbox was killed
 
 
 def test_async_calls_on_one_sandbox_take_turns(server: ServerHandle) -> None:

@@ -61,6 +61,11 @@ async def test_forks_and_their_parent_are_independent(executor: Executor) -> Non
     await run(executor, first, "x = 'first'\nopen('../notes.txt', 'w').write('first')\nimport os\n"
                                "os.remove('/tmp/t.txt')")
     assert await run(executor, first, "print(x, open('../notes.txt').read())") == "first first\n"
+    # /home/user (E2B's home: each job's working directory under a second name) is the fork's own too.
+    await run(executor, first, "open('/home/user/mine.txt', 'w').write('first')")
+    assert await run(executor, first, "print(open('../mine.txt').read())") == "first\n"
+    assert await run(executor, parent, "import os\nprint(os.path.exists('/home/user/mine.txt'), "
+                                       "open('/home/user/notes.txt').read())") == "False parent\n"
     # kill -1 in one fork ends that fork (its interpreter too: only its PID 1, a reaper, is spared),
     # and reaches no other session: its own PID namespace, the others out of its sight.
     killed = await executor.run_code(RunCodeRequest(

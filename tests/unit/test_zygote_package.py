@@ -30,14 +30,30 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
             yield node.level, node.module or ""
 
 
+CELLS_LIBRARIES = {"IPython", "traitlets"}  # the runtime's own, imported where a cells interpreter warms up
+
+
 def test_the_zygote_imports_only_the_standard_library_and_itself() -> None:
     modules = sorted(PACKAGE.glob("*.py"))
     assert len(modules) > 10
     for module in modules:
         for level, name in _imports(module):
             top = name.split(".")[0]
+            if top in CELLS_LIBRARIES and module.name == "ipython_shell.py":
+                continue
             assert level > 0 or top in sys.stdlib_module_names or top == "__future__", \
                 f"{module.name} imports {name}, which the sandbox does not have"
+
+
+def test_ipython_is_imported_only_inside_a_function() -> None:
+    """Every zygote imports ipython_shell; only a cells flavor's warm-up (or a session's first cell) calls
+    into it and pays for IPython."""
+    tree = ast.parse((PACKAGE / "ipython_shell.py").read_text())
+    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    named = {alias.name.split(".")[0] for node in top_level for alias in node.names} | \
+        {(node.module or "").split(".")[0] for node in top_level if isinstance(node, ast.ImportFrom)}
+    assert not named & CELLS_LIBRARIES
+    assert {name.split(".")[0] for _, name in _imports(PACKAGE / "ipython_shell.py")} & CELLS_LIBRARIES
 
 
 def test_lines_are_split_across_chunks_and_scanned_once() -> None:

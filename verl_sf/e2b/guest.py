@@ -6,11 +6,13 @@ arguments as one JSON string literal (user data is never pasted into code).  Fil
 processes and code contexts are then handled by the sandbox's own unprivileged process, with
 exactly the rights its code has.
 
-Paths: the SDK's home, `/home/user`, is the session's working directory; relative paths are
+Paths: the SDK's home, `/home/user`, is the session's working directory (bound there under that
+name; on the landlock rung, where it cannot be, its paths are mapped); relative paths are
 resolved there too.  Answers go back on stdout as one line after `MARK` (see `dispatch`).
 """
 
 import base64
+import builtins
 import contextlib
 import json
 import os
@@ -30,9 +32,9 @@ READ_CHUNK = 1 << 16
 MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by default)
 
 _home = os.getcwd()
-_contexts: dict[str, dict[str, Any]] = {}  # context id -> {"globals": dict, "cwd": local path, "count": int}
+_contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "history", "cwd": local path, "count"}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
-_last = {"count": 0, "has_value": False}
+_last: dict[str, Any] = {"count": 0, "main": None}
 
 
 class GuestError(Exception):
@@ -46,9 +48,13 @@ class GuestError(Exception):
 def setup(payload):
     """Sandbox-wide environment variables and the default context (the session's `__main__`)."""
     request = json.loads(payload)
+    global _home
+    if os.path.isdir(HOME_ALIAS) and os.path.samefile(HOME_ALIAS, _home):  # E2B's home is a real directory here
+        os.chdir(HOME_ALIAS)
+        _home = HOME_ALIAS
     os.environ.update(request["envs"])
-    os.environ["HOME"] = _home
-    _contexts[request["default_context"]] = {"globals": sys.modules["__main__"].__dict__, "cwd": _home, "count": 0}
+    os.environ.update(HOME=_home, PWD=_home)
+    _contexts[request["default_context"]] = _new_context(_home)
     _answer({"ok": True})
 
 
@@ -177,7 +183,8 @@ def fs_read(path, inline_limit):
         data = fh.read(inline_limit + 1)
     if len(data) <= inline_limit:
         return {"data": base64.b64encode(data).decode()}
-    return {"fetch": real}
+    # The session's fetch knows the home by its first name only: a path in it goes relative.
+    return {"fetch": os.path.relpath(real, _home) if real.startswith(_home + "/") else real}
 
 
 # ---- processes ---------------------------------------------------------------------------------
@@ -263,24 +270,24 @@ def _process(pid):
 
 
 # ---- code contexts -----------------------------------------------------------------------------
+# Each context is a kernel of its own, as in E2B: its own `__main__`, its own history (`In`, `Out`,
+# `_`) and execution count, its own working directory.  Cells run in IPython's shell (the session's
+# cells interpreter); a context's namespace is made on its first execution.
+def _new_context(cwd):
+    return {"module": None, "history": None, "cwd": cwd, "count": 0}
+
+
 def ctx_create(context_id, cwd):
     directory = local_path(cwd)
     if not os.path.isdir(directory):
         raise GuestError("invalid_argument", f"cwd '{cwd}' does not exist")
-    _contexts[context_id] = {"globals": _fresh_globals(), "cwd": directory, "count": 0}
+    _contexts[context_id] = _new_context(directory)
     return {"cwd": public_path(directory)}
 
 
-def ctx_restart(context_id, default):
+def ctx_restart(context_id):
     context = _context(context_id)
-    if default:
-        namespace = context["globals"]
-        kept = {key: namespace[key] for key in ("__name__", "__builtins__", "__file__") if key in namespace}
-        namespace.clear()
-        namespace.update(kept)
-    else:
-        context["globals"] = _fresh_globals()
-    context["count"] = 0
+    context.update(module=None, history=None, count=0)
     return None
 
 
@@ -290,10 +297,6 @@ def ctx_remove(context_id):
     return None
 
 
-def _fresh_globals():
-    return {"__name__": "__main__", "__builtins__": __builtins__}
-
-
 def _context(context_id):
     context = _contexts.get(context_id)
     if context is None:
@@ -301,30 +304,63 @@ def _context(context_id):
     return context
 
 
+HISTORY = ("input_hist_parsed", "input_hist_raw", "output_hist", "output_hist_reprs", "dir_hist")
+
+
+@contextlib.contextmanager
+def _entered(shell, context):
+    """The shell runs in the context's namespace, history and count until the block ends."""
+    history = shell.history_manager
+    saved = (shell.user_module, shell.execution_count, [getattr(history, name) for name in HISTORY],
+             sys.modules.get("__main__"))
+    fresh = context["module"] is None
+    if fresh:
+        import types
+        context["module"] = types.ModuleType("__main__")
+        context["history"] = [[""], [""], {}, {}, []]
+    for name, value in zip(HISTORY, context["history"], strict=True):
+        setattr(history, name, value)
+    _bind(shell, context["module"])
+    if fresh:
+        shell.init_user_ns()
+    shell.execution_count = context["count"] + 1
+    try:
+        yield
+    finally:
+        context["count"] = shell.execution_count - 1
+        module, count, lists, main = saved
+        for name, value in zip(HISTORY, lists, strict=True):
+            setattr(history, name, value)
+        _bind(shell, module)
+        shell.execution_count = count
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+def _bind(shell, module):
+    shell.user_module, shell.user_ns = module, module.__dict__
+    shell.ns_table.update(user_global=module.__dict__, user_local=module.__dict__)
+    sys.modules["__main__"] = module
+
+
 def run_cell(payload):
-    """Run one execution in its context; the last expression's value is returned for the cell to
-    show.  The context's working directory and the call's environment apply only while it runs."""
+    """Run one execution in its context, as its kernel would: IPython's own `run_cell`, whose
+    output and errors land in this cell's record.  The context's working directory and the call's
+    environment apply only while it runs."""
     request = json.loads(payload)
     context = _context(request["context"])
-    context["count"] += 1
-    _last.update(count=context["count"], has_value=False)
+    shell = vars(builtins)["get_ipython"]()  # a builtin while IPython runs a cell
+    _last.update(count=context["count"], main=None)
     saved_env = {key: os.environ.get(key) for key in request["envs"]}
     os.environ.update(request["envs"])
     saved_cwd = os.getcwd()
     os.chdir(context["cwd"])
-    name = f"<execution-{context['count']}>"
-    _cache_source(name, request["code"])
+    hook = shell.displayhook
+    hook.main_index = None
     try:
-        # compile() to a tree rather than ast.parse(): no frame of ast.py in a syntax error's traceback
-        tree: Any = compile(request["code"], name, "exec", 0x400, dont_inherit=True)  # 0x400: ast.PyCF_ONLY_AST
-        last = tree.body.pop() if tree.body and type(tree.body[-1]).__name__ == "Expr" else None
-        exec(compile(tree, name, "exec"), context["globals"])
-        value = None
-        if last is not None:
-            import ast
-            value = eval(compile(ast.Expression(last.value), name, "eval"), context["globals"])
-        _last["has_value"] = value is not None
-        return value
+        with _entered(shell, context):
+            shell.run_cell(request["code"], store_history=True)
+        _last.update(count=context["count"], main=hook.main_index)
     finally:
         context["cwd"] = os.getcwd()
         os.chdir(saved_cwd)
@@ -336,16 +372,9 @@ def run_cell(payload):
 
 
 def last_info():
-    """What the previous `run_cell` did, read by the server from this cell's shown value."""
+    """What the previous `run_cell` did, read by the server from this cell's shown value: the
+    execution count and which shown bundle, if any, is the execution's result."""
     return dict(_last)
-
-
-def _cache_source(name, source):
-    import linecache
-    lines = source.splitlines(True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
-    linecache.cache[name] = (len(source), None, lines, name)
 
 
 # ---- the call protocol -------------------------------------------------------------------------

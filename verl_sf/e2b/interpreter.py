@@ -19,11 +19,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
-from verl_sf.e2b.sandboxes import GUEST_FILENAME, GUEST_MODULE, Context, GuestError, Sandbox, Sandboxes, call_code
+from verl_sf.e2b.sandboxes import GUEST_MODULE, Context, GuestError, Sandbox, Sandboxes, call_code
 from verl_sf.models import CellRunResult
 
 LANGUAGES = ("python",)
-OWN_FRAME = re.compile(r'^  File "(<cell-\d+>|' + re.escape(GUEST_FILENAME) + ')"')
 MIME_FIELDS = {"text/plain": "text", "text/html": "html", "image/png": "png", "text/markdown": "markdown",
                "image/svg+xml": "svg", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
                "application/json": "json", "application/javascript": "javascript"}
@@ -57,7 +56,7 @@ def _now() -> str:
 
 
 def result_event(data: dict[str, Any], main: bool) -> dict[str, Any]:
-    """A display bundle as the E2B server shows it: quotes of a string's repr dropped, like it does."""
+    """A display bundle as E2B's server shows it: the quotes of a string's repr dropped, as it does."""
     event: dict[str, Any] = {"type": "result", "is_main_result": main}
     extra = {}
     for mime, value in data.items():
@@ -66,19 +65,17 @@ def result_event(data: dict[str, Any], main: bool) -> dict[str, Any]:
         else:
             extra[mime] = value
     text = event.get("text")
-    if isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+    if isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] == "'":
         event["text"] = text[1:-1]
     event["extra"] = extra
     return event
 
 
 def error_event(error: dict[str, Any]) -> dict[str, Any]:
-    frames = [line for line in error.get("traceback", []) if not OWN_FRAME.match(line)]
-    ran = any(line.startswith('  File "') and ", in " in line.split("\n", 1)[0] for line in frames)
-    if frames and frames[0].startswith("Traceback") and not ran:
-        frames = frames[1:]  # the code did not compile: no frame of it ran, as `python main.py` shows it
+    """IPython's error: its name, value and traceback lines (joined by newlines, for reading)."""
+    frames = error.get("traceback") or []
     return {"type": "error", "name": str(error.get("ename", "Error")), "value": str(error.get("evalue", "")),
-            "traceback": "".join(frames)}
+            "traceback": "\n".join(str(frame) for frame in frames)}
 
 
 def _note(cell: Optional[CellRunResult]) -> dict[str, Any]:
@@ -106,9 +103,8 @@ def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str,
         events.append({"type": "stdout", "text": run.stdout, "timestamp": _now()})
     if run.stderr:
         events.append({"type": "stderr", "text": run.stderr, "timestamp": _now()})
-    main = bool(note.get("has_value")) and not run.error
     for index, data in enumerate(run.display):
-        events.append(result_event(dict(data), main and index == 0))
+        events.append(result_event(dict(data), index == note.get("main")))
     if run.error:
         events.append(error_event(run.error[0]))
     return events
@@ -196,8 +192,7 @@ class Interpreter:
     async def restart_context(self, sandbox: Sandbox, context_id: str) -> web.Response:
         if context_id not in sandbox.contexts:
             return web.Response(status=404, text=f"Context {context_id} not found")
-        await self.sandboxes.call(sandbox, "ctx_restart", {"context_id": context_id,
-                                                           "default": context_id == sandbox.default_context})
+        await self.sandboxes.call(sandbox, "ctx_restart", {"context_id": context_id})
         return web.json_response(None)
 
     async def remove_context(self, sandbox: Sandbox, context_id: str) -> web.Response:

@@ -15,6 +15,8 @@ from verl_sf.executor.languages import default_runtime_dir
 STDLIB_PRELOAD = ("math", "json", "re", "collections", "itertools", "functools", "fractions", "decimal",
                 "heapq", "bisect", "string", "datetime", "atexit", "types", "linecache", "traceback", "io")
 DEFAULT_PRELOAD = ("numpy", "sympy", "scipy")
+CELLS = "+ipython"
+"""The suffix of a flavor's twin that serves cells: the same libraries, and IPython's shell built."""
 RUN_MEMORY_ESTIMATE_MB = 48
 """What one run in flight is assumed to hold, to size the in-flight cap from the machine's memory."""
 

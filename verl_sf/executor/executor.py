@@ -21,7 +21,7 @@ from typing import Optional, Union
 from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, VerlSfError
 from verl_sf.executor import jobs, rungs
 from verl_sf.executor.cgroups import CgroupManager, SandboxCgroup
-from verl_sf.executor.config import ExecutorConfig
+from verl_sf.executor.config import CELLS, ExecutorConfig
 from verl_sf.executor.gpu_slots import GpuLease, GpuSlots, NoGpuFree
 from verl_sf.executor.gpus import gpu_views, host_gpus, parse_gpu_choice
 from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains, etc_paths
@@ -157,7 +157,8 @@ class Executor:
         if self.config.fast_path and heavy:
             self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, heavy)) + r")\b")
         for flavor in [STDLIB, *heavy, *([FULL] if len(heavy) > 1 else [])]:
-            self._zygotes[flavor] = [self._zygote(flavor, i) for i in range(self.config.sandboxes)]
+            for twin in (flavor, flavor + CELLS):
+                self._zygotes[twin] = [self._zygote(twin, i) for i in range(self.config.sandboxes)]
         await asyncio.gather(*(z.ensure_started() for flavor, group in self._zygotes.items() for z in group
                                if flavor == STDLIB or flavor.startswith("gpu")))
         self._reaper = asyncio.create_task(self._expire_sessions())
@@ -397,7 +398,7 @@ class Executor:
         memory_mb = self.config.default_memory_mb
         job = jobs.jupyter_job(request, self.config, memory_mb)
         try:
-            reply, queue_wait = await self._run(self._flavor_for("\n".join(request.cells)), job, arrived)
+            reply, queue_wait = await self._run(self._flavor_for("\n".join(request.cells)) + CELLS, job, arrived)
         except SandboxCrashed as exc:
             return RunJupyterResponse(status=RunStatus.SandboxError, message=f"sandbox failed: {exc}",
                                       executor_pod_name=self.config.pod_name)
@@ -407,7 +408,9 @@ class Executor:
         return response
 
     # ---- sessions --------------------------------------------------------------------------
-    async def create_session(self, request: SessionCreateRequest) -> SessionInfo:
+    async def create_session(self, request: SessionCreateRequest, cells: bool = False) -> SessionInfo:
+        """`cells`: the session will mostly run cells (an E2B sandbox): it is forked from a zygote
+        whose IPython shell is built already."""
         assert self.toolchains is not None, "Executor.start() first"
         if request.from_snapshot is not None:
             return await self._start_from(request)
@@ -421,7 +424,7 @@ class Executor:
             self._end(idle[0], f"evicted: the server's cap of {self.config.max_sessions} live sessions was reached "
                                f"and it was the longest idle")
         memory_mb = self._memory_mb(request.memory_limit_MB)
-        zygote = await self._pick(STDLIB)
+        zygote = await self._pick(STDLIB + CELLS if cells else STDLIB)
         head, body = jobs.session_open(request.language, request.files, self.config, memory_mb)
         session = Session(id=self._table.new_id(), language=request.language, zygote=zygote, open_id=head["id"],
                           memory_mb=memory_mb, idle_ttl_s=request.idle_ttl_s or self.config.session_idle_ttl_s)

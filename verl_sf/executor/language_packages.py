@@ -75,9 +75,11 @@ SOURCES: dict[str, Source] = {
     "racket": Source(apt=("racket",), version=("racket", "--version")),
     "verilog": Source(apt=("iverilog",), version=("iverilog", "-V")),
 }
-DEFAULT_SET = ("python", "pytest", "bash", "cpp", "java", "nodejs", "go")
-"""`verl-sf languages install default` (what `scripts/dev.sh serve` runs): the common languages of
-code-RL sets, quick to add."""
+DEFAULT_SET = ("python", "pytest", "bash", "cpp", "java", "nodejs", "typescript", "jest", "go", "ruby", "php",
+               "perl", "lua", "sql")
+"""`verl-sf languages install default` (what `scripts/dev.sh serve` runs): the languages of the code-RL
+sets verl users train on (MBPP, HumanEval and MultiPL-E's common ones, CodeContests, TACO, APPS), each
+quick to add; `all` adds the heavy rest (rust, R, scala, kotlin, csharp, D, racket, verilog, ...)."""
 
 
 def install_hint(language: str) -> str:

@@ -31,7 +31,7 @@ from typing import Optional
 
 from verl_sf.executor import zygote
 from verl_sf.executor.cgroups import join_cgroups
-from verl_sf.executor.config import STDLIB_PRELOAD, ExecutorConfig
+from verl_sf.executor.config import CELLS, STDLIB_PRELOAD, ExecutorConfig
 from verl_sf.executor.gpus import GpuView
 from verl_sf.executor.languages import STANDARD_DIRS, Toolchains
 from verl_sf.executor.rungs import can_change_uids, landlock_abi, libseccomp_path
@@ -185,7 +185,9 @@ class SandboxLauncher:
             os.chmod(path, 0o644)
 
     def heavy_preload(self, flavor: str) -> list[str]:
-        """A flavor is `stdlib` (the standard library only), one preloaded library by name, or `full` (all of them)."""
+        """A flavor is `stdlib` (the standard library only), one preloaded library by name, or `full` (all of
+        them); each has a twin for cells (`CELLS` appended) that preloads the same."""
+        flavor = flavor.removesuffix(CELLS)
         if flavor == "stdlib":
             return []
         if flavor == "full":
@@ -208,6 +210,7 @@ class SandboxLauncher:
             "run_uids": list(self.run_uid_range()),
             "single_uid": self.single_uid,
             "workdir": workdir,
+            "home_alias": E2B_HOME if self.isolated else "",
             "tmpdir": tmpdir,
             "datadir": datadir,
             "premade": list(SANDBOX_DATA_DIRS) if self.isolated else [],
@@ -219,6 +222,7 @@ class SandboxLauncher:
             "gid": cfg.sandbox_uid,
             "env": self.env if self.isolated else {**self.env, "HOME": workdir, "TMPDIR": workdir},
             "preload": list(STDLIB_PRELOAD) + self.heavy_preload(flavor),
+            "ipython": flavor.endswith(CELLS),
             "fetch_limit": cfg.fetch_file_limit_bytes,
             "cgroups": cgroup_fds,
             "cgroup_v2": cgroup_v2,
@@ -292,8 +296,9 @@ class SandboxLauncher:
                 if parent not in (SANDBOX_TMP, SANDBOX_WORKDIR):
                     args += ["--perms", "0711", "--dir", parent]
             args += ["--ro-bind", staged, extra]
-        # E2B's working directory is /home/user: the same per-run directory under that name too.
-        args += ["--symlink", SANDBOX_WORKDIR, E2B_HOME, "--chdir", SANDBOX_WORKDIR]
+        # E2B's working directory is /home/user: each job binds its own working directory there too.
+        args += ["--perms", "0755", "--dir", os.path.dirname(E2B_HOME), "--perms", "0755", "--dir", E2B_HOME,
+                 "--chdir", SANDBOX_WORKDIR]
         return args
 
     def preexec(self, procs_files: list[str]) -> Callable[[], None]:

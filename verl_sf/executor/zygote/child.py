@@ -16,7 +16,7 @@ import resource
 import signal
 from typing import NoReturn, Optional
 
-from . import landlock, linux
+from . import ipython_shell, landlock, linux
 from .interactive import BASH_SESSION, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
@@ -99,6 +99,8 @@ class Child:
         elif self.cfg["landlock"] is not None:
             self._restrict()
         namespace = main_namespace(self.blueprint.cwd if self.blueprint.isolated else self.workdir)
+        if self.cfg["ipython"]:
+            ipython_shell.prepare(namespace)
         job = _read_job()
         linux.set_name(self.blueprint.comm)
         try:
@@ -156,6 +158,7 @@ class Child:
                 linux.mount(f"/proc/self/fd/{fd}".encode(), f"{mount.target}/{entry}".encode(), None,
                             MS_BIND | MS_REC, None)
                 os.close(fd)
+        linux.bind_home_alias(self.cfg["home_alias"], self.cfg["workdir"])
         owner = 0 if self.cfg["single_uid"] else self.cfg["uid"]
         for directory in self.cfg["premade"]:
             os.mkdir(directory, 0o755)

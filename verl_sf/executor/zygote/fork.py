@@ -351,6 +351,7 @@ def _mounts(blueprint: Blueprint, fifos: list[str]) -> None:
             os.mkdir(f"{target}/{entry}", 0o711)
             linux.mount(f"/proc/self/fd/{fd}".encode(), f"{target}/{entry}".encode(), None, MS_BIND | MS_REC, None)
             os.close(fd)
+    linux.bind_home_alias(cfg["home_alias"], cfg["workdir"])
     linux.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=0620")
     for path in fifos:
         os.mkfifo(path, 0o600)

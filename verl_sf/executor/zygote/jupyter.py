@@ -1,10 +1,9 @@
-"""Cells in one namespace, as a Jupyter kernel runs them: each cell's output captured apart, the
-last expression displayed (with PNG/HTML where the object offers them), errors as the kernel
-reports them.  All cells together share the run's per-stream output limit."""
+"""Cells in one namespace, as a Jupyter kernel runs them: by IPython itself (ipython_shell.py),
+each cell's output captured apart, what it displays in order, open matplotlib figures shown after
+it, errors as the kernel reports them.  All cells together share the run's per-stream output limit."""
 
 from __future__ import annotations
 
-import ast
 import base64
 import contextlib
 import io
@@ -14,33 +13,18 @@ import sys
 from types import FrameType
 from typing import Any, Optional
 
+from . import ipython_shell
 from .messages import TRUNCATION_MARKER, CellRecord
-from .python_runner import cache_source, finish, make_stdio, user_traceback
+from .python_runner import finish, make_stdio, user_traceback
 from .wire import report
 
 
-def display_data(value: Any) -> dict[str, str]:
-    """A cell's result as Jupyter would show it: text/plain, plus image/png and text/html where
-    the object offers them (a matplotlib figure, a pandas frame)."""
-    data = {"text/plain": repr(value)}
-    for method, mime in (("_repr_png_", "image/png"), ("_repr_html_", "text/html")):
-        render = getattr(value, method, None)
-        if callable(render):
-            with contextlib.suppress(Exception):
-                rendered = render()
-                if isinstance(rendered, bytes):
-                    rendered = base64.b64encode(rendered).decode()
-                if rendered:
-                    data[mime] = rendered
-    return data
-
-
-def _figures_display() -> list[dict[str, str]]:
+def _figures_display() -> list[dict[str, object]]:
     """Open matplotlib figures, as inline PNGs (what a Jupyter kernel shows after a cell), then closed."""
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is None:
         return []
-    shown = []
+    shown: list[dict[str, object]] = []
     for number in pyplot.get_fignums():
         figure = pyplot.figure(number)
         buffer = io.BytesIO()
@@ -50,14 +34,6 @@ def _figures_display() -> list[dict[str, str]]:
                           "text/plain": repr(figure)})
     pyplot.close("all")
     return shown
-
-
-def _is_figure_artist(value: Any) -> bool:
-    """A cell ending in a plotting call returns an artist; Jupyter shows the figure instead."""
-    module = type(value).__module__ or ""
-    if module.startswith("matplotlib"):
-        return True
-    return isinstance(value, list) and bool(value) and (type(value[0]).__module__ or "").startswith("matplotlib")
 
 
 def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespace: dict[str, Any],
@@ -77,25 +53,24 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
 
     signal.signal(signal.SIGALRM, _alarm)
     room = [output_limit, output_limit]  # what is left of each stream's limit, over all cells
-    for index, source in enumerate(cells):
-        name = f"<cell-{index}>"
-        cache_source(name, source)
-        display: list[dict[str, str]] = []
-        error: list[dict[str, object]] = []
+    try:
+        shell: Optional[Any] = ipython_shell.shell_for(namespace)
+        missing = ""
+    except ImportError as exc:
+        shell, missing = None, str(exc)
+    for source in cells:
+        outputs = ipython_shell.current = ipython_shell.Outputs()
         if cell_timeout:
             signal.setitimer(signal.ITIMER_REAL, cell_timeout)
         try:
-            tree = ast.parse(source, name, "exec")
-            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-            assert last is None or isinstance(last, ast.Expr)
-            exec(compile(tree, name, "exec"), namespace)
-            if last is not None:
-                value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
-                if value is not None and not _is_figure_artist(value):
-                    display.append(display_data(value))
-            display.extend(_figures_display())
-        except BaseException as exc:  # noqa: B036 - a cell's SystemExit/KeyboardInterrupt is its own error
-            error.append({"ename": type(exc).__name__, "evalue": str(exc), "traceback": user_traceback(exc)})
+            if shell is None:
+                raise ModuleNotFoundError(missing)
+            shell.run_cell(source, store_history=True)
+            outputs.display.extend(_figures_display())
+        except BaseException as exc:  # noqa: B036 - a time-out outside the cell's own code lands here
+            if not outputs.error:
+                outputs.error.append({"ename": type(exc).__name__, "evalue": str(exc),
+                                      "traceback": user_traceback(exc)})
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         texts = []
@@ -113,8 +88,8 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
             texts.append(text)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        record: CellRecord = {"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": display,
-                              "error": error, "truncated": cut}
+        record: CellRecord = {"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": outputs.display,
+                              "error": outputs.error, "truncated": cut}
         report(record)
     os.dup2(saved[0], 1)
     os.dup2(saved[1], 2)

@@ -70,6 +70,14 @@ def mount(source: Optional[bytes], target: bytes, fstype: Optional[bytes], flags
     check(libc.mount(source, target, fstype, flags, options), f"mount {target.decode(errors='replace')}")
 
 
+def bind_home_alias(alias: str, workdir: str) -> None:
+    """`alias` (E2B's /home/user) becomes the job's working directory under a second name: a bind,
+    not a symlink, so os.getcwd() and `pwd` say it.  In a fork's copied namespace it goes on top
+    of the parent's (locked there, as the tmpfs below it), hiding it."""
+    if alias:
+        mount(workdir.encode(), alias.encode(), None, MS_BIND | MS_REC, None)
+
+
 def set_capabilities(keep_effective: bool) -> None:
     """Empty the inheritable set (and, unless `keep_effective`, every set)."""
     def edit(half: CapData) -> None:

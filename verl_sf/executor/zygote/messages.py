@@ -28,6 +28,7 @@ class ZygoteConfig(TypedDict):
     run_uids: list[int]  # [first, count]: a uid of its own per job (the landlock rung, with CAP_SETUID); [] keeps ours
     single_uid: bool  # no second uid is mapped: runs keep uid 0 of the namespace, without capabilities
     workdir: str
+    home_alias: str  # a second name of every job's workdir (E2B's /home/user); "": none
     tmpdir: str
     datadir: str
     premade: list[str]  # directories made in each run's fresh mounts (Sandbox Fusion's /mnt/data in /mnt)
@@ -37,6 +38,7 @@ class ZygoteConfig(TypedDict):
     gid: int
     env: dict[str, str]
     preload: list[str]
+    ipython: bool  # build IPython's shell while warming up: this zygote serves cells
     fetch_limit: int  # bytes of fetched files per run, all files together
     cgroups: dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
     cgroup_v2: bool
@@ -137,7 +139,7 @@ class CellRecord(TypedDict):
     kind: Literal["cell"]
     stdout: str
     stderr: str
-    display: list[dict[str, str]]
+    display: list[dict[str, object]]
     error: list[dict[str, object]]
     truncated: bool
 

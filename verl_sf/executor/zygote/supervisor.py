@@ -66,7 +66,7 @@ class Zygote:
         else:
             linux.become_subreaper()  # a run's orphans come back here when its PID 1 is gone
         install_stdio(stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
-        preload(config["preload"])
+        preload(config["preload"], config["ipython"])
         self.groups = RunGroups(config)
         # A run's network namespace outlives it here, empty (its sockets died with its processes, and
         # TIME_WAIT is off in it), for a later run: making one per run costs more than the run itself.

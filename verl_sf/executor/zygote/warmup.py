@@ -11,6 +11,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from . import ipython_shell
 from .linux import MADV_COLLAPSE, MADV_HUGEPAGE, libc
 
 # First calls into these libraries import submodules and fill caches; doing them once here
@@ -31,9 +32,10 @@ WARMUPS = {
 RESEEDED_MODULES = ("numpy.random", "sympy.core.random")
 
 
-def preload(modules: list[str]) -> None:
-    """Import and warm up what is there (a missing optional library is just not preloaded), then
-    freeze the heap: the collector then never dirties the shared pages of a child."""
+def preload(modules: list[str], cells: bool = False) -> None:
+    """Import and warm up what is there (a missing optional library is just not preloaded), and
+    for a zygote that serves cells IPython's shell; then freeze the heap: the collector then never
+    dirties the shared pages of a child."""
     loaded = []
     with threading_stand_in():
         for name in modules:
@@ -45,6 +47,8 @@ def preload(modules: list[str]) -> None:
         for name in loaded:
             with contextlib.suppress(Exception):  # a warm-up is only an optimisation
                 exec(WARMUPS.get(name, ""), {})
+        if cells:
+            ipython_shell.warm()
     gc.collect()
     gc.freeze()
     collapse_heap()
