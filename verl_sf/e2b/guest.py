@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 HOME_ALIAS = "/home/user"
+"""E2B's home, shown for the session's own; a sandbox set up with no alias shows the real paths."""
 MARK = "\x1e\x1fverl-sf-e2b:"
 """Prefix of the answer line; whatever else a call printed comes before it."""
 READ_CHUNK = 1 << 16
@@ -33,6 +34,7 @@ _home = os.getcwd()
 _contexts: dict[str, dict[str, Any]] = {}  # context id -> {"globals": dict, "cwd": local path, "count": int}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
 _last = {"count": 0, "has_value": False}
+_alias = {"home": HOME_ALIAS}
 
 
 class GuestError(Exception):
@@ -46,6 +48,7 @@ class GuestError(Exception):
 def setup(payload):
     """Sandbox-wide environment variables and the default context (the session's `__main__`)."""
     request = json.loads(payload)
+    _alias["home"] = request.get("home_alias", HOME_ALIAS)
     os.environ.update(request["envs"])
     os.environ["HOME"] = _home
     _contexts[request["default_context"]] = {"globals": sys.modules["__main__"].__dict__, "cwd": _home, "count": 0}
@@ -55,16 +58,18 @@ def setup(payload):
 # ---- paths -------------------------------------------------------------------------------------
 def local_path(path):
     """The session's path for an E2B path: `/home/user/...` and relative paths live in the home."""
-    if path == HOME_ALIAS or path.startswith(HOME_ALIAS + "/"):
-        path = _home + path[len(HOME_ALIAS):]
+    alias = _alias["home"]
+    if alias and (path == alias or path.startswith(alias + "/")):
+        path = _home + path[len(alias):]
     elif not path.startswith("/"):
         path = os.path.join(_home, path)
     return os.path.normpath(path)
 
 
 def public_path(path):
-    if path == _home or path.startswith(_home + "/"):
-        return HOME_ALIAS + path[len(_home):]
+    alias = _alias["home"]
+    if alias and (path == _home or path.startswith(_home + "/")):
+        return alias + path[len(_home):]
     return path
 
 
@@ -148,12 +153,30 @@ def fs_move(source, destination):
     return _entry(dst)
 
 
-def fs_remove(path):
+def fs_remove(path, recursive=True):
     local = local_path(path)
     if os.path.isdir(local) and not os.path.islink(local):
+        if not recursive and os.listdir(local):
+            raise GuestError("invalid_argument", f"directory '{path}' is not empty (delete it recursively)")
         shutil.rmtree(local)
     else:
         os.unlink(local)
+    return None
+
+
+def fs_chmod(path, mode, owner, group):
+    """Permissions only: the sandbox's one user owns its files, so another owner or group is refused."""
+    local = local_path(path)
+    info = os.stat(local)
+    if owner and owner != _user_name(info.st_uid):
+        raise GuestError("permission_denied", f"owner '{owner}': only the sandbox's own user can own files")
+    if group and group != _group_name(info.st_gid):
+        raise GuestError("permission_denied", f"group '{group}': only the sandbox's own group can own files")
+    if mode:
+        try:
+            os.chmod(local, int(mode, 8))
+        except ValueError:
+            raise GuestError("invalid_argument", f"mode '{mode}' is not an octal number") from None
     return None
 
 
@@ -351,7 +374,7 @@ def _cache_source(name, source):
 # ---- the call protocol -------------------------------------------------------------------------
 OPERATIONS: dict[str, Any] = {
     "fs_stat": fs_stat, "fs_list": fs_list, "fs_make_dir": fs_make_dir, "fs_move": fs_move, "fs_remove": fs_remove,
-    "fs_write": fs_write, "fs_read": fs_read, "proc_start": proc_start, "proc_poll": proc_poll,
+    "fs_chmod": fs_chmod, "fs_write": fs_write, "fs_read": fs_read, "proc_start": proc_start, "proc_poll": proc_poll,
     "proc_signal": proc_signal, "proc_list": proc_list, "ctx_create": ctx_create, "ctx_restart": ctx_restart,
     "ctx_remove": ctx_remove,
 }
