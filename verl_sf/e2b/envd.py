@@ -178,7 +178,7 @@ class Envd:
         query_path = request.query.get("path")
         try:
             if request.content_type.startswith("multipart/"):
-                reader = await _multipart(request)
+                reader = await buffered_multipart(request)
                 while True:
                     part = await reader.next()
                     if part is None:
@@ -306,7 +306,7 @@ def _files_error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
 
 
-async def _multipart(request: web.Request) -> MultipartReader:
+async def buffered_multipart(request: web.Request) -> MultipartReader:
     """A reader over the body the server's middleware has already read (the stream is spent)."""
     data = await request.read()
     stream = StreamReader(request.protocol, limit=len(data) + 1, loop=asyncio.get_running_loop())

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import GUEST_FILENAME, GUEST_MODULE, Context, GuestError, Sandbox, Sandboxes, call_code
-from verl_sf.models import CellRunResult
+from verl_sf.models import CellRunResult, RunJupyterResponse
 
 LANGUAGES = ("python",)
 OWN_FRAME = re.compile(r'^  File "(<cell-\d+>|' + re.escape(GUEST_FILENAME) + ')"')
@@ -114,6 +114,21 @@ def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str,
     return events
 
 
+async def run_execution(sandboxes: Sandboxes, sandbox: Sandbox, context_id: str, code: str, envs: dict[str, str],
+                        timeout_s: float) -> tuple[list[dict[str, Any]], RunJupyterResponse]:
+    """One execution of `code` in a context: its events (E2B's) and the session's answer."""
+    cells = [call_code("run_cell", {"context": context_id, "code": code, "envs": envs}),
+             f"__import__({GUEST_MODULE!r}).last_info()"]
+    response = await sandboxes.run_cells(sandbox, cells, timeout_s)
+    events = execution_events(response.cells, response.message)
+    if response.session_alive is False:
+        reason = sandboxes.end_reason(sandbox.id) or response.message
+        events = [e for e in events if e["type"] != "error"]
+        events.append({"type": "error", "name": "SandboxEnded", "value": f"the sandbox ended: {reason}",
+                       "traceback": ""})
+    return events, response
+
+
 class Interpreter:
     def __init__(self, sandboxes: Sandboxes, config: E2BConfig):
         self.sandboxes = sandboxes
@@ -167,15 +182,8 @@ class Interpreter:
         else:
             _language(req.language)
             context_id = sandbox.default_context
-        cells = [call_code("run_cell", {"context": context_id, "code": req.code, "envs": req.env_vars or {}}),
-                 f"__import__({GUEST_MODULE!r}).last_info()"]
-        response = await self.sandboxes.run_cells(sandbox, cells, self.config.execute_timeout_s)
-        events = execution_events(response.cells, response.message)
-        if response.session_alive is False:
-            reason = self.sandboxes.end_reason(sandbox.id) or response.message
-            events = [e for e in events if e["type"] != "error"]
-            events.append({"type": "error", "name": "SandboxEnded", "value": f"the sandbox ended: {reason}",
-                           "traceback": ""})
+        events, _ = await run_execution(self.sandboxes, sandbox, context_id, req.code, req.env_vars or {},
+                                        self.config.execute_timeout_s)
         stream = web.StreamResponse(headers={"Content-Type": "application/json"})
         await stream.prepare(request)
         for event in events:

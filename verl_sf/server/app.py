@@ -18,6 +18,7 @@ from typing import Optional, Union
 from aiohttp import web
 
 from verl_sf import __version__
+from verl_sf.daytona import DaytonaConfig, install_daytona
 from verl_sf.e2b import E2BConfig, install_e2b
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor, ExecutorConfig
@@ -62,6 +63,7 @@ class ServerConfig:
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
     verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
     e2b: E2BConfig = dataclasses.field(default_factory=E2BConfig)
+    daytona: DaytonaConfig = dataclasses.field(default_factory=DaytonaConfig)
 
     def __post_init__(self) -> None:
         for name in ("timeout_keep_alive", "timeout_body"):
@@ -180,6 +182,7 @@ def build_app(config: ServerConfig, executor: Executor, connections: ConnectionL
     app.router.add_get("/metrics", metrics)
     add_verl_tool_routes(app, config.verl_tool)
     install_e2b(app, executor, config.e2b)
+    install_daytona(app, executor, config.daytona)
     return app
 
 
