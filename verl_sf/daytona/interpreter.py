@@ -4,12 +4,13 @@ The client sends one JSON request (`code`, `contextId`, `envs`, `timeout` in sec
 runs it in the context (IPython-like cells of the sandbox's session, as E2B's `/execute` does)
 and answers `stdout`, `stderr` and `error` frames, then closes with 1000, or with 4008 when the
 run passed its time-out (the SDK's DaytonaTimeoutError).  A client that leaves mid-run ends its
-wait; the run itself is interrupted at its time-out, as every session call is.
+wait and interrupts the run, as its time-out would (the context keeps its state).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any, Optional
 
@@ -23,6 +24,7 @@ from verl_sf.e2b.interpreter import run_execution
 from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.e2b.sandboxes import Sandboxes as Boxes
 from verl_sf.e2b.sandboxes import SandboxGone
+from verl_sf.errors import SessionGone
 from verl_sf.executor import Overloaded
 from verl_sf.models import MAX_TIMEOUT_S
 
@@ -81,10 +83,12 @@ class InterpreterSocket:
         execution = asyncio.ensure_future(
             run_execution(self.boxes, box, context_id, run.code, run.envs or {}, min(timeout, MAX_TIMEOUT_S)))
         left = asyncio.ensure_future(ws.receive())  # anything the client sends now, or its leaving
-        await asyncio.wait({execution, left}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({execution, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the client left (its message, or its connection's loss cancels this handler)
+            if not execution.done():
+                self._abandon(box, execution)
         if not execution.done():
-            execution.cancel()  # the client left: nobody waits for the answer
-            await asyncio.gather(execution, return_exceptions=True)
             return ws
         left.cancel()
         try:
@@ -103,6 +107,13 @@ class InterpreterSocket:
         else:
             await ws.close()
         return ws
+
+
+    def _abandon(self, box: Box, execution: asyncio.Future[Any]) -> None:
+        """Nobody waits for the run: it is interrupted, as its time-out would (the context keeps its state)."""
+        with contextlib.suppress(SessionGone):
+            self.boxes.executor.interrupt_session(box.session_id)
+        execution.cancel()
 
 
 def _reason(text: str) -> bytes:

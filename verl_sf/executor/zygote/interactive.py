@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, Optional
@@ -57,6 +58,9 @@ done
 
 def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str]]], dict[str, str]]) -> NoReturn:
     """Each call is one line of JSON on fd 9, run in the same globals; the zygote closing fd 9 ends it."""
+    # A server started with SIGINT ignored (`verl-sf serve &` from a script) passes that down: the
+    # interrupt at a call's time-out must still raise KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     source = os.fdopen(JOB_FD, "rb", buffering=0)
     pending = b""
     while True:

@@ -131,9 +131,15 @@ class Session(Job):
                 self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for {grace:g} s")
             return
         if self.past_deadline(now):
-            self.interrupted_at = now
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
+            self.interrupt(now)
+
+    def interrupt(self, now: float) -> None:
+        """Interrupt the call in progress (at its time-out, or its client left); killed if it ignores that."""
+        if self.call is None or self.interrupted_at is not None:
+            return
+        self.interrupted_at = now
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
 
     def _end_call(self, zygote: Zygote, record: dict[str, Any]) -> None:
         assert self.call is not None
