@@ -87,10 +87,12 @@ def file_info(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def disposition(name: str, path: str) -> str:
-    """A part's Content-Disposition naming its path: plain when it is, else RFC 5987's `filename*`."""
-    if path.isascii() and path.isprintable() and not any(c in path for c in '"\\%'):
-        return f'form-data; name="{name}"; filename="{path}"'
-    return f"form-data; name=\"{name}\"; filename*=utf-8''{urllib.parse.quote(path, safe='')}"
+    """A part's Content-Disposition naming its path as Daytona's daemon (Go's mime) writes it: quotes
+    and backslashes escaped; a path that is not printable ASCII in RFC 2231's `filename*`."""
+    if not (path.isascii() and path.isprintable()):
+        return f"form-data; name=\"{name}\"; filename*=utf-8''{urllib.parse.quote(path, safe='')}"
+    escaped = path.replace("\\", "\\\\").replace('"', '\\"')
+    return f'form-data; name="{name}"; filename="{escaped}"'
 
 
 def _query(request: web.Request, name: str) -> str:
