@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import gc
-import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from daytona import AsyncDaytona, CreateSandboxFromSnapshotParams, DaytonaConfig, ListSandboxesQuery
 
-from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.server_fixtures import ServerHandle, daytona_env, server_for_sdk
 from tests.waiting import wait_until_async
 from verl_sf.backends.base import SandboxUnavailable
 from verl_sf.backends.config import DaytonaBackendConfig
@@ -36,16 +35,8 @@ KEY = "daytona-backend-key"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
-    handle = start_server("--preload", "", "--daytona-api-key", KEY)
-    saved = {name: os.environ.get(name) for name in ("DAYTONA_API_URL", "DAYTONA_API_KEY")}
-    os.environ.update(DAYTONA_API_URL=f"{handle.url}/api", DAYTONA_API_KEY=KEY)
-    yield handle
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    stop_server(handle.process)
+    with server_for_sdk(daytona_env(KEY), "--preload", "", "--daytona-api-key", KEY) as handle:
+        yield handle
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
-import os
 import signal
 import time
 import uuid
@@ -33,7 +32,7 @@ from daytona import (
 )
 from daytona.common.errors import DaytonaConflictError
 
-from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.server_fixtures import ServerHandle, daytona_env, server_for_sdk, start_server, stop_server
 from tests.waiting import wait_until, wait_until_async
 
 KEY = "daytona-test-key-a"
@@ -44,16 +43,8 @@ MINUTE_S = 2.0  # the server's minute for auto-stop and auto-delete intervals, s
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
-    handle = start_server("--slots", "2", "--preload", "", "--daytona-minute-s", str(MINUTE_S))
-    saved = {name: os.environ.get(name) for name in ("DAYTONA_API_URL", "DAYTONA_API_KEY")}
-    os.environ.update(DAYTONA_API_URL=f"{handle.url}/api", DAYTONA_API_KEY=KEY)
-    yield handle
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    stop_server(handle.process)
+    with server_for_sdk(daytona_env(KEY), "--slots", "2", "--preload", "", "--daytona-minute-s", str(MINUTE_S)) as handle:
+        yield handle
 
 
 @pytest.fixture

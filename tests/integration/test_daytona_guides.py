@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import yaml
 from daytona import AsyncDaytona, AsyncSandbox, DaytonaTimeoutError
 from verl.tools.tool_registry import initialize_tools_from_config
 
-from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.server_fixtures import ServerHandle, daytona_env, server_for_sdk
 
 KEY = "daytona-guides-key"
 MAX_TIMEOUT_SECONDS = 1  # train.py's per-completion limit
@@ -170,16 +169,8 @@ def rewards_of(stats_list: list[dict[str, Any]]) -> list[float]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
-    handle = start_server("--preload", "")
-    saved = {name: os.environ.get(name) for name in ("DAYTONA_API_URL", "DAYTONA_API_KEY")}
-    os.environ.update(DAYTONA_API_URL=f"{handle.url}/api", DAYTONA_API_KEY=KEY)
-    yield handle
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    stop_server(handle.process)
+    with server_for_sdk(daytona_env(KEY), "--preload", "") as handle:
+        yield handle
 
 
 async def test_trl_grpo_reward_path(server: ServerHandle) -> None:

@@ -28,23 +28,16 @@ from e2b import (
 )
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from tests.server_fixtures import ServerHandle, start_server, stop_server
+from tests.server_fixtures import ServerHandle, server_for_sdk, start_server, stop_server
 
 API_KEY = "e2b-test-key-3d1f"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
-    handle = start_server("--slots", "2", "--preload", "", "--e2b-api-key", API_KEY)
-    saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    os.environ.update(E2B_API_URL=handle.url, E2B_SANDBOX_URL=handle.url, E2B_API_KEY=API_KEY)
-    yield handle
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    stop_server(handle.process)
+    with server_for_sdk(lambda url: {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": API_KEY},
+                        "--slots", "2", "--preload", "", "--e2b-api-key", API_KEY) as handle:
+        yield handle
 
 
 @pytest.fixture

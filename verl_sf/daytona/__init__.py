@@ -8,6 +8,8 @@ python session with the guest agent), owned by the key that created it.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
 from verl_sf.daytona.config import DaytonaConfig
@@ -29,14 +31,12 @@ def install_daytona(app: web.Application, executor: Executor, config: DaytonaCon
     toolbox.add_routes(app)
     ControlPlane(sandboxes, config).add_routes(app)
 
-    async def start(_: web.Application) -> None:
+    async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await sandboxes.start()
-
-    async def stop(_: web.Application) -> None:
+        yield
         await sandboxes.close()
 
-    app.on_startup.append(start)
-    app.on_cleanup.append(stop)
+    app.cleanup_ctx.append(lifetime)
 
 
 __all__ = ["DAYTONA_SANDBOXES_KEY", "DaytonaConfig", "install_daytona"]

@@ -18,7 +18,7 @@ from verl_sf.daytona.sandboxes import (
     Spec,
     TooManySandboxes,
 )
-from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, json_body, sandbox_dto, unavailable
+from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, http_error, json_body, sandbox_dto, unavailable
 from verl_sf.e2b.sandboxes import GuestError, SandboxGone
 from verl_sf.executor import Overloaded
 from verl_sf.tenancy import key_matches, owner_of
@@ -31,19 +31,23 @@ LANGUAGES = ("python", "javascript", "typescript")
 
 
 def api_key(request: web.Request, config: DaytonaConfig) -> str:
-    """The caller's key from `Authorization: Bearer`; web.HTTPUnauthorized when missing or wrong."""
+    """The caller's key from `Authorization: Bearer`; a 401 raised when it is missing or wrong."""
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
-        raise _unauthorized("missing API key: send `Authorization: Bearer <key>` (DAYTONA_API_KEY)")
+        raise http_error(401, "missing API key: send `Authorization: Bearer <key>` (DAYTONA_API_KEY)")
     if config.api_key is not None and not key_matches(config.api_key, key):
-        raise _unauthorized("invalid API key")
+        raise http_error(401, "invalid API key")
     return key
 
 
-def _unauthorized(message: str) -> web.HTTPException:
-    response = error(401, message)
-    return web.HTTPUnauthorized(text=response.text, content_type="application/json")
+def find(request: web.Request, sandboxes: DaytonaSandboxes, config: DaytonaConfig) -> DaytonaSandbox:
+    """The caller's sandbox named in the path; a 404 raised for another key's, as for a missing one."""
+    key = api_key(request, config)
+    try:
+        return sandboxes.find(request.match_info["sandbox"], key)
+    except NotFound as exc:
+        raise http_error(404, str(exc)) from None
 
 
 def toolbox_url(request: web.Request) -> str:
@@ -72,11 +76,7 @@ class ControlPlane:
         app.router.add_route("*", f"{one}/{{action:.*}}", self.unimplemented)
 
     def _find(self, request: web.Request) -> DaytonaSandbox:
-        key = api_key(request, self.config)
-        try:
-            return self.sandboxes.find(request.match_info["sandbox"], key)
-        except NotFound as exc:
-            raise web.HTTPNotFound(text=error(404, str(exc)).text, content_type="application/json") from None
+        return find(request, self.sandboxes, self.config)
 
     def _dto(self, request: web.Request, sandbox: DaytonaSandbox, state: Optional[str] = None) -> web.Response:
         return web.json_response(sandbox_dto(sandbox, toolbox_url(request), state))
@@ -200,8 +200,7 @@ class ControlPlane:
         except ValueError:
             value = lowest - 1
         if value < lowest:
-            raise web.HTTPBadRequest(text=error(400, f"interval: must be an integer >= {lowest}, got {raw!r}").text,
-                                     content_type="application/json")
+            raise http_error(400, f"interval: must be an integer >= {lowest}, got {raw!r}")
         return value
 
     async def set_auto_stop(self, request: web.Request) -> web.Response:

@@ -25,9 +25,9 @@ from aiohttp import BodyPartReader, MultipartWriter, web
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from verl_sf.daytona.config import DaytonaConfig
-from verl_sf.daytona.control import TOOLBOX, api_key
+from verl_sf.daytona.control import TOOLBOX, find
 from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes, NotFound, NotStarted, Shell
-from verl_sf.daytona.wire import Body, error, iso, json_body, unavailable
+from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, unavailable
 from verl_sf.e2b.envd import buffered_multipart
 from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone
 from verl_sf.e2b.sandboxes import Sandbox as Box
@@ -98,8 +98,7 @@ def disposition(name: str, path: str) -> str:
 def _query(request: web.Request, name: str) -> str:
     value = request.query.get(name)
     if not value:
-        raise web.HTTPBadRequest(text=error(400, f"{name}: query parameter '{name}' is required").text,
-                                 content_type="application/json")
+        raise http_error(400, f"{name}: query parameter '{name}' is required")
     return value
 
 
@@ -140,18 +139,10 @@ class Toolbox:
             app.router.add_route(method, f"{TOOLBOX}/{{sandbox}}{path}", self.wrap(handler))
         app.router.add_route("*", f"{TOOLBOX}/{{sandbox}}/{{rest:.*}}", self.wrap(self.unimplemented))
 
-    def sandbox(self, request: web.Request) -> DaytonaSandbox:
-        """The caller's sandbox named in the path; web.HTTPNotFound for another key's or a missing one."""
-        key = api_key(request, self.config)
-        try:
-            return self.sandboxes.find(request.match_info["sandbox"], key)
-        except NotFound as exc:
-            raise web.HTTPNotFound(text=error(404, str(exc)).text, content_type="application/json") from None
-
     def wrap(self, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """A toolbox route: the caller's started sandbox, its activity noted, the box's failures answered."""
         async def route(request: web.Request) -> web.StreamResponse:
-            sandbox = self.sandbox(request)
+            sandbox = find(request, self.sandboxes, self.config)
             try:
                 box = self.sandboxes.box_of(sandbox)
             except NotStarted as exc:
@@ -240,8 +231,7 @@ class Toolbox:
     def _shell(self, request: web.Request, sandbox: DaytonaSandbox) -> Shell:
         shell = sandbox.shells.get(request.match_info["session"])
         if shell is None:
-            raise web.HTTPNotFound(text=error(404, f"session {request.match_info['session']} not found").text,
-                                   content_type="application/json")
+            raise http_error(404, f"session {request.match_info['session']} not found")
         return shell
 
     @staticmethod
@@ -306,8 +296,7 @@ class Toolbox:
     def _command(self, request: web.Request, sandbox: DaytonaSandbox) -> Command:
         command = self._shell(request, sandbox).commands.get(request.match_info["command"])
         if command is None:
-            raise web.HTTPNotFound(text=error(404, f"command {request.match_info['command']} not found").text,
-                                   content_type="application/json")
+            raise http_error(404, f"command {request.match_info['command']} not found")
         return command
 
     async def get_command(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:

@@ -11,6 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from verl_sf.daytona.sandboxes import DaytonaSandbox
+from verl_sf.validation import first_error
 
 ORGANIZATION_ID = "verl-sf"
 TARGET = "local"
@@ -81,9 +82,7 @@ def parse(model: type[Body], body: Any) -> Body:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise BadBody(422, f"{field}: {first['msg']}") from None
+        raise BadBody(422, first_error(exc)) from None
 
 
 async def json_body(request: web.Request, model: type[Body]) -> Body:
@@ -91,16 +90,16 @@ async def json_body(request: web.Request, model: type[Body]) -> Body:
     try:
         body = await request.json() if request.body_exists else {}
     except ValueError as exc:
-        raise _http(400, f"the body is not JSON: {exc}") from None
+        raise http_error(400, f"the body is not JSON: {exc}") from None
     try:
         return parse(model, body)
     except BadBody as exc:
-        raise _http(exc.status, str(exc)) from None
+        raise http_error(exc.status, str(exc)) from None
 
 
-def _http(status: int, message: str) -> web.HTTPException:
-    response = error(status, message)
-    exception = web.HTTPException(text=response.text, content_type="application/json")
+def http_error(status: int, message: str) -> web.HTTPException:
+    """Daytona's error envelope as an exception a route raises."""
+    exception = web.HTTPException(text=error(status, message).text, content_type="application/json")
     exception.set_status(status)
     return exception
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
 from verl_sf.executor import Overloaded
+from verl_sf.validation import first_error
 
 CLIENT_ID = "verl-sf"
 
@@ -88,9 +89,7 @@ class ControlPlane:
         try:
             return model.model_validate(body)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            return error(400, f"{field}: {first['msg']}")
+            return error(400, first_error(exc))
 
     def _check_timeout(self, timeout: int, sandbox: Optional[Sandbox] = None) -> Optional[web.Response]:
         """A sandbox may not outlive the server's session lifetime, counted from its creation."""

@@ -23,6 +23,7 @@ from verl_sf.e2b import connect
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.connect import ConnectError
 from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxes, SandboxGone
+from verl_sf.validation import first_error
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
@@ -76,9 +77,7 @@ def _parse(model: type[Any], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise ConnectError("invalid_argument", f"{field}: {first['msg']}") from None
+        raise ConnectError("invalid_argument", first_error(exc)) from None
 
 
 def _entry_info(entry: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import GUEST_FILENAME, GUEST_MODULE, Context, GuestError, Sandbox, Sandboxes, call_code
 from verl_sf.models import CellRunResult, RunJupyterResponse
+from verl_sf.validation import first_error
 
 LANGUAGES = ("python",)
 OWN_FRAME = re.compile(r'^  File "(<cell-\d+>|' + re.escape(GUEST_FILENAME) + ')"')
@@ -166,9 +167,7 @@ class Interpreter:
         try:
             return model.model_validate(body)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise web.HTTPUnprocessableEntity(text=f"{field}: {first['msg']}") from None
+            raise web.HTTPUnprocessableEntity(text=first_error(exc)) from None
 
     async def execute(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
         req: ExecuteRequest = await self._body(request, ExecuteRequest)
