@@ -110,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
                           max_connections=args.max_connections, executor=executor, verl_tool=verl_tool, e2b=e2b,
                           daytona=DaytonaConfig(api_key=args.daytona_api_key, max_sandboxes=args.daytona_max_sandboxes,
-                                                minute_s=args.daytona_minute_s, single_process=args.fronts == 1))
+                                                minute_s=args.daytona_minute_s))
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",

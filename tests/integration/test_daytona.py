@@ -13,7 +13,8 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -361,3 +362,51 @@ async def test_interrupts_work_when_the_server_was_started_ignoring_sigint() -> 
     finally:
         await client.close()
         stop_server(deaf.process)
+
+
+async def test_fronts_route_every_call_to_the_front_holding_the_sandbox() -> None:
+    """Under --fronts 2 a sandbox lives in one front; calls that land on the other (a new connection
+    lands on either) are relayed there: control plane, toolbox, the interpreter's websocket, names, lists."""
+    fronts = start_server("--fronts", "2", "--slots", "4", "--preload", "")
+    config = DaytonaConfig(api_key=KEY, api_url=f"{fronts.url}/api")
+
+    async def fresh_client_call(call: Callable[[AsyncDaytona], Awaitable[Any]]) -> Any:
+        client = AsyncDaytona(config)  # its own connections: the kernel spreads them over the fronts
+        try:
+            return await call(client)
+        finally:
+            await client.close()
+
+    try:
+        names = [f"front-{i}-{uuid.uuid4().hex[:6]}" for i in range(16)]
+        created = await asyncio.gather(*(fresh_client_call(
+            lambda c, n=name: c.create(CreateSandboxFromSnapshotParams(name=n, labels={"fronts": "yes"})))
+            for name in names))
+        ids = [box.id for box in created]
+        assert {i.split("-", 1)[0] for i in ids} == {"f0", "f1"}
+
+        async def use(client: AsyncDaytona, name: str) -> tuple[str, str, str]:
+            box = await client.get(name)  # by name: every front is asked
+            ran = await box.code_interpreter.run_code(f"print({name!r})")
+            executed = await box.process.exec("echo shell")
+            return box.id, ran.stdout, executed.result
+        used = await asyncio.gather(*(fresh_client_call(lambda c, n=name: use(c, n)) for name in names))
+        assert used == [(i, f"{n}\n", "shell\n") for i, n in zip(ids, names, strict=True)]
+        listed = await fresh_client_call(lambda c: _collect(c.list(ListSandboxesQuery(labels={"fronts": "yes"},
+                                                                                      limit=5))))
+        assert sorted(s.id for s in listed) == sorted(ids)
+        with pytest.raises(DaytonaConflictError, match="already exists"):
+            await fresh_client_call(lambda c: c.create(CreateSandboxFromSnapshotParams(name=names[0])))
+        await asyncio.gather(*(fresh_client_call(lambda c, i=i: c.get(i)) for i in ids))
+        await asyncio.gather(*(fresh_client_call(lambda c, n=name: _delete(c, n)) for name in names))
+        assert await fresh_client_call(lambda c: _collect(c.list())) == []
+    finally:
+        stop_server(fronts.process)
+
+
+async def _collect(sandboxes: AsyncIterator[Any]) -> list[Any]:
+    return [s async for s in sandboxes]
+
+
+async def _delete(client: AsyncDaytona, name: str) -> None:
+    await (await client.get(name)).delete()

@@ -9,6 +9,7 @@ python session with the guest agent), owned by the key that created it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Optional
 
 from aiohttp import web
 
@@ -22,9 +23,11 @@ from verl_sf.executor import Executor
 DAYTONA_SANDBOXES_KEY = web.AppKey("daytona_sandboxes", DaytonaSandboxes)
 
 
-def install_daytona(app: web.Application, executor: Executor, config: DaytonaConfig) -> None:
-    """Add the Daytona API to the server's app; its sandboxes end when the app stops."""
-    sandboxes = DaytonaSandboxes(executor, config)
+def install_daytona(app: web.Application, executor: Executor, config: DaytonaConfig,
+                    shared: Optional[DaytonaSandboxes] = None) -> None:
+    """Add the Daytona API to the server's app; its sandboxes end when the app stops.  With `shared`
+    (another app's, on the same executor) the app serves those and leaves their lifetime alone."""
+    sandboxes = shared or DaytonaSandboxes(executor, config)
     app[DAYTONA_SANDBOXES_KEY] = sandboxes
     toolbox = Toolbox(sandboxes, config)
     toolbox.add_interpreter(InterpreterSocket(sandboxes.boxes, config).execute)
@@ -36,7 +39,8 @@ def install_daytona(app: web.Application, executor: Executor, config: DaytonaCon
         yield
         await sandboxes.close()
 
-    app.cleanup_ctx.append(lifetime)
+    if shared is None:
+        app.cleanup_ctx.append(lifetime)
 
 
-__all__ = ["DAYTONA_SANDBOXES_KEY", "DaytonaConfig", "install_daytona"]
+__all__ = ["DAYTONA_SANDBOXES_KEY", "DaytonaConfig", "DaytonaSandboxes", "install_daytona"]

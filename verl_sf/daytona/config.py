@@ -23,6 +23,6 @@ class DaytonaConfig:
     """Seconds in a minute of the auto-stop and auto-delete intervals (`--daytona-minute-s`; tests shorten it)."""
     reap_interval_s: float = 0.5
     """How often sandboxes are checked for auto-stop and auto-delete."""
-    single_process: bool = True
-    """False under `--fronts N`: a sandbox lives in one front and the fronts do not route Daytona
-    calls, so creation is refused (501) rather than answered with sandboxes other fronts cannot find."""
+    id_prefix: str = ""
+    """Under `--fronts N`, front i's `f{i}-`: a sandbox id names the front whose executor holds it,
+    and the fronts route every call on an id there (verl_sf/daytona/fronts.py)."""

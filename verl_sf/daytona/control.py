@@ -83,8 +83,6 @@ class ControlPlane:
 
     async def create(self, request: web.Request) -> web.Response:
         key = api_key(request, self.config)
-        if not self.config.single_process:
-            return error(501, "Daytona sandboxes need a single server process: start `verl-sf serve` with --fronts 1")
         body = await json_body(request, CreateSandbox)
         assert isinstance(body, CreateSandbox)
         refused = self._refused(body)

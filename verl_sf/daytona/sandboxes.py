@@ -158,7 +158,7 @@ class DaytonaSandboxes:
     # ---- the control plane -------------------------------------------------------------------
     async def create(self, owner: Owner, spec: Spec) -> DaytonaSandbox:
         """A started sandbox (unnamed: named by its id); nothing is recorded unless its box started."""
-        sandbox_id = str(uuid.uuid4())
+        sandbox_id = f"{self.config.id_prefix}{uuid.uuid4()}"
         spec.name = spec.name or sandbox_id
         if spec.name in self._names.get(owner, set()):
             raise NameTaken(f"Sandbox with name {spec.name} already exists")

@@ -1,0 +1,147 @@
+"""The Daytona API under `verl-sf serve --fronts N`: every call reaches the front that holds its sandbox.
+
+A sandbox lives in the executor of the front that created it, and its id says which (`f{i}-...`).
+A call on an id another front holds is relayed to that front's loopback port (HTTP as it came, the
+interpreter's websocket frame by frame, the `Host` kept so answers name the public URL); a call on
+a sandbox's name asks every front which holds it.  The list merges every front's sandboxes, and a
+new name is checked against every front first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional
+
+import aiohttp
+from aiohttp import WSMsgType, web
+
+from verl_sf.daytona.control import API, LIST_LIMIT, TOOLBOX
+from verl_sf.daytona.wire import error
+
+DAYTONA_PATHS = (f"{API}/sandbox", TOOLBOX)
+FRONT_ID = re.compile(r"^f(\d+)-")
+RELAYED_HEADERS = ("Authorization", "Content-Type", "Host")
+ANSWER_HEADERS = ("Content-Type", "Retry-After")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def route_daytona(request: web.Request, handler: Handler, index: int, peers: list[int],
+                        client: aiohttp.ClientSession) -> web.StreamResponse:
+    parts = request.path.split("/")  # ["", "api", "sandbox" | "toolbox", id-or-name, ...]
+    if len(parts) < 4 or not parts[3]:
+        if request.method == "GET" and request.path == f"{API}/sandbox":
+            return await _list_all(request, peers, client)
+        if request.method == "POST" and request.path == f"{API}/sandbox":
+            taken = await _name_taken(request, peers, client)
+            if taken is not None:
+                return taken
+        return await handler(request)
+    owner = await _owner(request, parts[3], index, peers, client)
+    if owner is None or owner == index:
+        return await handler(request)
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await _relay_websocket(request, peers[owner], client)
+    return await _relay(request, peers[owner], client)
+
+
+async def _owner(request: web.Request, ident: str, index: int, peers: list[int],
+                 client: aiohttp.ClientSession) -> Optional[int]:
+    """The front holding the sandbox `ident` (an id, or a name any front may hold); None: let this one answer."""
+    match = FRONT_ID.match(ident)
+    if match is not None:
+        owner = int(match.group(1))
+        return owner if owner < len(peers) else None
+    answers = await asyncio.gather(*(_get(client, port, f"{API}/sandbox/{ident}", request) for port in peers))
+    found = [front for front, answer in enumerate(answers) if answer is not None]
+    return found[0] if found else None
+
+
+async def _get(client: aiohttp.ClientSession, port: int, path: str, request: web.Request,
+               params: Optional[dict[str, str]] = None) -> Optional[Any]:
+    """A front's JSON answer to GET `path` with the caller's key; None unless it is a 200."""
+    headers = {name: request.headers[name] for name in ("Authorization",) if name in request.headers}
+    try:
+        async with client.get(f"http://127.0.0.1:{port}{path}", headers=headers, params=params,
+                              timeout=aiohttp.ClientTimeout(total=30)) as answer:
+            return await answer.json() if answer.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def _list_all(request: web.Request, peers: list[int], client: aiohttp.ClientSession) -> web.Response:
+    """GET /api/sandbox over every front: their sandboxes merged in creation order, then paged here."""
+    start = request.query.get("cursor") or "0"
+    limit = request.query.get("limit") or str(LIST_LIMIT)
+    if not start.isdigit() or not limit.isdigit() or int(limit) < 1:
+        return error(400, "cursor, limit: a cursor this server gave, and a positive integer")
+    params = {k: v for k, v in request.query.items() if k not in ("cursor", "limit")}
+    answers = await asyncio.gather(*(_get(client, port, f"{API}/sandbox", request,
+                                          {**params, "limit": "1000000"}) for port in peers))
+    if any(answer is None for answer in answers):
+        return error(503, "a front of this server did not answer the list")
+    items = sorted((item for answer in answers if answer is not None for item in answer["items"]),
+                   key=lambda item: item["createdAt"])
+    offset, count = int(start), int(limit)
+    next_cursor = str(offset + count) if offset + count < len(items) else None
+    return web.json_response({"items": items[offset:offset + count], "nextCursor": next_cursor})
+
+
+async def _name_taken(request: web.Request, peers: list[int], client: aiohttp.ClientSession
+                      ) -> Optional[web.Response]:
+    """409 when another front already holds a sandbox of this key by the name a creation asks for."""
+    try:
+        name = json.loads(await request.read()).get("name")
+    except (ValueError, AttributeError):
+        return None  # the handler names the problem
+    if not isinstance(name, str) or not name:
+        return None
+    answers = await asyncio.gather(*(_get(client, port, f"{API}/sandbox/{name}", request) for port in peers))
+    if any(answer is not None for answer in answers):
+        return error(409, f"Sandbox with name {name} already exists")
+    return None
+
+
+async def _relay(request: web.Request, port: int, client: aiohttp.ClientSession) -> web.Response:
+    headers = {name: request.headers[name] for name in RELAYED_HEADERS if name in request.headers}
+    body = await request.read()
+    async with client.request(request.method, f"http://127.0.0.1:{port}{request.path_qs}", data=body or None,
+                              headers=headers) as answer:
+        return web.Response(body=await answer.read(), status=answer.status,
+                            headers={name: answer.headers[name] for name in ANSWER_HEADERS if name in answer.headers})
+
+
+async def _relay_websocket(request: web.Request, port: int, client: aiohttp.ClientSession) -> web.WebSocketResponse:
+    """The interpreter's websocket, frame by frame both ways; the owner's close (code, reason) is passed on."""
+    ours = web.WebSocketResponse()
+    await ours.prepare(request)
+    headers = {name: request.headers[name] for name in ("Authorization", "Host") if name in request.headers}
+    async with client.ws_connect(f"http://127.0.0.1:{port}{request.path_qs}", headers=headers) as theirs:
+        upstream = asyncio.ensure_future(_pump(ours, theirs))
+        try:
+            code, reason = 1000, b""
+            while True:
+                message = await theirs.receive()
+                if message.type == WSMsgType.TEXT:
+                    await ours.send_str(message.data)
+                elif message.type == WSMsgType.BINARY:
+                    await ours.send_bytes(message.data)
+                else:
+                    if message.type == WSMsgType.CLOSE:
+                        code, reason = message.data, (message.extra or "").encode()
+                    break
+            await ours.close(code=code, message=reason)
+        finally:  # our client left (or this handler was cancelled): the owner sees its client leave
+            upstream.cancel()
+    return ours
+
+
+async def _pump(ours: web.WebSocketResponse, theirs: aiohttp.ClientWebSocketResponse[bool]) -> None:
+    async for message in ours:
+        if message.type == WSMsgType.TEXT:
+            await theirs.send_str(message.data)
+        elif message.type == WSMsgType.BINARY:
+            await theirs.send_bytes(message.data)
+    await theirs.close()
