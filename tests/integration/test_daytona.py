@@ -410,3 +410,29 @@ async def _collect(sandboxes: AsyncIterator[Any]) -> list[Any]:
 
 async def _delete(client: AsyncDaytona, name: str) -> None:
     await (await client.get(name)).delete()
+
+
+async def test_sandboxes_see_nothing_of_each_other_nor_of_the_server(daytona: AsyncDaytona) -> None:
+    first, second = await asyncio.gather(daytona.create(), daytona.create())
+    try:
+        await first.fs.upload_file(b"first's secret", "secret.txt")
+        await first.process.create_session("bg")
+        await first.process.execute_session_command("bg", SessionExecuteRequest(command="sleep 30", run_async=True))
+        own = await first.process.exec("ps -eo args | grep -c '[s]leep 30'")
+        assert int(own.result) >= 1  # the check below can see a sleeper
+        home = await second.get_user_home_dir()
+        with pytest.raises(DaytonaNotFoundError):
+            await second.fs.download_file(f"{home}/secret.txt")  # the same path is its own, empty home
+        seen = await second.process.exec("ls /proc | grep -c '^[0-9]'; ps -eo args | grep -c '[s]leep 30'")
+        processes, sleepers = (int(n) for n in seen.result.split())
+        assert processes < 10 and sleepers == 0  # its own few processes, none of the other sandbox's
+        env = await second.code_interpreter.run_code("import os\nprint(sorted(os.environ))")
+        assert "DAYTONA_API_KEY" not in env.stdout and "VERL_SF" not in env.stdout
+        with pytest.raises(DaytonaError):
+            await second.fs.download_file("/proc/1/environ")
+        network = await second.code_interpreter.run_code(
+            "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 1), timeout=2)\nexcept OSError as e:\n"
+            "    print(type(e).__name__)")
+        assert network.stdout.strip() in ("PermissionError", "ConnectionRefusedError", "OSError")
+    finally:
+        await asyncio.gather(first.delete(), second.delete())
