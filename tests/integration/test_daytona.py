@@ -167,9 +167,16 @@ async def test_exec_code_run_and_process_sessions(sandbox: AsyncSandbox) -> None
     assert logs.stdout == "late\n"
     session = await sandbox.process.get_session("shell")
     assert [c.exit_code for c in session.commands] == [0, 2]
+    await sandbox.process.execute_session_command(
+        "shell", SessionExecuteRequest(command="sleep 60; touch never", run_async=True))
+
+    async def sleeping() -> bool:
+        return (await sandbox.process.exec("ps -eo args | grep -c '[s]leep 60'")).result != "0\n"
+    await wait_until_async(sleeping, 20, "the long command to start")
     await sandbox.process.delete_session("shell")
     with pytest.raises(DaytonaNotFoundError):
         await sandbox.process.get_session("shell")
+    assert (await sandbox.process.exec("ps -eo args | grep -c '[s]leep 60'")).result == "0\n"
 
 
 async def test_files_and_one_home_for_code_commands_and_files(sandbox: AsyncSandbox) -> None:

@@ -56,6 +56,7 @@ class Command:
     id: str
     command: str
     exit_code: Optional[int] = None
+    pid: Optional[int] = None  # its process group in the box, once started
     stdout: bytearray = dataclasses.field(default_factory=bytearray)
     stderr: bytearray = dataclasses.field(default_factory=bytearray)
     task: Optional[asyncio.Task[None]] = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import json
 import secrets
@@ -255,10 +256,13 @@ class Toolbox:
 
     async def delete_session(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
         shell = self._shell(request, sandbox)
-        for command in shell.commands.values():
-            if command.task is not None:
-                command.task.cancel()
         del sandbox.shells[shell.id]
+        for command in shell.commands.values():  # what still runs goes with its session, as in Daytona
+            if command.task is not None and not command.task.done():
+                command.task.cancel()
+                if command.pid is not None:
+                    with contextlib.suppress(GuestError):
+                        await self.boxes.call(box, "proc_signal", {"pid": command.pid, "number": 9})
         return web.Response(status=204)
 
     async def session_execute(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
@@ -282,6 +286,7 @@ class Toolbox:
         deadline = self._deadline(None)
         try:
             async for result in self.boxes.command(box, start, self.config.command_poll_s, deadline):
+                command.pid = command.pid or result.get("pid")
                 command.stdout += base64.b64decode(result.get("stdout") or "")
                 command.stderr += base64.b64decode(result.get("stderr") or "")
                 if "end" in result:
