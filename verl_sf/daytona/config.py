@@ -10,9 +10,9 @@ from typing import Optional
 class DaytonaConfig:
     api_key: Optional[str] = None
     """The key every call must carry (`Authorization: Bearer`); None: any non-empty key, each its own tenant."""
-    max_sandboxes: int = 256
+    max_sandboxes: int = 512
     """Started sandboxes at once (each is one session, counted in the executor's max_sessions too);
-    past it, creation answers 503 with Retry-After."""
+    past it, creation answers 503 with Retry-After.  The TRL guide's pool is 500."""
     auto_stop_min: int = 15
     """Minutes without activity after which a sandbox stops, when its creation names none (Daytona's)."""
     run_timeout_s: float = 600.0
