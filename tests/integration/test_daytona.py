@@ -156,6 +156,11 @@ async def test_exec_code_run_and_process_sessions(sandbox: AsyncSandbox) -> None
     done = await sandbox.process.execute_session_command(
         "shell", SessionExecuteRequest(command="echo one; echo two >&2", run_async=False))
     assert done.exit_code == 0 and done.stdout == "one\n" and done.stderr == "two\n"
+    await sandbox.process.execute_session_command(  # a session is one shell: where it is and what it exports
+        "shell", SessionExecuteRequest(command="mkdir -p sub && cd sub && export GREETING='hi there'"))
+    carried = await sandbox.process.execute_session_command(
+        "shell", SessionExecuteRequest(command='basename "$PWD"; echo "$GREETING"'))
+    assert carried.stdout == "sub\nhi there\n"
     background = await sandbox.process.execute_session_command(
         "shell", SessionExecuteRequest(command="sleep 0.5; echo late; exit 2", run_async=True))
 
@@ -166,7 +171,7 @@ async def test_exec_code_run_and_process_sessions(sandbox: AsyncSandbox) -> None
     logs = await sandbox.process.get_session_command_logs("shell", background.cmd_id)
     assert logs.stdout == "late\n"
     session = await sandbox.process.get_session("shell")
-    assert [c.exit_code for c in session.commands] == [0, 2]
+    assert [c.exit_code for c in session.commands] == [0, 0, 0, 2]
     await sandbox.process.execute_session_command(
         "shell", SessionExecuteRequest(command="sleep 60; touch never", run_async=True))
 

@@ -64,10 +64,12 @@ class Command:
 
 @dataclasses.dataclass
 class Shell:
-    """A process session of the toolbox: its commands, in order."""
+    """A process session of the toolbox: its commands, in order, and where the shell's state (its
+    working directory and exported variables) is kept between them, inside the sandbox."""
 
     id: str
     commands: dict[str, Command] = dataclasses.field(default_factory=dict)
+    state_dir: str = dataclasses.field(default_factory=lambda: f"/tmp/.verl-sf-shell-{uuid.uuid4().hex}")
 
 
 @dataclasses.dataclass

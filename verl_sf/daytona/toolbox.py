@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import json
 import secrets
+import shlex
 import stat
 import time
 import urllib.parse
@@ -94,6 +95,16 @@ def disposition(name: str, path: str) -> str:
         return f"form-data; name=\"{name}\"; filename*=utf-8''{urllib.parse.quote(path, safe='')}"
     escaped = path.replace("\\", "\\\\").replace('"', '\\"')
     return f'form-data; name="{name}"; filename="{escaped}"'
+
+
+def shell_script(command: str, state_dir: str) -> str:
+    """`command` as the next one of a session's shell: in the directory, with the exported variables,
+    the previous command left (kept in `state_dir`), and leaving its own for the next."""
+    state = shlex.quote(state_dir)
+    return (f"mkdir -p {state} && cd \"$(cat {state}/cwd 2>/dev/null || pwd)\" 2>/dev/null; "
+            f"[ -f {state}/env ] && . {state}/env\n"
+            f"{command}\n"
+            f"__verl_sf_status=$?; pwd > {state}/cwd; export -p > {state}/env; exit $__verl_sf_status")
 
 
 def _query(request: web.Request, name: str) -> str:
@@ -257,6 +268,8 @@ class Toolbox:
     async def delete_session(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
         shell = self._shell(request, sandbox)
         del sandbox.shells[shell.id]
+        with contextlib.suppress(GuestError):
+            await self.boxes.call(box, "fs_remove", {"path": shell.state_dir})
         for command in shell.commands.values():  # what still runs goes with its session, as in Daytona
             if command.task is not None and not command.task.done():
                 command.task.cancel()
@@ -271,7 +284,7 @@ class Toolbox:
         assert isinstance(body, SessionExecuteRequest)
         command = Command(id=str(uuid.uuid4()), command=body.command)
         shell.commands[command.id] = command
-        done = asyncio.ensure_future(self._follow(box, command))
+        done = asyncio.ensure_future(self._follow(box, command, shell))
         if body.run_async or body.async_:
             command.task = done
             return web.json_response({"cmdId": command.id}, status=202)
@@ -280,9 +293,9 @@ class Toolbox:
         return web.json_response({"cmdId": command.id, "exitCode": command.exit_code, "output": stdout + stderr,
                                   "stdout": stdout, "stderr": stderr})
 
-    async def _follow(self, box: Box, command: Command) -> None:
+    async def _follow(self, box: Box, command: Command, shell: Shell) -> None:
         """Run a session's command, keeping its output as it comes (its logs can be read meanwhile)."""
-        start = {"cmd": SHELL, "args": ["-c", command.command], "envs": {}, "cwd": ""}
+        start = {"cmd": SHELL, "args": ["-c", shell_script(command.command, shell.state_dir)], "envs": {}, "cwd": ""}
         deadline = self._deadline(None)
         try:
             async for result in self.boxes.command(box, start, self.config.command_poll_s, deadline):
