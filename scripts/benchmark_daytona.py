@@ -32,6 +32,7 @@ import aiohttp
 
 from bench.runner import percentile
 from bench.scenarios import SCENARIOS, Scenario
+from bench.server import served
 
 GUIDE_SCENARIOS = ("simple_stdout", "cpu_bound_stdout", "runtime_error")
 Call = Callable[[int, Scenario], Awaitable[bool]]  # (virtual client, scenario) -> success
@@ -151,19 +152,8 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    process = None
-    url = args.url
-    if url is None:
-        from verl_sf.server.process import start_server_process
-
-        process, url = start_server_process(*args.server_arg)
-    try:
-        measured = asyncio.run(run(args, url.rstrip("/")))
-    finally:
-        if process is not None:
-            from verl_sf.server.process import stop_server_process
-
-            stop_server_process(process)
+    with served(args.url, args.server_arg) as (url, _):
+        measured = asyncio.run(run(args, url))
     if args.output:
         with open(args.output, "w") as fh:
             json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
