@@ -22,13 +22,16 @@ import requests
 from daytona import (
     AsyncDaytona,
     AsyncSandbox,
+    CreateSandboxFromImageParams,
     CreateSandboxFromSnapshotParams,
     DaytonaConfig,
     DaytonaError,
     DaytonaNotFoundError,
     DaytonaTimeoutError,
     FileUpload,
+    Image,
     ListSandboxesQuery,
+    Resources,
     SessionExecuteRequest,
 )
 from daytona.common.errors import DaytonaConflictError
@@ -89,6 +92,21 @@ async def test_create_reports_a_started_sandbox_and_the_control_plane_finds_it(d
         await box.delete()
     with pytest.raises(DaytonaNotFoundError, match=f"Sandbox with ID or name {box.id} not found"):
         await daytona.get(box.id)
+
+
+async def test_image_params_give_the_servers_runtime_with_the_images_environment(daytona: AsyncDaytona) -> None:
+    image = Image.base("python:3.12-slim").env({"FROM_IMAGE": "a b", "OVERRIDDEN": "image"})
+    box = await daytona.create(CreateSandboxFromImageParams(image=image, env_vars={"OVERRIDDEN": "params"},
+                                                            resources=Resources(cpu=2, memory=4, disk=8)))
+    try:
+        assert (box.cpu, box.memory, box.disk) == (2, 4, 8)
+        shown = await box.code_interpreter.run_code("import os\nprint(os.environ['FROM_IMAGE'], os.environ['OVERRIDDEN'])")
+        assert shown.stdout == "a b params\n"
+    finally:
+        await box.delete()
+    with pytest.raises(DaytonaError, match="RUN") as refused:  # a step nothing here would run
+        await daytona.create(CreateSandboxFromImageParams(image=Image.debian_slim("3.12").pip_install(["numpy"])))
+    assert refused.value.status_code == 422 and "buildInfo" in str(refused.value)
 
 
 async def test_list_pages_with_a_cursor(daytona: AsyncDaytona) -> None:
@@ -319,7 +337,7 @@ def test_bad_input_names_the_field(server: ServerHandle) -> None:
     not_json = requests.post(url, data=b"{nope", headers={**headers, "Content-Type": "application/json"}, timeout=10)
     assert not_json.status_code == 400 and "not JSON" in not_json.json()["message"]
     for body, field in (({"labels": ["a"]}, "labels"), ({"cpu": "two"}, "cpu"), ({"autoStopInterval": -3},
-                        "autoStopInterval"), ({"env": {"A": 1}}, "env.A"), ({"buildInfo": {"dockerfileContent": "x"}},
+                        "autoStopInterval"), ({"env": {"A": 1}}, "env.A"), ({"buildInfo": {"dockerfileContent": "RUN x"}},
                                                                              "buildInfo")):
         answer = requests.post(url, json=body, headers=headers, timeout=10)
         assert answer.status_code == 422 and answer.json()["message"].startswith(field), (body, answer.text)

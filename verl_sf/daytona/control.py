@@ -4,6 +4,7 @@ delete, start, stop, labels, auto-stop and auto-delete intervals, the toolbox's 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any, Optional
 
 from aiohttp import web
@@ -50,6 +51,38 @@ def find(request: web.Request, sandboxes: DaytonaSandboxes, config: DaytonaConfi
         raise http_error(404, str(exc)) from None
 
 
+def image_environment(build_info: Optional[dict[str, Any]]) -> dict[str, str]:
+    """The environment an image to build (`CreateSandboxFromImageParams`) asks for.  Nothing is built:
+    the server's runtime stands in for any base (FROM), ENV is honoured, and any other step is refused
+    (ValueError naming it) rather than silently skipped."""
+    if not build_info:
+        return {}
+    if build_info.get("contextHashes"):
+        raise ValueError("files for the image (contextHashes) cannot be used: nothing is built here")
+    dockerfile = build_info.get("dockerfileContent") or ""
+    if not isinstance(dockerfile, str):
+        raise ValueError("must be a string")
+    env: dict[str, str] = {}
+    for number, line in enumerate(dockerfile.splitlines(), 1):
+        instruction, _, rest = line.strip().partition(" ")
+        if not instruction or instruction.startswith("#") or instruction.upper() in ("FROM", "LABEL", "ARG"):
+            continue
+        if instruction.upper() != "ENV":
+            raise ValueError(f"line {number} ({line.strip()[:60]!r}): verl-sf builds no images; only FROM (the "
+                             f"server's runtime stands in for it) and ENV are honoured")
+        try:
+            words = shlex.split(rest)
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
+        if words and "=" not in words[0]:  # the legacy form, `ENV KEY a value`
+            env[words[0]] = " ".join(words[1:])
+        else:
+            for word in words:
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
 def toolbox_url(request: web.Request) -> str:
     return f"{request.url.origin()}{TOOLBOX}"
 
@@ -88,9 +121,14 @@ class ControlPlane:
         refused = self._refused(body)
         if refused is not None:
             return refused
+        try:
+            image_env = image_environment(body.build_info)
+        except ValueError as exc:
+            return error(422, f"buildInfo.dockerfileContent: {exc}")
         executor = self.sandboxes.boxes.executor.config
         auto_stop = self.config.auto_stop_min if body.auto_stop_interval is None else body.auto_stop_interval
-        spec = Spec(name=body.name or "", labels=dict(body.labels), env=dict(body.env), snapshot=body.snapshot,
+        spec = Spec(name=body.name or "", labels=dict(body.labels), env={**image_env, **body.env},
+                    snapshot=body.snapshot,
                     user=body.user or DEFAULT_USER, public=body.public, cpu=body.cpu or 1, gpu=body.gpu or 0,
                     memory=body.memory or gib(executor.default_memory_mb),
                     disk=body.disk or gib(executor.workdir_size_mb), auto_stop_min=auto_stop,
@@ -110,9 +148,6 @@ class ControlPlane:
         language = body.labels.get(LANGUAGE_LABEL, "python")
         if language not in LANGUAGES:
             return error(422, f"labels.{LANGUAGE_LABEL}: {language!r} is not one of {', '.join(LANGUAGES)}")
-        if body.build_info is not None:
-            return error(422, "buildInfo: building images is not implemented by verl-sf; every sandbox runs the "
-                              "server's own runtime (create from the default snapshot)")
         if body.volumes:
             return error(422, "volumes: volumes are not implemented by verl-sf")
         if body.auto_pause_interval:
