@@ -13,18 +13,17 @@ import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Optional
+from typing import Optional
 
 import aiohttp
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from verl_sf.daytona.control import API, LIST_LIMIT, TOOLBOX
 from verl_sf.daytona.wire import error
+from verl_sf.server.relay import peer_json, relay
 
 DAYTONA_PATHS = (f"{API}/sandbox", TOOLBOX)
-FRONT_ID = re.compile(r"^f(\d+)-")
-RELAYED_HEADERS = ("Authorization", "Content-Type", "Host")
-ANSWER_HEADERS = ("Content-Type", "Retry-After")
+FRONT_ID = re.compile(r"^f(\d+)-")  # the front an id names (server.fronts.front_session_id)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -42,9 +41,7 @@ async def route_daytona(request: web.Request, handler: Handler, index: int, peer
     owner = await _owner(request, parts[3], index, peers, client)
     if owner is None or owner == index:
         return await handler(request)
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await _relay_websocket(request, peers[owner], client)
-    return await _relay(request, peers[owner], client)
+    return await relay(request, peers[owner], client)
 
 
 async def _owner(request: web.Request, ident: str, index: int, peers: list[int],
@@ -54,21 +51,9 @@ async def _owner(request: web.Request, ident: str, index: int, peers: list[int],
     if match is not None:
         owner = int(match.group(1))
         return owner if owner < len(peers) else None
-    answers = await asyncio.gather(*(_get(client, port, f"{API}/sandbox/{ident}", request) for port in peers))
-    found = [front for front, answer in enumerate(answers) if answer is not None]
+    answers = await asyncio.gather(*(peer_json(client, port, request, f"{API}/sandbox/{ident}") for port in peers))
+    found = [front for front, (answer, _) in enumerate(answers) if answer is not None]
     return found[0] if found else None
-
-
-async def _get(client: aiohttp.ClientSession, port: int, path: str, request: web.Request,
-               params: Optional[dict[str, str]] = None) -> Optional[Any]:
-    """A front's JSON answer to GET `path` with the caller's key; None unless it is a 200."""
-    headers = {name: request.headers[name] for name in ("Authorization",) if name in request.headers}
-    try:
-        async with client.get(f"http://127.0.0.1:{port}{path}", headers=headers, params=params,
-                              timeout=aiohttp.ClientTimeout(total=30)) as answer:
-            return await answer.json() if answer.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
 
 
 async def _list_all(request: web.Request, peers: list[int], client: aiohttp.ClientSession) -> web.Response:
@@ -78,11 +63,11 @@ async def _list_all(request: web.Request, peers: list[int], client: aiohttp.Clie
     if not start.isdigit() or not limit.isdigit() or int(limit) < 1:
         return error(400, "cursor, limit: a cursor this server gave, and a positive integer")
     params = {k: v for k, v in request.query.items() if k not in ("cursor", "limit")}
-    answers = await asyncio.gather(*(_get(client, port, f"{API}/sandbox", request,
-                                          {**params, "limit": "1000000"}) for port in peers))
-    if any(answer is None for answer in answers):
+    answers = await asyncio.gather(*(peer_json(client, port, request, f"{API}/sandbox",
+                                               {**params, "limit": "1000000"}) for port in peers))
+    if any(answer is None for answer, _ in answers):
         return error(503, "a front of this server did not answer the list")
-    items = sorted((item for answer in answers if answer is not None for item in answer["items"]),
+    items = sorted((item for answer, _ in answers if answer is not None for item in answer["items"]),
                    key=lambda item: item["createdAt"])
     offset, count = int(start), int(limit)
     next_cursor = str(offset + count) if offset + count < len(items) else None
@@ -98,50 +83,7 @@ async def _name_taken(request: web.Request, peers: list[int], client: aiohttp.Cl
         return None  # the handler names the problem
     if not isinstance(name, str) or not name:
         return None
-    answers = await asyncio.gather(*(_get(client, port, f"{API}/sandbox/{name}", request) for port in peers))
-    if any(answer is not None for answer in answers):
+    answers = await asyncio.gather(*(peer_json(client, port, request, f"{API}/sandbox/{name}") for port in peers))
+    if any(answer is not None for answer, _ in answers):
         return error(409, f"Sandbox with name {name} already exists")
     return None
-
-
-async def _relay(request: web.Request, port: int, client: aiohttp.ClientSession) -> web.Response:
-    headers = {name: request.headers[name] for name in RELAYED_HEADERS if name in request.headers}
-    body = await request.read()
-    async with client.request(request.method, f"http://127.0.0.1:{port}{request.path_qs}", data=body or None,
-                              headers=headers) as answer:
-        return web.Response(body=await answer.read(), status=answer.status,
-                            headers={name: answer.headers[name] for name in ANSWER_HEADERS if name in answer.headers})
-
-
-async def _relay_websocket(request: web.Request, port: int, client: aiohttp.ClientSession) -> web.WebSocketResponse:
-    """The interpreter's websocket, frame by frame both ways; the owner's close (code, reason) is passed on."""
-    ours = web.WebSocketResponse()
-    await ours.prepare(request)
-    headers = {name: request.headers[name] for name in ("Authorization", "Host") if name in request.headers}
-    async with client.ws_connect(f"http://127.0.0.1:{port}{request.path_qs}", headers=headers) as theirs:
-        upstream = asyncio.ensure_future(_pump(ours, theirs))
-        try:
-            code, reason = 1000, b""
-            while True:
-                message = await theirs.receive()
-                if message.type == WSMsgType.TEXT:
-                    await ours.send_str(message.data)
-                elif message.type == WSMsgType.BINARY:
-                    await ours.send_bytes(message.data)
-                else:
-                    if message.type == WSMsgType.CLOSE:
-                        code, reason = message.data, (message.extra or "").encode()
-                    break
-            await ours.close(code=code, message=reason)
-        finally:  # our client left (or this handler was cancelled): the owner sees its client leave
-            upstream.cancel()
-    return ours
-
-
-async def _pump(ours: web.WebSocketResponse, theirs: aiohttp.ClientWebSocketResponse[bool]) -> None:
-    async for message in ours:
-        if message.type == WSMsgType.TEXT:
-            await theirs.send_str(message.data)
-        elif message.type == WSMsgType.BINARY:
-            await theirs.send_bytes(message.data)
-    await theirs.close()
