@@ -105,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
-    e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes, single_process=args.fronts == 1)
+    e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
                           max_connections=args.max_connections, executor=executor, verl_tool=verl_tool, e2b=e2b,

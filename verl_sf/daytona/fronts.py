@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Awaitable, Callable
 from typing import Optional
 
@@ -20,10 +19,9 @@ from aiohttp import web
 
 from verl_sf.daytona.control import API, LIST_LIMIT, TOOLBOX
 from verl_sf.daytona.wire import error
-from verl_sf.server.relay import peer_json, relay
+from verl_sf.server.relay import FRONT_ID, front_of, peer_json, relay
 
 DAYTONA_PATHS = (f"{API}/sandbox", TOOLBOX)
-FRONT_ID = re.compile(r"^f(\d+)-")  # the front an id names (server.fronts.front_session_id)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -47,10 +45,8 @@ async def route_daytona(request: web.Request, handler: Handler, index: int, peer
 async def _owner(request: web.Request, ident: str, index: int, peers: list[int],
                  client: aiohttp.ClientSession) -> Optional[int]:
     """The front holding the sandbox `ident` (an id, or a name any front may hold); None: let this one answer."""
-    match = FRONT_ID.match(ident)
-    if match is not None:
-        owner = int(match.group(1))
-        return owner if owner < len(peers) else None
+    if FRONT_ID.match(ident) is not None:
+        return front_of(ident, len(peers))
     answers = await asyncio.gather(*(peer_json(client, port, request, f"{API}/sandbox/{ident}") for port in peers))
     found = [front for front, (answer, _) in enumerate(answers) if answer is not None]
     return found[0] if found else None

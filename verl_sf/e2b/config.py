@@ -21,6 +21,6 @@ class E2BConfig:
     """How long one poll of a running command holds the sandbox (other calls wait at most this)."""
     reap_interval_s: float = 0.5
     """How often sandboxes past their timeout are looked for."""
-    single_process: bool = True
-    """False under `--fronts N`: a sandbox lives in one front and the fronts do not route E2B calls,
-    so creation is refused (501) rather than answered with sandboxes other fronts cannot find."""
+    id_prefix: str = ""
+    """Under `--fronts N`, front i's `f{i}-`: a sandbox id names the front whose executor holds it,
+    and the fronts route every call on an id there (verl_sf/e2b/fronts.py)."""

@@ -109,8 +109,6 @@ class ControlPlane:
         refused = self._authorized(request)
         if refused:
             return refused
-        if not self.config.single_process:
-            return error(501, "E2B sandboxes need a single server process: start `verl-sf serve` with --fronts 1")
         body = await self._body(request, NewSandbox)
         if isinstance(body, web.Response):
             return body

@@ -164,7 +164,7 @@ class Sandboxes:
                                    f"kill some or wait for their timeout")
         info = await self.executor.create_session(SessionCreateRequest(language="python", idle_ttl_s=MAX_TIMEOUT_S))
         now = time.time()
-        sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id,
+        sandbox = Sandbox(id=f"{self.config.id_prefix}i{secrets.token_hex(10)}", session_id=info.session_id,
                           access_token=secrets.token_urlsafe(24), template_id=template_id, metadata=metadata,
                           started_at=now, end_at=now + timeout_s, default_context=secrets.token_hex(16))
         sandbox.contexts[sandbox.default_context] = Context(sandbox.default_context, "python", "/home/user")

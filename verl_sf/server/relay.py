@@ -8,10 +8,20 @@ streams), a websocket is relayed frame by frame both ways with the owner's close
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, Optional
 
 import aiohttp
 from aiohttp import WSMsgType, web
+
+FRONT_ID = re.compile(r"^f(\d+)-")  # an id a front gave out (server.fronts.front_session_id)
+
+
+def front_of(ident: str, fronts: int) -> Optional[int]:
+    """The front an id names; None for an id no front of this server gave out."""
+    match = FRONT_ID.match(ident)
+    return int(match.group(1)) if match is not None and int(match.group(1)) < fronts else None
+
 
 HOP_BY_HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
