@@ -160,6 +160,15 @@ async def test_run_code_timeout_is_the_sdks_timeout_error_and_the_sandbox_lives_
     assert again.stdout == "7\n" and again.error is None
 
 
+@pytest.mark.skipif(SDK_VERSION < (0, 200), reason="update_env is not in this SDK release")
+async def test_update_env_reaches_later_commands_and_runs(sandbox: AsyncSandbox) -> None:
+    await sandbox.update_env({"SHARED": "one", "GOES": "x"})
+    assert (await sandbox.process.exec("echo $SHARED $GOES")).result == "one x\n"
+    await sandbox.update_env({"SHARED": "two"}, unset=["GOES"])
+    seen = await sandbox.code_interpreter.run_code("import os\nprint(os.environ['SHARED'], 'GOES' in os.environ)")
+    assert seen.stdout == "two False\n"
+
+
 async def test_exec_code_run_and_process_sessions(sandbox: AsyncSandbox) -> None:
     executed = await sandbox.process.exec("echo out; echo err >&2; exit 3", env={"X": "1"})
     assert executed.exit_code == 3 and "out\n" in executed.result and "err\n" in executed.result

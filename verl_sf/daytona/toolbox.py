@@ -74,6 +74,12 @@ class DownloadRequest(Body):
     paths: list[StrictStr] = Field(min_length=1)
 
 
+class UpdateEnvRequest(Body):
+    set: Optional[dict[StrictStr, StrictStr]] = None
+    unset: Optional[list[StrictStr]] = None
+    unset_value_prefix: Optional[StrictStr] = Field(default=None, alias="unsetValuePrefix")
+
+
 class CreateContextRequest(Body):
     cwd: Optional[StrictStr] = None
     language: Optional[StrictStr] = None
@@ -140,7 +146,7 @@ class Toolbox:
             ("GET", "/files/info", self.file_info), ("POST", "/files/folder", self.create_folder),
             ("POST", "/files/move", self.move), ("POST", "/files/permissions", self.permissions),
             ("POST", "/files/bulk-upload", self.upload), ("POST", "/files/bulk-download", self.bulk_download),
-            ("GET", "/files/download", self.download),
+            ("GET", "/files/download", self.download), ("POST", "/env", self.update_env),
             ("POST", "/process/interpreter/context", self.create_context),
             ("GET", "/process/interpreter/context", self.list_contexts),
             ("DELETE", "/process/interpreter/context/{context}", self.delete_context),
@@ -413,6 +419,15 @@ class Toolbox:
             writer.append(content, {"Content-Type": "application/octet-stream",
                                     "Content-Disposition": disposition("file", path)})
         return web.Response(body=writer, headers={"Content-Type": f"multipart/form-data; boundary={writer.boundary}"})
+
+    # ---- the environment ---------------------------------------------------------------------
+    async def update_env(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
+        """`sandbox.update_env`: what later commands, sessions and runs see (the sandbox's box keeps it)."""
+        body = await json_body(request, UpdateEnvRequest)
+        assert isinstance(body, UpdateEnvRequest)
+        await self.boxes.call(box, "env_update", {"values": body.set or {}, "unset": body.unset or [],
+                                                  "unset_value_prefix": body.unset_value_prefix or ""})
+        return web.json_response({})
 
     # ---- interpreter contexts ----------------------------------------------------------------
     @staticmethod

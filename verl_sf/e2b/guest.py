@@ -285,6 +285,20 @@ def _process(pid):
     return process
 
 
+# ---- the environment ---------------------------------------------------------------------------
+def env_update(values, unset, unset_value_prefix):
+    """The sandbox-wide environment, which later commands and runs inherit: `unset` names (and, with a
+    prefix, the variables whose value starts with it, but for those `values` sets) go, then `values`."""
+    for key in unset:
+        os.environ.pop(key, None)
+    if unset_value_prefix:
+        for key, value in list(os.environ.items()):
+            if value.startswith(unset_value_prefix) and key not in values:
+                del os.environ[key]
+    os.environ.update(values)
+    return None
+
+
 # ---- code contexts -----------------------------------------------------------------------------
 def ctx_create(context_id, cwd):
     directory = local_path(cwd)
@@ -376,7 +390,7 @@ OPERATIONS: dict[str, Any] = {
     "fs_stat": fs_stat, "fs_list": fs_list, "fs_make_dir": fs_make_dir, "fs_move": fs_move, "fs_remove": fs_remove,
     "fs_chmod": fs_chmod, "fs_write": fs_write, "fs_read": fs_read, "proc_start": proc_start, "proc_poll": proc_poll,
     "proc_signal": proc_signal, "proc_list": proc_list, "ctx_create": ctx_create, "ctx_restart": ctx_restart,
-    "ctx_remove": ctx_remove,
+    "ctx_remove": ctx_remove, "env_update": env_update,
 }
 ERRNO_CODES = {"ENOENT": "not_found", "EEXIST": "already_exists", "ENOTDIR": "invalid_argument",
                "EISDIR": "invalid_argument", "ENOTEMPTY": "invalid_argument", "EACCES": "permission_denied",
