@@ -30,6 +30,7 @@ from typing import Any, Optional
 import aiohttp
 
 from bench.memory import process_kb
+from bench.server import served
 from bench.session_memory import WHO_AM_I, _session_pids
 
 CODE = "print(sum(i * i for i in range(1000)))"
@@ -145,20 +146,9 @@ async def run(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    process = None
-    url = args.url
-    if url is None:
-        from verl_sf.server.process import start_server_process
-
-        env = {**os.environ, "PYTHONPATH": os.path.abspath(args.checkout)} if args.checkout else None
-        process, url = start_server_process(*args.server_arg, env=env)
-    try:
-        measured = asyncio.run(run(args, url.rstrip("/"), process.pid if process is not None else None))
-    finally:
-        if process is not None:
-            from verl_sf.server.process import stop_server_process
-
-            stop_server_process(process)
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(args.checkout)} if args.checkout else None
+    with served(args.url, args.server_arg, env) as (url, server_pid):
+        measured = asyncio.run(run(args, url, server_pid))
     if args.output:
         with open(args.output, "w") as fh:
             json.dump({"code": CODE, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

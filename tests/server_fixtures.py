@@ -46,6 +46,30 @@ def stop_server(proc: subprocess.Popen) -> None:
     stop_server_process(proc)
 
 
+def daytona_env(key: str) -> Callable[[str], dict[str, str]]:
+    """What a `daytona` SDK user sets to reach a server: its /api, and a key."""
+    return lambda url: {"DAYTONA_API_URL": f"{url}/api", "DAYTONA_API_KEY": key}
+
+
+@contextlib.contextmanager
+def server_for_sdk(client_env: Callable[[str], dict[str, str]], *extra_args: str) -> Iterator[ServerHandle]:
+    """A server, and this process's environment set as an SDK's users set it (`client_env` of the
+    server's URL: E2B_API_URL=..., DAYTONA_API_URL=...) while it runs; the environment is restored."""
+    handle = start_server(*extra_args)
+    env = client_env(handle.url)
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield handle
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        stop_server(handle.process)
+
+
 CI_ACCOUNT = "verlsf-ci"
 """The ordinary account the non-root server runs as (scripts/dev.sh creates it; so does this fixture)."""
 

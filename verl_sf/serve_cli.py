@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from verl_sf import __version__
+from verl_sf.daytona import DaytonaConfig
 from verl_sf.e2b import E2BConfig
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import DEFAULT_PRELOAD, ExecutorConfig, IsolationMode
@@ -83,6 +84,13 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                    help="live E2B sandboxes at once (each is a session); past it, creation answers 429")
     p.add_argument("--e2b-max-sandboxes-per-key", type=int, default=None,
                    help="live E2B sandboxes of one API key at once (default: no cap of its own); past it, 429")
+    p.add_argument("--daytona-api-key", default=None,
+                   help="the API key Daytona SDK clients must send (DAYTONA_API_KEY); by default any non-empty key, "
+                        "each key its own tenant")
+    p.add_argument("--daytona-max-sandboxes", type=int, default=DaytonaConfig.max_sandboxes,
+                   help="started Daytona sandboxes at once (each is a session); past it, creation answers 503")
+    p.add_argument("--daytona-minute-s", type=float, default=DaytonaConfig.minute_s,
+                   help="seconds in a minute of Daytona's auto-stop and auto-delete intervals (shorten to test them)")
     p.add_argument("--fronts", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
     p.add_argument("--log-level", default="INFO")
@@ -113,10 +121,12 @@ def _serve(args: argparse.Namespace) -> int:
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
     e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes,
-                    max_sandboxes_per_key=args.e2b_max_sandboxes_per_key, single_process=args.fronts == 1)
+                    max_sandboxes_per_key=args.e2b_max_sandboxes_per_key)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
-                          max_connections=args.max_connections, executor=executor, verl_tool=verl_tool, e2b=e2b)
+                          max_connections=args.max_connections, executor=executor, verl_tool=verl_tool, e2b=e2b,
+                          daytona=DaytonaConfig(api_key=args.daytona_api_key, max_sandboxes=args.daytona_max_sandboxes,
+                                                minute_s=args.daytona_minute_s))
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",

@@ -29,17 +29,16 @@ from e2b import (
 )
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from tests.server_fixtures import ServerHandle, e2b_environment, start_server, stop_server
+from tests.server_fixtures import ServerHandle, server_for_sdk, start_server, stop_server
 
 API_KEY = "e2b-test-key-3d1f"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
-    handle = start_server("--slots", "2", "--preload", "", "--e2b-api-key", API_KEY)
-    with e2b_environment(handle, API_KEY):
+    with server_for_sdk(lambda url: {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": API_KEY},
+                        "--slots", "2", "--preload", "", "--e2b-api-key", API_KEY) as handle:
         yield handle
-    stop_server(handle.process)
 
 
 @pytest.fixture
@@ -388,10 +387,29 @@ def test_default_key_policy_and_sandbox_cap() -> None:
         stop_server(handle.process)
 
 
-def test_fronts_refuse_sandboxes_they_could_not_route() -> None:
-    handle = start_server("--slots", "2", "--preload", "", "--fronts", "2")
+def test_fronts_route_every_call_to_the_front_holding_the_sandbox() -> None:
+    """Under --fronts 2 a sandbox lives in one front; a call landing on the other is relayed there
+    (control plane, /execute's stream, envd's files and its Connect command streams), lists merge."""
+    handle = start_server("--slots", "4", "--preload", "", "--fronts", "2")
+    url = handle.url
     try:
-        with pytest.raises(SandboxException, match="--fronts 1"):
-            Sandbox.create(api_key="k", api_url=handle.url, sandbox_url=handle.url, retries=0)
+        ids = []
+        for _ in range(12):  # a fresh connection each: the kernel spreads them over the fronts
+            created = requests.post(f"{url}/v2/sandboxes", json={"templateID": "base", "timeout": 120,
+                                                                "metadata": {"fronts": "yes"}},
+                                    headers={"X-API-Key": "k", "Connection": "close"}, timeout=60)
+            assert created.status_code == 201, created.text
+            ids.append(created.json()["sandboxID"])
+        assert {i.split("-", 1)[0] for i in ids} == {"f0", "f1"}
+        for sandbox_id in ids:
+            box = Sandbox.connect(sandbox_id, api_key="k", api_url=url, sandbox_url=url)
+            assert box.run_code(f"print({sandbox_id!r})").logs.stdout == [f"{sandbox_id}\n"]
+            box.files.write("/home/user/note.txt", sandbox_id)
+            assert box.commands.run("cat note.txt").stdout == sandbox_id
+        listed = Sandbox.list(api_key="k", api_url=url, query=_query({"fronts": "yes"})).next_items()
+        assert sorted(s.sandbox_id for s in listed) == sorted(ids)
+        for sandbox_id in ids:
+            assert Sandbox.kill(sandbox_id, api_key="k", api_url=url) is True
+        assert Sandbox.list(api_key="k", api_url=url).next_items() == []
     finally:
         stop_server(handle.process)

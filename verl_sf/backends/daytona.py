@@ -10,9 +10,8 @@ Each run is one command in the sandbox's shell session: the code is shipped base
 run under `timeout` (the run's time limit) and `ulimit -v` (its memory limit) in a
 subshell, and stdout/stderr come back separately from the session API.
 
-NOT TESTED AGAINST THE LIVE SERVICE: this machine cannot reach Daytona.  The logic is
-tested against an object that has the SDK's exact method signatures and runs the
-commands in a local shell (tests/integration/test_backend_daytona.py).
+Tested through the real SDK against `verl-sf serve`'s Daytona API (tests/integration/
+test_backend_daytona.py); Daytona's cloud itself cannot be reached from the test machines.
 """
 
 from __future__ import annotations
@@ -223,20 +222,14 @@ async def reap_leaked_sandboxes(client: Any = None, *, older_than_s: float = 360
     `run_id` restricts it to one backend's sandboxes.  Returns the ids deleted.  Safe to run
     from a cron job or at the start of a training run while no other run is live.
     """
-    from daytona import AsyncDaytona
+    from daytona import AsyncDaytona, ListSandboxesQuery
 
     own_client = client is None
     client = client or AsyncDaytona()
     labels = {LABEL_MANAGED: "true", **({LABEL_RUN: run_id} if run_id else {})}
     try:
-        found: list[Any] = []
-        page = 1
-        while True:  # collect first: deleting while paging would shift the pages
-            result = await client.list(labels, page=page, limit=page_size)
-            found.extend(result.items)
-            if page >= (result.total_pages or 1):
-                break
-            page += 1
+        # collect first: deleting while paging would shift the pages
+        found = [s async for s in client.list(ListSandboxesQuery(labels=labels, limit=page_size))]
         now = time.time()
         deleted = []
         for sandbox in found:

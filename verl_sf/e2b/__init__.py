@@ -11,7 +11,7 @@ interpreter by `E2b-Sandbox-Port`.  A sandbox belongs to the API key that create
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Union
+from typing import Optional, Union
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -29,9 +29,11 @@ ENVD_PORT, JUPYTER_PORT = "49983", "49999"
 SANDBOXES_KEY = web.AppKey("e2b_sandboxes", Sandboxes)
 
 
-def install_e2b(app: web.Application, executor: Executor, config: E2BConfig) -> None:
-    """Add the E2B API to the server's app; its sandboxes end when the app stops."""
-    sandboxes = Sandboxes(executor, config)
+def install_e2b(app: web.Application, executor: Executor, config: E2BConfig,
+                shared: Optional[Sandboxes] = None) -> None:
+    """Add the E2B API to the server's app; its sandboxes end when the app stops.  With `shared`
+    (another app's, on the same executor) the app serves those and leaves their lifetime alone."""
+    sandboxes = shared or Sandboxes(executor, config)
     app[SANDBOXES_KEY] = sandboxes
     ControlPlane(sandboxes, config).add_routes(app)
     app.middlewares.append(_data_plane(sandboxes, Envd(sandboxes, config), Interpreter(sandboxes, config)))
@@ -42,8 +44,9 @@ def install_e2b(app: web.Application, executor: Executor, config: E2BConfig) -> 
     async def stop(_: web.Application) -> None:
         await sandboxes.close()
 
-    app.on_startup.append(start)
-    app.on_cleanup.append(stop)
+    if shared is None:
+        app.on_startup.append(start)
+        app.on_cleanup.append(stop)
 
 
 def admitted(headers: Mapping[str, str], port: str, record: Union[Sandbox, Ended, None]) -> bool:

@@ -1,4 +1,5 @@
-"""Settings of the E2B-compatible API (`verl-sf serve --e2b-api-key`, or library users)."""
+"""Settings of the E2B-compatible API (`verl-sf serve --e2b-api-key`, or library users), and what
+every API on its boxes shares (the Daytona API's settings extend them)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,21 @@ from typing import Optional
 
 
 @dataclasses.dataclass
-class E2BConfig:
+class BoxApiConfig:
     api_key: Optional[str] = None
     """The only API key control-plane calls may carry (X-API-Key); None: any non-empty key, each a
     tenant of its own (a sandbox is its creating key's: verl_sf.tenancy)."""
+    command_poll_s: float = 0.2
+    """How long one poll of a running command holds the sandbox (other calls wait at most this)."""
+    reap_interval_s: float = 0.5
+    """How often sandboxes are looked at for their end (timeout, auto-stop, auto-delete)."""
+    id_prefix: str = ""
+    """Under `--fronts N`, front i's `f{i}-`: a sandbox id names the front whose executor holds it,
+    and the fronts route every call on an id there (verl_sf/e2b/fronts.py, verl_sf/daytona/fronts.py)."""
+
+
+@dataclasses.dataclass
+class E2BConfig(BoxApiConfig):
     max_sandboxes: int = 256
     """Live sandboxes at once (each is one session, counted in the executor's max_sessions too);
     past it, creation answers 429."""
@@ -20,10 +32,3 @@ class E2BConfig:
     """A sandbox's lifetime when the create call names none (E2B's default)."""
     execute_timeout_s: float = 300.0
     """Longest a `run_code` may run (the SDK's own default timeout); it is then interrupted."""
-    command_poll_s: float = 0.2
-    """How long one poll of a running command holds the sandbox (other calls wait at most this)."""
-    reap_interval_s: float = 0.5
-    """How often sandboxes past their timeout are looked for."""
-    single_process: bool = True
-    """False under `--fronts N`: a sandbox lives in one front and the fronts do not route E2B calls,
-    so creation is refused (501) rather than answered with sandboxes other fronts cannot find."""

@@ -18,6 +18,7 @@ from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
 from verl_sf.executor import Overloaded
 from verl_sf.tenancy import key_accepted, owner_of
+from verl_sf.validation import first_error
 
 CLIENT_ID = "verl-sf"
 
@@ -72,9 +73,7 @@ def _validated(model: type[Any], data: dict[str, Any]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        return error(400, f"{field}: {first['msg']}")
+        return error(400, first_error(exc))
 
 
 def _iso(unix: float) -> str:
@@ -138,8 +137,6 @@ class ControlPlane:
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
-        if not self.config.single_process:
-            return error(501, "E2B sandboxes need a single server process: start `verl-sf serve` with --fronts 1")
         body = await self._body(request, NewSandbox)
         if isinstance(body, web.Response):
             return body

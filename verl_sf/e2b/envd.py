@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import datetime
 import time
 import zlib
@@ -23,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from verl_sf.e2b import connect
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.connect import ConnectError
-from verl_sf.e2b.sandboxes import GuestError, Sandbox, Sandboxes, SandboxGone, call_code, parse_answer
+from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxes, SandboxGone
+from verl_sf.validation import first_error
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
@@ -77,9 +77,7 @@ def _parse(model: type[Any], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise ConnectError("invalid_argument", f"{field}: {first['msg']}") from None
+        raise ConnectError("invalid_argument", first_error(exc)) from None
 
 
 def _entry_info(entry: dict[str, Any]) -> dict[str, Any]:
@@ -167,26 +165,11 @@ class Envd:
         path = request.query.get("path")
         if not path:
             return _files_error(400, "query parameter 'path' is required")
-        inline_limit = self.sandboxes.executor.config.output_limit_bytes // 2
         try:
-            result = await self.sandboxes.call(sandbox, "fs_read", {"path": path, "inline_limit": inline_limit})
-            if "data" in result:
-                data = base64.b64decode(result["data"])
-            else:
-                # Too large to come back inline: the session's file fetch reads it (its own size cap).
-                code = call_code("dispatch", {"op": "fs_stat", "args": {"path": result["fetch"]}})
-                stdout, files = await self.sandboxes.call_python(sandbox, code, DEFAULT_RPC_TIMEOUT_S,
-                                                                 [result["fetch"]])
-                parse_answer(stdout)
-                if result["fetch"] not in files:
-                    limit = self.sandboxes.executor.config.fetch_file_limit_bytes
-                    return _files_error(413, f"file '{path}' is larger than {inline_limit} bytes and cannot be "
-                                             f"fetched (over {limit} bytes, or outside /workdir, /tmp, /mnt/data)")
-                data = base64.b64decode(files[result["fetch"]])
+            data = await self.sandboxes.read_file(sandbox, path)
         except GuestError as exc:
-            return _files_error(GUEST_HTTP_STATUS.get(exc.code, 500), str(exc))
-        except (binascii.Error, TypeError, KeyError) as exc:
-            return _files_error(500, f"the sandbox's answer is malformed: {exc}")
+            status = 413 if exc.code == "resource_exhausted" else GUEST_HTTP_STATUS.get(exc.code, 500)
+            return _files_error(status, str(exc))
         return web.Response(body=data, content_type="application/octet-stream")
 
     async def write_files(self, request: web.Request, sandbox: Sandbox) -> web.Response:
@@ -194,7 +177,7 @@ class Envd:
         query_path = request.query.get("path")
         try:
             if request.content_type.startswith("multipart/"):
-                reader = await _multipart(request)
+                reader = await buffered_multipart(request)
                 while True:
                     part = await reader.next()
                     if part is None:
@@ -277,33 +260,29 @@ class Envd:
         limit = connect.timeout_s(request)
         deadline = None if limit is None else time.monotonic() + limit
         keepalive_s = _keepalive_interval(request)
-        poll = self.config.command_poll_s
         config = start.process
-        result = await self.sandboxes.call(sandbox, "proc_start", {
-            "cmd": config.cmd, "args": config.args, "envs": config.envs, "cwd": config.cwd, "wait": poll})
-        pid = int(result["pid"])
-        await response.write(connect.frame({"event": {"start": {"pid": pid}}}))
+        started = {"cmd": config.cmd, "args": config.args, "envs": config.envs, "cwd": config.cwd}
         last_write = time.monotonic()
-        while True:
-            for stream in ("stdout", "stderr"):
-                if result.get(stream):
-                    await response.write(connect.frame({"event": {"data": {stream: result[stream]}}}))
+        try:
+            async for result in self.sandboxes.command(sandbox, started, self.config.command_poll_s, deadline):
+                if "pid" in result:
+                    await response.write(connect.frame({"event": {"start": {"pid": int(result["pid"])}}}))
                     last_write = time.monotonic()
-            if "end" in result:
-                end = result["end"]
-                await response.write(connect.frame({"event": {"end": {
-                    "exitCode": end["exit_code"], "exited": True, "status": end["status"]}}}))
-                return
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                await self.sandboxes.call(sandbox, "proc_signal", {"pid": pid, "number": 9})
-                raise ConnectError("deadline_exceeded", f"the command ran past its timeout of {limit:g} s and "
-                                                        f"was killed")
-            if now - last_write >= keepalive_s:
-                await response.write(connect.frame({"event": {"keepalive": {}}}))
-                last_write = now
-            wait = poll if deadline is None else max(0.0, min(poll, deadline - now))
-            result = await self.sandboxes.call(sandbox, "proc_poll", {"pid": pid, "wait": wait})
+                for stream in ("stdout", "stderr"):
+                    if result.get(stream):
+                        await response.write(connect.frame({"event": {"data": {stream: result[stream]}}}))
+                        last_write = time.monotonic()
+                if "end" in result:
+                    end = result["end"]
+                    await response.write(connect.frame({"event": {"end": {
+                        "exitCode": end["exit_code"], "exited": True, "status": end["status"]}}}))
+                    return
+                if time.monotonic() - last_write >= keepalive_s:
+                    await response.write(connect.frame({"event": {"keepalive": {}}}))
+                    last_write = time.monotonic()
+        except CommandTimedOut:
+            raise ConnectError("deadline_exceeded", f"the command ran past its timeout of {limit:g} s and "
+                                                    f"was killed") from None
 
 
 def _keepalive_interval(request: web.Request) -> float:
@@ -326,7 +305,7 @@ def _files_error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
 
 
-async def _multipart(request: web.Request) -> MultipartReader:
+async def buffered_multipart(request: web.Request) -> MultipartReader:
     """A reader over the body the server's middleware has already read (the stream is spent)."""
     data = await request.read()
     stream = StreamReader(request.protocol, limit=len(data) + 1, loop=asyncio.get_running_loop())

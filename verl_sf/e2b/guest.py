@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 HOME_ALIAS = "/home/user"
+"""E2B's home, shown for the session's own; a sandbox set up with no alias shows the real paths."""
 MARK = "\x1e\x1fverl-sf-e2b:"
 """Prefix of the answer line; whatever else a call printed comes before it."""
 READ_CHUNK = 1 << 16
@@ -35,6 +36,7 @@ _home = os.getcwd()
 _contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "history", "cwd": local path, "count"}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
 _last: dict[str, Any] = {"count": 0, "main": None}
+_alias = {"home": HOME_ALIAS}
 
 
 class GuestError(Exception):
@@ -52,6 +54,7 @@ def setup(payload):
     if os.path.isdir(HOME_ALIAS) and os.path.samefile(HOME_ALIAS, _home):  # E2B's home is a real directory here
         os.chdir(HOME_ALIAS)
         _home = HOME_ALIAS
+    _alias["home"] = request.get("home_alias", HOME_ALIAS)
     os.environ.update(request["envs"])
     os.environ.update(HOME=_home, PWD=_home)
     _contexts[request["default_context"]] = _new_context(_home)
@@ -61,16 +64,18 @@ def setup(payload):
 # ---- paths -------------------------------------------------------------------------------------
 def local_path(path):
     """The session's path for an E2B path: `/home/user/...` and relative paths live in the home."""
-    if path == HOME_ALIAS or path.startswith(HOME_ALIAS + "/"):
-        path = _home + path[len(HOME_ALIAS):]
+    alias = _alias["home"]
+    if alias and (path == alias or path.startswith(alias + "/")):
+        path = _home + path[len(alias):]
     elif not path.startswith("/"):
         path = os.path.join(_home, path)
     return os.path.normpath(path)
 
 
 def public_path(path):
-    if path == _home or path.startswith(_home + "/"):
-        return HOME_ALIAS + path[len(_home):]
+    alias = _alias["home"]
+    if alias and (path == _home or path.startswith(_home + "/")):
+        return alias + path[len(_home):]
     return path
 
 
@@ -154,12 +159,30 @@ def fs_move(source, destination):
     return _entry(dst)
 
 
-def fs_remove(path):
+def fs_remove(path, recursive=True):
     local = local_path(path)
     if os.path.isdir(local) and not os.path.islink(local):
+        if not recursive and os.listdir(local):
+            raise GuestError("invalid_argument", f"directory '{path}' is not empty (delete it recursively)")
         shutil.rmtree(local)
     else:
         os.unlink(local)
+    return None
+
+
+def fs_chmod(path, mode, owner, group):
+    """Permissions only: the sandbox's one user owns its files, so another owner or group is refused."""
+    local = local_path(path)
+    info = os.stat(local)
+    if owner and owner != _user_name(info.st_uid):
+        raise GuestError("permission_denied", f"owner '{owner}': only the sandbox's own user can own files")
+    if group and group != _group_name(info.st_gid):
+        raise GuestError("permission_denied", f"group '{group}': only the sandbox's own group can own files")
+    if mode:
+        try:
+            os.chmod(local, int(mode, 8))
+        except ValueError:
+            raise GuestError("invalid_argument", f"mode '{mode}' is not an octal number") from None
     return None
 
 
@@ -267,6 +290,20 @@ def _process(pid):
     if process is None:
         raise GuestError("not_found", f"process with pid {pid} not found")
     return process
+
+
+# ---- the environment ---------------------------------------------------------------------------
+def env_update(values, unset, unset_value_prefix):
+    """The sandbox-wide environment, which later commands and runs inherit: `unset` names (and, with a
+    prefix, the variables whose value starts with it, but for those `values` sets) go, then `values`."""
+    for key in unset:
+        os.environ.pop(key, None)
+    if unset_value_prefix:
+        for key, value in list(os.environ.items()):
+            if value.startswith(unset_value_prefix) and key not in values:
+                del os.environ[key]
+    os.environ.update(values)
+    return None
 
 
 # ---- code contexts -----------------------------------------------------------------------------
@@ -380,9 +417,9 @@ def last_info():
 # ---- the call protocol -------------------------------------------------------------------------
 OPERATIONS: dict[str, Any] = {
     "fs_stat": fs_stat, "fs_list": fs_list, "fs_make_dir": fs_make_dir, "fs_move": fs_move, "fs_remove": fs_remove,
-    "fs_write": fs_write, "fs_read": fs_read, "proc_start": proc_start, "proc_poll": proc_poll,
+    "fs_chmod": fs_chmod, "fs_write": fs_write, "fs_read": fs_read, "proc_start": proc_start, "proc_poll": proc_poll,
     "proc_signal": proc_signal, "proc_list": proc_list, "ctx_create": ctx_create, "ctx_restart": ctx_restart,
-    "ctx_remove": ctx_remove,
+    "ctx_remove": ctx_remove, "env_update": env_update,
 }
 ERRNO_CODES = {"ENOENT": "not_found", "EEXIST": "already_exists", "ENOTDIR": "invalid_argument",
                "EISDIR": "invalid_argument", "ENOTEMPTY": "invalid_argument", "EACCES": "permission_denied",

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import GUEST_MODULE, Context, GuestError, Sandbox, Sandboxes, call_code
-from verl_sf.models import CellRunResult
+from verl_sf.models import CellRunResult, RunJupyterResponse
+from verl_sf.validation import first_error
 
 LANGUAGES = ("python",)
 MIME_FIELDS = {"text/plain": "text", "text/html": "html", "image/png": "png", "text/markdown": "markdown",
@@ -110,6 +111,21 @@ def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str,
     return events
 
 
+async def run_execution(sandboxes: Sandboxes, sandbox: Sandbox, context_id: str, code: str, envs: dict[str, str],
+                        timeout_s: float) -> tuple[list[dict[str, Any]], RunJupyterResponse]:
+    """One execution of `code` in a context: its events (E2B's) and the session's answer."""
+    cells = [call_code("run_cell", {"context": context_id, "code": code, "envs": envs}),
+             f"__import__({GUEST_MODULE!r}).last_info()"]
+    response = await sandboxes.run_cells(sandbox, cells, timeout_s)
+    events = execution_events(response.cells, response.message)
+    if response.session_alive is False:
+        reason = sandboxes.end_reason(sandbox.id) or response.message
+        events = [e for e in events if e["type"] != "error"]
+        events.append({"type": "error", "name": "SandboxEnded", "value": f"the sandbox ended: {reason}",
+                       "traceback": ""})
+    return events, response
+
+
 class Interpreter:
     def __init__(self, sandboxes: Sandboxes, config: E2BConfig):
         self.sandboxes = sandboxes
@@ -147,9 +163,7 @@ class Interpreter:
         try:
             return model.model_validate(body)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise web.HTTPUnprocessableEntity(text=f"{field}: {first['msg']}") from None
+            raise web.HTTPUnprocessableEntity(text=first_error(exc)) from None
 
     async def execute(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
         req: ExecuteRequest = await self._body(request, ExecuteRequest)
@@ -163,15 +177,8 @@ class Interpreter:
         else:
             _language(req.language)
             context_id = sandbox.default_context
-        cells = [call_code("run_cell", {"context": context_id, "code": req.code, "envs": req.env_vars or {}}),
-                 f"__import__({GUEST_MODULE!r}).last_info()"]
-        response = await self.sandboxes.run_cells(sandbox, cells, self.config.execute_timeout_s)
-        events = execution_events(response.cells, response.message)
-        if response.session_alive is False:
-            reason = self.sandboxes.end_reason(sandbox.id) or response.message
-            events = [e for e in events if e["type"] != "error"]
-            events.append({"type": "error", "name": "SandboxEnded", "value": f"the sandbox ended: {reason}",
-                           "traceback": ""})
+        events, _ = await run_execution(self.sandboxes, sandbox, context_id, req.code, req.env_vars or {},
+                                        self.config.execute_timeout_s)
         stream = web.StreamResponse(headers={"Content-Type": "application/json"})
         await stream.prepare(request)
         for event in events:

@@ -9,6 +9,8 @@ take turns).  Sandboxes end at their timeout (reaped here), on kill, or when the
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import collections
 import contextlib
 import dataclasses
@@ -16,7 +18,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
@@ -57,6 +59,10 @@ class SandboxGone(Exception):
 
 class TooManySandboxes(Exception):
     """The server's cap on live sandboxes is reached."""
+
+
+class CommandTimedOut(Exception):
+    """A command ran past its deadline and was killed."""
 
 
 class GuestError(Exception):
@@ -168,8 +174,10 @@ class Sandboxes:
 
     # ---- control plane -----------------------------------------------------------------------
     async def create(self, template_id: str, timeout_s: int, metadata: dict[str, str],
-                     envs: dict[str, str], owner: Optional[Owner] = None) -> Sandbox:
-        """A new sandbox of `owner` (verl_sf.tenancy; None: of no API key, so no key lists or reaches it)."""
+                     envs: dict[str, str], owner: Optional[Owner] = None,
+                     home_alias: Optional[str] = "/home/user") -> Sandbox:
+        """A new sandbox of `owner` (verl_sf.tenancy; None: of no API key, so no key lists or reaches it);
+        `home_alias` is the home its files calls show for the session's (None: the real path)."""
         self._prune()
         if len(self.live) + sum(self._opening.values()) >= self.config.max_sandboxes:
             raise TooManySandboxes(f"{self.config.max_sandboxes} sandboxes are running or starting, the server's cap "
@@ -188,13 +196,15 @@ class Sandboxes:
             if not self._opening[owner]:
                 del self._opening[owner]  # no entry kept per key ever seen
         now = time.time()
-        sandbox = Sandbox(id=f"i{secrets.token_hex(10)}", session_id=info.session_id, access_token=new_token(),
-                          traffic_token=new_token(), owner=owner, template_id=template_id, metadata=metadata,
+        sandbox = Sandbox(id=f"{self.config.id_prefix}i{secrets.token_hex(10)}", session_id=info.session_id,
+                          access_token=new_token(), traffic_token=new_token(), owner=owner, template_id=template_id,
+                          metadata=metadata,
                           started_at=now, end_at=now + timeout_s, default_context=secrets.token_hex(16))
         sandbox.contexts[sandbox.default_context] = Context(sandbox.default_context, "python", "/home/user")
         self.live[sandbox.id] = sandbox
         try:
-            await self.call_python(sandbox, _install_code({"envs": envs, "default_context": sandbox.default_context}),
+            await self.call_python(sandbox, _install_code({"envs": envs, "default_context": sandbox.default_context,
+                                                         "home_alias": home_alias}),
                                    30.0)
         except BaseException:
             self.kill(sandbox.id, "it could not start")
@@ -260,6 +270,43 @@ class Sandboxes:
         """One guest operation; its result, or GuestError."""
         stdout, _ = await self.call_python(sandbox, call_code("dispatch", {"op": operation, "args": args}), timeout_s)
         return parse_answer(stdout)
+
+    async def command(self, sandbox: Sandbox, start: dict[str, Any], poll_s: float,
+                      deadline: Optional[float]) -> AsyncIterator[dict[str, Any]]:
+        """A command's life: the answer of its start (with `pid`), then of each poll (new output, base64
+        per stream, and at last `end`); killed at `deadline` (monotonic), raising CommandTimedOut.
+        Each poll holds the sandbox at most `poll_s`, so its other calls run in between."""
+        result = await self.call(sandbox, "proc_start", {**start, "wait": poll_s})
+        pid = int(result["pid"])
+        while True:
+            yield result
+            if "end" in result:
+                return
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                await self.call(sandbox, "proc_signal", {"pid": pid, "number": 9})
+                raise CommandTimedOut(f"the command ran past its timeout and was killed (pid {pid})")
+            wait = poll_s if deadline is None else max(0.0, min(poll_s, deadline - now))
+            result = await self.call(sandbox, "proc_poll", {"pid": pid, "wait": wait})
+
+    async def read_file(self, sandbox: Sandbox, path: str) -> bytes:
+        """A file's bytes: inline when small, else through the session's file fetch (its own size cap);
+        GuestError when it cannot be read (`resource_exhausted` when it is too large to fetch)."""
+        inline_limit = self.executor.config.output_limit_bytes // 2
+        result = await self.call(sandbox, "fs_read", {"path": path, "inline_limit": inline_limit})
+        try:
+            if "data" in result:
+                return base64.b64decode(result["data"])
+            code = call_code("dispatch", {"op": "fs_stat", "args": {"path": result["fetch"]}})
+            stdout, files = await self.call_python(sandbox, code, 60.0, [result["fetch"]])
+            parse_answer(stdout)
+            if result["fetch"] not in files:
+                limit = self.executor.config.fetch_file_limit_bytes
+                raise GuestError("resource_exhausted", f"file '{path}' is larger than {inline_limit} bytes and "
+                                 f"cannot be fetched (over {limit} bytes, or outside /workdir, /tmp, /mnt/data)")
+            return base64.b64decode(files[result["fetch"]])
+        except (binascii.Error, TypeError, KeyError) as exc:
+            raise GuestError("internal", f"the sandbox's answer is malformed: {exc}") from None
 
     async def call_python(self, sandbox: Sandbox, code: str, timeout_s: float,
                           fetch: Optional[list[str]] = None) -> tuple[str, dict[str, str]]:

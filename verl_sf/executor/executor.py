@@ -467,6 +467,11 @@ class Executor:
     def end_session(self, session_id: str) -> None:
         self._end(self._table.get(session_id), "ended by DELETE /sessions")
 
+    def interrupt_session(self, session_id: str) -> None:
+        """Interrupt the session's call in progress, if any, as at its time-out (its state is kept)."""
+        session = self._table.get(session_id)
+        session.zygote.interrupt_session(session.open_id)
+
     def _end(self, session: Session, reason: str) -> None:
         self._table.forget(session, reason)
         session.zygote.close_session(session.open_id)

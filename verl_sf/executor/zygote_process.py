@@ -167,6 +167,10 @@ class ZygoteProcess:
             self.sessions.discard(open_id)
             self.send({"op": "close", "id": next_id(), "session": open_id})
 
+    def interrupt_session(self, open_id: int) -> None:
+        if open_id in self.sessions:
+            self.send({"op": "interrupt", "id": next_id(), "session": open_id})
+
     def send(self, head: Head) -> None:
         """A request that has no reply (cancel, close)."""
         if self.process is not None and self.process.returncode is None:

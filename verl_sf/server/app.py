@@ -18,7 +18,8 @@ from typing import Optional, Union
 from aiohttp import web
 
 from verl_sf import __version__
-from verl_sf.e2b import E2BConfig, install_e2b
+from verl_sf.daytona import DAYTONA_SANDBOXES_KEY, DaytonaConfig, install_daytona
+from verl_sf.e2b import SANDBOXES_KEY, E2BConfig, install_e2b
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor, ExecutorConfig
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
@@ -62,6 +63,7 @@ class ServerConfig:
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
     verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
     e2b: E2BConfig = dataclasses.field(default_factory=E2BConfig)
+    daytona: DaytonaConfig = dataclasses.field(default_factory=DaytonaConfig)
 
     def __post_init__(self) -> None:
         for name in ("timeout_keep_alive", "timeout_body"):
@@ -161,9 +163,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=registry.render(), headers={"Content-Type": registry.content_type})
 
 
-def build_app(config: ServerConfig, executor: Executor, connections: ConnectionLimit) -> web.Application:
+def build_app(config: ServerConfig, executor: Executor, connections: ConnectionLimit,
+              shared: Optional[web.Application] = None) -> web.Application:
     """The app around a started executor (the caller owns the executor's lifecycle); `connections`
-    is the limit of the process the app's sites count their connections in (`LimitedSite`)."""
+    is the limit of the process the app's sites count their connections in (`LimitedSite`);
+    `shared`: another app on the same executor whose E2B and Daytona sandboxes this one serves too
+    (a front's loopback app), else it has its own."""
     app = web.Application(client_max_size=config.max_body_mb << 20, middlewares=[body_middleware(config.timeout_body)])
     app[EXECUTOR_KEY] = executor
     app[CONNECTIONS_KEY] = connections
@@ -180,7 +185,8 @@ def build_app(config: ServerConfig, executor: Executor, connections: ConnectionL
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     add_verl_tool_routes(app, config.verl_tool)
-    install_e2b(app, executor, config.e2b)
+    install_e2b(app, executor, config.e2b, shared[SANDBOXES_KEY] if shared else None)
+    install_daytona(app, executor, config.daytona, shared[DAYTONA_SANDBOXES_KEY] if shared else None)
     return app
 
 

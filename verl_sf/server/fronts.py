@@ -32,6 +32,8 @@ import aiohttp
 import aiohttp.payload
 from aiohttp import web
 
+from verl_sf.daytona.fronts import DAYTONA_PATHS, route_daytona
+from verl_sf.e2b.fronts import is_e2b, route_e2b
 from verl_sf.errors import VerlSfError
 from verl_sf.server.app import CONNECTIONS_KEY, ServerConfig, build_app, serve
 from verl_sf.server.connections import LimitedSite
@@ -72,14 +74,16 @@ class FrontRouting:
         self._private: Optional[web.AppRunner] = None
 
     def install(self, app: web.Application) -> None:
-        app.middlewares.append(self.middleware)
+        # After the body's (routing reads bodies), before the E2B data plane's (it routes those too).
+        app.middlewares.insert(1, self.middleware)
         app.on_startup.append(self._start_private)
         app.on_cleanup.append(self._stop_private)
 
     async def _start_private(self, app: web.Application) -> None:
         """The loopback port peers forward to, then the peer list (the public port opens after this)."""
         connections = app[CONNECTIONS_KEY]  # the process's one limit: peers' connections take files too
-        self._private = web.AppRunner(build_app(self.config, app[EXECUTOR_KEY], connections), access_log=None,
+        private = build_app(self.config, app[EXECUTOR_KEY], connections, shared=app)
+        self._private = web.AppRunner(private, access_log=None,
                                       handle_signals=False, keepalive_timeout=self.config.timeout_keep_alive)
         await self._private.setup()
         site = LimitedSite(self._private, "127.0.0.1", 0, connections)
@@ -101,6 +105,10 @@ class FrontRouting:
             return await self._health(request, handler)
         if request.path == "/snapshots" and request.method == "GET":
             return await self._all_snapshots(request, handler)
+        if request.path.startswith(DAYTONA_PATHS):
+            return await route_daytona(request, handler, self.index, request.app[PEERS_KEY], request.app[CLIENT_KEY])
+        if is_e2b(request):
+            return await route_e2b(request, handler, self.index, request.app[PEERS_KEY], request.app[CLIENT_KEY])
         owned = await _owned_id(request)
         if owned is None:
             response = await handler(request)
@@ -268,7 +276,12 @@ def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], 
             max_in_flight=max(1, share(config.executor.max_in_flight, fronts, index)),
             max_sessions=max(1, share(config.executor.max_sessions, fronts, index)),
             max_snapshots=max(1, share(config.executor.max_snapshots, fronts, index)))
-        front = dataclasses.replace(config, port=port, reuse_port=True, executor=executor)
+        prefix = front_session_id(index, "")
+        daytona = dataclasses.replace(config.daytona, id_prefix=prefix,
+                                      max_sandboxes=max(1, share(config.daytona.max_sandboxes, fronts, index)))
+        e2b = dataclasses.replace(config.e2b, id_prefix=prefix,
+                                  max_sandboxes=max(1, share(config.e2b.max_sandboxes, fronts, index)))
+        front = dataclasses.replace(config, port=port, reuse_port=True, executor=executor, daytona=daytona, e2b=e2b)
         ours, theirs = context.Pipe()
         process = context.Process(target=_front_main, args=(front, index, theirs, log_level, os.getpid()),
                                   name=f"front{index}")

@@ -90,6 +90,14 @@ class SessionCloseHead(TypedDict):
     session: int
 
 
+class SessionInterruptHead(TypedDict):
+    """The call in progress in a session is interrupted as at its time-out (its client left)."""
+
+    op: Literal["interrupt"]
+    id: int
+    session: int
+
+
 class SessionForkHead(TypedDict):
     """Copies of an idle session, one per id in `ids` (each a session of its own from then on);
     `freeze` keeps them stopped (snapshots: started from by forking them in turn)."""
@@ -102,7 +110,8 @@ class SessionForkHead(TypedDict):
     freeze: bool
 
 
-Head = Union[RunHead, CancelHead, SessionOpenHead, SessionCallHead, SessionCloseHead, SessionForkHead]
+Head = Union[RunHead, CancelHead, SessionOpenHead, SessionCallHead, SessionCloseHead, SessionInterruptHead,
+             SessionForkHead]
 
 
 class RunBody(TypedDict, total=False):

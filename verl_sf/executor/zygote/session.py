@@ -29,7 +29,7 @@ class Session(Job):
         self.language = head["language"]
         self.call: Optional[SessionCallHead] = None  # the call in progress
         self.fetch_paths: list[str] = []  # a bash call's fetch_files, in order
-        self.interrupt: Optional[Interrupt] = None  # the call in progress was interrupted at its time-out
+        self.interrupted: Optional[Interrupt] = None  # the call in progress was interrupted at its time-out
         self.interpreter = -1  # its pid, once ready
         self.interpreter_fd = -1  # a pidfd of it: the session ends with it
         self.parent: Optional[Session] = None
@@ -74,9 +74,9 @@ class Session(Job):
     def next_tick(self) -> Optional[float]:
         if self.call is None:  # an idle session holds no timer, but for the memory watchdog
             return time.monotonic() + IDLE_SESSION_TICK if self.watch_memory and self.alive else None
-        if self.interrupt is not None:
+        if self.interrupted is not None:
             now = time.monotonic()
-            return min(self.interrupt.due(now), self.hard_deadline)
+            return min(self.interrupted.due(now), self.hard_deadline)
         return super().next_tick()
 
     def deadline(self) -> float:
@@ -101,7 +101,7 @@ class Session(Job):
         self.meta_bytes = 0
         self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
         self.begin_stage(self.limits["timeout"])
-        self.interrupt = None
+        self.interrupted = None
         # A session once demoted stays at the lowest priority (raising it back takes CAP_SYS_NICE on the
         # host): as in a multi-level feedback queue, a job that has run long stays low.
         try:
@@ -132,20 +132,26 @@ class Session(Job):
     def on_tick(self, zygote: Zygote, now: float) -> None:
         if self.call is None:
             return
-        if self.interrupt is not None:
-            grace = self.interrupt.grace
-            if self.interrupt.spent(now):
+        if self.interrupted is not None:
+            grace = self.interrupted.grace
+            if self.interrupted.spent(now):
                 self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for {grace:g} s of its own"
-                                  f" time: {self.interrupt.why()}")
+                                  f" time: {self.interrupted.why()}")
             elif now >= self.hard_deadline:
                 self.kill(zygote, f"killed: the call had not stopped on the interrupt at its time-out when the client's"
-                                  f" deadline came (it waited {self.interrupt.waited():.1f} s for a CPU):"
-                                  f" {self.interrupt.why()}")
+                                  f" deadline came (it waited {self.interrupted.waited():.1f} s for a CPU):"
+                                  f" {self.interrupted.why()}")
             return
         if self.past_deadline(now):
-            self.interrupt = Interrupt(self.interpreter, self.call["grace"], now)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
+            self.interrupt(now)
+
+    def interrupt(self, now: float) -> None:
+        """Interrupt the call in progress (at its time-out, or its client left); killed if it ignores that."""
+        if self.call is None or self.interrupted is not None:
+            return
+        self.interrupted = Interrupt(self.interpreter, self.call["grace"], now)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
 
     def _end_call(self, zygote: Zygote, record: dict[str, Any]) -> None:
         assert self.call is not None
@@ -162,7 +168,7 @@ class Session(Job):
         if cells:
             reply["cells"] = cells
         self.call = None
-        self.interrupt = None
+        self.interrupted = None
         # What a call left running in the background drops to the lowest CPU priority.
         for pid in self.background():
             procfs.demote_tree(pid)

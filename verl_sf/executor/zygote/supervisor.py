@@ -158,6 +158,10 @@ class Zygote:
             closed = self.sessions.get(head["session"])
             if closed is not None:
                 closed.kill(self, "closed")
+        elif head["op"] == "interrupt":
+            interrupted = self.sessions.get(head["session"])
+            if interrupted is not None:
+                interrupted.interrupt(time.monotonic())
 
     def reply(self, reply: Union[Reply, dict[str, Any]]) -> None:
         write_all(self.rep_fd, dumps(reply) + b"\n")
