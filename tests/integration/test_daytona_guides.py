@@ -222,7 +222,9 @@ async def test_verl_retool_guide_tool_through_verls_registry(server: ServerHandl
         await tool.close()
     for n, (first, second, failing) in enumerate(outputs):
         assert first == f"{n * 2}\n" and second == f"{n + 1} v\n"
-        assert failing.startswith("before\nZeroDivisionError: division by zero\nTraceback")
+        # The guide's text: stdout, then `name: value`, then the traceback (IPython's, as a Jupyter kernel's).
+        assert failing.startswith("before\nZeroDivisionError: division by zero\n")
+        assert "Traceback (most recent call last)" in failing and "----> 2 1 / 0" in failing
     daytona = AsyncDaytona()
     try:
         assert [s async for s in daytona.list()] == []
