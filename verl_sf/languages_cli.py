@@ -17,6 +17,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from verl_sf.executor.gpus import host_gpus
 from verl_sf.executor.language_packages import (
     DEFAULT_SET,
     NPM_PACKAGES,
@@ -170,7 +171,9 @@ def _write_node_runtime_files(runtime_dir: str) -> None:
 
 def list_languages(args: argparse.Namespace) -> int:
     toolchains = _detect(args.python, args.runtime_dir)
-    available = toolchains.available_languages()
+    # A GPU language's toolchain (nvcc, the python) may be here without a GPU to run on.
+    gpu_less = not host_gpus()
+    available = [name for name in toolchains.available_languages() if not (gpu_less and SPECS[name].gpu)]
     with ThreadPoolExecutor(8) as pool:
         versions = dict(zip(available, pool.map(lambda name: _version(toolchains, name), available), strict=True))
     width = max(map(len, SPECS))
@@ -178,7 +181,7 @@ def list_languages(args: argparse.Namespace) -> int:
         if name in versions:
             print(f"{name:<{width}}  installed  {versions[name]}")
         else:
-            tools = ", ".join(toolchains.missing[name])
+            tools = ", ".join(toolchains.missing.get(name, ["an NVIDIA GPU"]))
             print(f"{name:<{width}}  missing    needs {tools}; {install_hint(name)}")
     print(f"runtime directory: {toolchains.runtime_dir}")
     return 0

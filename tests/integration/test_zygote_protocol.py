@@ -28,7 +28,7 @@ class Zygote:
             "isolated": False, "landlock": None, "run_uids": [], "single_uid": True, "workdir": workdir, "tmpdir": workdir, "datadir": workdir,
             "premade": [],
             "sizes": {}, "keep": {}, "uid": os.getuid(), "gid": os.getgid(),
-            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "preload": [], "fetch_limit": 1 << 20,
+            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "preload": [], "ipython": False, "fetch_limit": 1 << 20,
             "cgroups": {}, "cgroup_v2": False, "seccomp": [], "seccomp_socket_families": [], "libseccomp": "",
             "demote_after": 0.1,
         }

@@ -40,13 +40,14 @@ SOURCES: dict[str, Source] = {
     "python": Source(pip=True, version=("{python}", "--version")),
     "pytest": Source(pip=True, version=("{python}", "-m", "pytest", "--version")),
     "python_gpu": Source(unavailable="needs an NVIDIA GPU given to the server (`verl-sf serve --gpus`) and a "
-                                     "CUDA build of the runtime python's PyTorch or CuPy"),
+                                     "CUDA build of the runtime python's PyTorch or CuPy",
+                         version=("{python}", "--version")),
     "python2": Source(unavailable="Debian 12 ships no Python 2, and npm and PyPI do not provide an interpreter"),
     "bash": Source(apt=("bash",), version=("bash", "--version")),
     "cpp": Source(apt=("g++",), version=("g++", "--version")),
     "gtest": Source(apt=("g++", "libgtest-dev"), version=("g++", "--version")),
     "cuda": Source(unavailable="needs an NVIDIA GPU and the CUDA toolkit (nvcc), which no package here provides; "
-                               "serve with `verl-sf serve --gpus`"),
+                               "serve with `verl-sf serve --gpus`", version=("nvcc", "--version")),
     "go": Source(apt=("golang-go",), version=("go", "version")),
     "go_test": Source(apt=("golang-go", "golang-github-stretchr-testify-dev"), version=("go", "version")),
     "java": Source(apt=(*JVM, "libjavatuples-java"), version=("java", "-version")),
