@@ -7,6 +7,7 @@ for handing it over.  The loop polls every job's pipes and pidfd and keeps their
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import resource
@@ -31,6 +32,7 @@ from .wire import READ_CHUNK, Lines, dumps, loads, write_all
 
 Ready = tuple[int, int, int, int, int, Groups]  # pid, stdout, stderr, fd 3 and job pipe ends, cgroups
 MAX_FREE_NETWORKS = 256  # network namespaces kept for reuse
+ENDED_KEPT = 4096  # ended sessions whose reason a late call is still told
 
 
 class Zygote:
@@ -78,6 +80,7 @@ class Zygote:
         self.ready: Optional[Ready] = None  # the pre-forked child waiting for its job
         self.runs: dict[int, Run] = {}  # request id -> run
         self.sessions: dict[int, Session] = {}  # open request id -> session
+        self.ended: collections.OrderedDict[int, str] = collections.OrderedDict()  # recent sessions' end reasons
         self.reaping: dict[int, Job] = {}  # pidfd -> job whose answer is sent and whose PID 1 is still to collect
         self.fd_owner: dict[int, Watcher] = {}  # fd -> its job (or fork in progress), for the poll loop
         self.poller = select.poll()
@@ -142,8 +145,8 @@ class Zygote:
         elif head["op"] == "call":
             session = self.sessions.get(head["session"])
             if session is None or not session.alive:
-                reason = ("the sandbox holds no such session (its zygote restarted)" if session is None
-                          else session.failure or session.end_reason or "its interpreter exited")
+                reason = (self.ended.get(head["session"], "the sandbox holds no such session (its zygote restarted)")
+                          if session is None else session.failure or session.end_reason or "its interpreter exited")
                 self.reply({"id": head["id"], "status": "Error", "session_alive": False,
                             "error": "the session is not running", "session_end": reason})
             else:
@@ -240,7 +243,11 @@ class Zygote:
     def retire(self, job: Job) -> None:
         """The answer is out: forget the job, and collect its PID 1 once it is gone."""
         self.runs.pop(job.id, None)
-        self.sessions.pop(job.id, None)
+        if self.sessions.pop(job.id, None) is not None:
+            # A call may still be on its way to it: its answer says why the session ended.
+            self.ended[job.id] = job.failure or job.end_reason or "its interpreter exited"
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
         self.unwatch(job.pidfd)
         for fd in list(job.open_fds):
             self.unwatch(fd)
