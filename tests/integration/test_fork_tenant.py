@@ -150,3 +150,19 @@ def test_a_copy_is_charged_for_the_files_it_holds(root_server: ServerHandle) -> 
     # Its files count against its limit: 48 MB of them and 220 MB of memory pass 256 MB.
     body = call(server, copy, "hold = bytearray(220 << 20)")
     assert body["session_alive"] is False and "memory" in body["message"], body
+
+
+def test_a_copy_cannot_reach_its_pid_1(server: ServerHandle) -> None:
+    """A copy's PID 1 is a reaper exec'd by the forker (so dumpable): the copy's code may neither
+    trace it, read its system calls, nor signal it; were it able to, it could run code there."""
+    sid = create(server)
+    answer = fork(server, sid)
+    assert answer.status_code == 201, answer.text
+    [copy] = answer.json()["session_ids"]
+    probe = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             "print(libc.ptrace(0x4206, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_SEIZE
+             "try:\n    open('/proc/1/syscall').read()\n    print('read')\nexcept OSError as exc:\n"
+             "    print(exc.errno)\n"
+             "try:\n    os.kill(1, 0)\n    print('signalled')\nexcept OSError as exc:\n    print(exc.errno)")
+    traced, read, signalled = stdout(call(server, copy, probe)).split("\n")[:3]
+    assert traced == "-1 1" and read in ("1", "13") and signalled == "1"  # EPERM (EACCES for the read)

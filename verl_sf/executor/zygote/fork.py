@@ -108,6 +108,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
                 assert source.forked is not None
                 made.append(source.forked)
                 init = tracing.Tracee(source.forked, attach=False)
+                _forget_key(init)
                 interpreter, fds = _set_up(blueprint, init, source, copy_groups, cwd, freeze)
                 socket.send_fds(reply, [b"%d %d" % (init.pid, interpreter)], fds)
                 for fd in fds:
@@ -127,6 +128,15 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
         with contextlib.suppress(OSError):
             reply.sendall(kind + message.replace("\n", " ").encode() + b"\n")
         os._exit(1)
+
+
+def _forget_key(init: tracing.Tracee) -> None:
+    """The copy's PID 1 is born with clone's arguments, the key among them, in its registers: zeroed
+    at its first stop, before anything could read them (/proc/<pid>/syscall)."""
+    regs = tracing.Registers.from_buffer_copy(init.saved)
+    regs.rdx = regs.r10 = 0
+    init.set_registers(regs)
+    init.saved = regs
 
 
 def _check_alone(interpreter: int) -> None:
@@ -176,6 +186,8 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     if copy.call("chdir", address) < 0:
         copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
     copy.check("setsid")  # its own process group, which an interrupt goes to
+    if not freeze:  # out of reach of its PID 1 (ptrace, /proc, signals), as the parent is of it
+        _own_domain(copy)
     copy.resume_as(source.saved, stop=freeze)
     _become_reaper(init)
     return copy.pid, ends
@@ -274,8 +286,8 @@ def _close_reaching_parent(copy: tracing.Tracee) -> None:
 
 
 def _own_domain(source: tracing.Tracee) -> None:
-    """The parent into a Landlock domain of its own: its copies, left in the one it had, are out of
-    its reach (signals, ptrace, abstract sockets)."""
+    """A process into a Landlock domain of its own: what stays in the one it had is out of its reach
+    (signals, ptrace and /proc, abstract sockets): the parent's copies, a copy's PID 1."""
     attr = source.put(bytes(16) + LANDLOCK_SCOPES.to_bytes(8, "little"))
     ruleset = source.check("landlock_create_ruleset", attr, 24, 0)
     try:

@@ -48,7 +48,7 @@ class Session(Job):
         copy.adopted = True
         copy.frozen = frozen
         copy.parent = source
-        copy.layers = source.layers
+        copy.layers = source.layers + (0 if frozen else 1)  # a live copy enters a Landlock domain of its own
         out_r, err_r, meta_r, job_w = fds
         copy.attach(zygote, init, out_r, err_r, meta_r, job_w, groups)
         copy._watch_interpreter(zygote, interpreter)
