@@ -166,3 +166,13 @@ def test_a_copy_cannot_reach_its_pid_1(server: ServerHandle) -> None:
              "try:\n    os.kill(1, 0)\n    print('signalled')\nexcept OSError as exc:\n    print(exc.errno)")
     traced, read, signalled = stdout(call(server, copy, probe)).split("\n")[:3]
     assert traced == "-1 1" and read in ("1", "13") and signalled == "1"  # EPERM (EACCES for the read)
+
+
+def test_a_signal_storm_does_not_fail_the_fork(server: ServerHandle) -> None:
+    """A timer every 50 µs interrupts the clone made in the session's name: it is made again."""
+    sid = create(server)
+    call(server, sid, "import signal\nkept = 3\nsignal.signal(signal.SIGALRM, lambda *_: None)\n"
+                      "signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)")
+    answer = fork(server, sid)
+    assert answer.status_code == 201 or answer.status_code == 409 and "not waiting" in answer.text, answer.text
+    assert stdout(call(server, sid, "print(kept)")) == "3\n"
