@@ -56,18 +56,26 @@ def server_for_sdk(client_env: Callable[[str], dict[str, str]], *extra_args: str
     """A server, and this process's environment set as an SDK's users set it (`client_env` of the
     server's URL: E2B_API_URL=..., DAYTONA_API_URL=...) while it runs; the environment is restored."""
     handle = start_server(*extra_args)
-    env = client_env(handle.url)
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
     try:
-        yield handle
+        with client_environment(client_env(handle.url)):
+            yield handle
+    finally:
+        stop_server(handle.process)
+
+
+@contextlib.contextmanager
+def client_environment(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with `values` set while the block runs; restored after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        stop_server(handle.process)
 
 
 CI_ACCOUNT = "verlsf-ci"
@@ -186,19 +194,8 @@ def server_in_mode(mode: str, *extra_args: str, extra_env: dict[str, str] | None
             shutil.rmtree(home, ignore_errors=True)
 
 
-E2B_VARIABLES = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
-
-
 @contextlib.contextmanager
 def e2b_environment(handle: ServerHandle, api_key: str) -> Iterator[None]:
     """The E2B SDKs pointed at `handle` as their users point them: by environment variables only."""
-    saved = {name: os.environ.get(name) for name in E2B_VARIABLES}
-    os.environ.update(E2B_API_URL=handle.url, E2B_SANDBOX_URL=handle.url, E2B_API_KEY=api_key)
-    try:
+    with client_environment({"E2B_API_URL": handle.url, "E2B_SANDBOX_URL": handle.url, "E2B_API_KEY": api_key}):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
