@@ -131,7 +131,8 @@ case "$mode" in
     # Lint and types first (config in pyproject.toml); `ruff format` is not enforced: the tree is not formatted.
     "$VENV/bin/ruff" check --no-cache .
     "$VENV/bin/mypy"
-    exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+    # The slowest tests are listed at the end: the whole check must stay well under 30 minutes.
+    exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@"
     ;;
   *)
     echo "usage: scripts/dev.sh serve|test [args...]" >&2; exit 2 ;;

@@ -119,3 +119,18 @@ def test_a_session_keeps_state_and_survives_an_interrupted_call(zyg: Zygote) -> 
     assert ended["session_alive"] is False and ended["session_end"] == "closed"
     zyg.send({**call, "id": 15}, {"code": "print(x)", "output_limit": 1 << 16})
     assert zyg.reply_to(15)["session_alive"] is False
+
+
+def test_a_call_whose_wait_spent_its_budget_still_gets_its_time_and_grace(zyg: Zygote) -> None:
+    """hand_over leaves hard_timeout == timeout after a long queue: the code still runs for its
+    time-out, is interrupted then, and has its grace; the session lives."""
+    zyg.send({"op": "open", "id": 20, "language": "python", "limits": LIMITS},
+             {**BODY_LIMITS, "mode": "session_python", "files": {}})
+    assert zyg.reply_to(20)["session_alive"] is True
+    call = {"op": "call", "session": 20, "grace": 2.0, "limits": {**LIMITS, "timeout": 1.0, "hard_timeout": 1.0}}
+    zyg.send({**call, "id": 21}, {"code": "x = 41\nimport time\ntime.sleep(30)", "output_limit": 1 << 16})
+    interrupted = zyg.reply_to(21)
+    assert interrupted["status"] == "TimeLimitExceeded" and interrupted["session_alive"] is True, interrupted
+    assert "KeyboardInterrupt" in interrupted["stderr"] and interrupted["execution_time"] >= 0.9
+    zyg.send({**call, "id": 22}, {"code": "print(x + 1)", "output_limit": 1 << 16})
+    assert zyg.reply_to(22)["stdout"] == "42\n"

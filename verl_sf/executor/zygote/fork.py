@@ -61,7 +61,6 @@ PR_SET_KEEPCAPS, PR_SET_SECUREBITS = 8, 28
 # SECBIT_NOROOT, SECBIT_KEEP_CAPS_LOCKED and SECBIT_NO_CAP_AMBIENT_RAISE, with their locks.
 LOCKED_SECUREBITS = 0x1 | 0x2 | 0x20 | 0x40 | 0x80
 LANDLOCK_SCOPES = 0x3  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL (ABI 6)
-CLONE_RETRIES = 100
 CHANNELS = (1, 2, 3, 9)  # stdout, stderr, records, calls: each copy gets its own
 NAMESPACE_FILES = {"cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts"}  # readlink: "net:[4026...]"
 
@@ -101,10 +100,6 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
             for copy_groups in groups:
                 # A child of the session's PID 1 (CLONE_PARENT): it outlives the parent's interpreter.
                 result = source.call("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
-                for _ in range(CLONE_RETRIES):  # a signal of the session's own (a fast timer) interrupted it
-                    if result not in tracing.RESTART_ERRORS:
-                        break
-                    result = source.call("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
                 if -result in (errno.EUSERS, errno.ENOSPC):
                     raise TooDeep(f"forks nest only so deep (Linux allows 32 user and PID namespaces, the "
                                   f"sandbox and its sessions use some): {os.strerror(-result)}")
@@ -122,7 +117,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
             if not parent_frozen:
                 _own_domain(source)
         finally:
-            source.resume_as(source.saved, stop=parent_frozen)
+            source.resume_as(source.saved, source.mask, stop=parent_frozen)
         os._exit(0)
     except BaseException as exc:
         for pid in made:
@@ -193,7 +188,7 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     copy.check("setsid")  # its own process group, which an interrupt goes to
     if not freeze:  # out of reach of its PID 1 (ptrace, /proc, signals), as the parent is of it
         _own_domain(copy)
-    copy.resume_as(source.saved, stop=freeze)
+    copy.resume_as(source.saved, source.mask, stop=freeze)
     _become_reaper(init)
     return copy.pid, ends
 

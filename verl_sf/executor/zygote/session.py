@@ -99,7 +99,9 @@ class Session(Job):
         self.limits = head["limits"]
         self.records = []
         self.meta_bytes = 0
-        self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]
+        # A call whose wait for the session spent the client's budget (hand_over) still runs for its
+        # time-out and has its grace: the client may be gone, the session must not be.
+        self.hard_deadline = time.monotonic() + max(self.limits["hard_timeout"], self.limits["timeout"] + head["grace"])
         self.begin_stage(self.limits["timeout"])
         self.interrupted = None
         # A session once demoted stays at the lowest priority (raising it back takes CAP_SYS_NICE on the

@@ -20,6 +20,8 @@ from .linux import libc
 
 PTRACE_CONT, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH, PTRACE_SYSCALL = 7, 12, 13, 17, 24
 PTRACE_SETOPTIONS, PTRACE_GETEVENTMSG, PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4200, 0x4201, 0x4206, 0x4207
+PTRACE_GETSIGMASK, PTRACE_SETSIGMASK = 0x420A, 0x420B
+ALL_SIGNALS = 2**64 - 1  # the kernel leaves SIGKILL and SIGSTOP out
 PTRACE_O_TRACESYSGOOD, PTRACE_O_TRACEFORK, PTRACE_O_EXITKILL = 0x1, 0x2, 0x100000
 PTRACE_EVENT_FORK, PTRACE_EVENT_STOP = 1, 128
 WALL = 0x40000000  # __WALL
@@ -103,6 +105,10 @@ class Tracee:
             self.detach()
             raise NotIdle(f"process {pid} is not waiting in a system call")
         self.scratch = (self.saved.rsp - SCRATCH_BELOW_STACK) & ~0xF
+        # The process's own signals (a fast timer) would interrupt the calls we make in its name
+        # (clone fails with ERESTARTNOINTR): held back until we let go.
+        self.mask = self.signal_mask()
+        self.set_signal_mask(ALL_SIGNALS)
 
     def _on_gate(self) -> bool:
         """Stopped on a system call instruction, about to make it (not in the middle of one)."""
@@ -125,6 +131,15 @@ class Tracee:
 
     def set_registers(self, regs: Registers) -> None:
         _ptrace(PTRACE_SETREGS, self.pid, 0, ctypes.addressof(regs))
+
+    def signal_mask(self) -> int:
+        mask = ctypes.c_uint64()
+        _ptrace(PTRACE_GETSIGMASK, self.pid, ctypes.sizeof(mask), ctypes.addressof(mask))
+        return mask.value
+
+    def set_signal_mask(self, mask: int) -> None:
+        value = ctypes.c_uint64(mask)
+        _ptrace(PTRACE_SETSIGMASK, self.pid, ctypes.sizeof(value), ctypes.addressof(value))
 
     def put(self, data: bytes, offset: int = 0) -> int:
         """Copy `data` into the scratch area below the stack; its address there."""
@@ -165,9 +180,10 @@ class Tracee:
             raise TraceError(-result, f"{name} in process {self.pid}: {os.strerror(-result)}")
         return result
 
-    def resume_as(self, regs: Registers, stop: bool = False) -> None:
-        """Let go, carrying on from `regs` (a call we interrupted is made again); `stop` leaves it
-        stopped (SIGSTOP) instead of running."""
+    def resume_as(self, regs: Registers, mask: int, stop: bool = False) -> None:
+        """Let go, carrying on from `regs` (a call we interrupted is made again) with signal `mask`;
+        `stop` leaves it stopped (SIGSTOP) instead of running."""
+        self.set_signal_mask(mask)
         regs = Registers.from_buffer_copy(regs)
         if regs.rax - 2**64 in RESTART_ERRORS and regs.orig_rax < 2**63:
             regs.rip -= 2
