@@ -180,3 +180,37 @@ def test_a_signal_storm_does_not_fail_the_fork(server: ServerHandle) -> None:
     assert answer.status_code == 201 or answer.status_code == 409 and "not waiting" in answer.text, answer.text
     probe = "import time\nbefore = ticks\ntime.sleep(0.2)\nprint(kept, ticks > before, signal.pthread_sigmask(signal.SIG_BLOCK, []))"
     assert stdout(call(server, sid, probe)) == "3 True set()\n"
+
+
+# A session's code as a tracer of its own child: it may not ask for seccomp events (the forker's
+# way of letting clone make namespaces), and under a tracer that did not, clone still makes none.
+OWN_TRACER = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.restype = libc.syscall.restype = ctypes.c_long
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+go_r, go_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(go_r, 1)
+    made = libc.syscall(56, 0x10000000 | 0x40000000 | 17, 0, 0, 0, 0)
+    if made == 0:
+        os._exit(0)
+    os._exit(100 if made > 0 else ctypes.get_errno())
+answers = []
+for request, data in ((0x4206, 0x80), (0x4206, 0), (0x4200, 0x80), (21, 0x80)):  # SEIZE, SETOPTIONS, OLDSETOPTIONS
+    answers.append(libc.ptrace(request, pid, None, data) == 0 or ctypes.get_errno())
+os.write(go_w, b"x")
+_, status = os.waitpid(pid, 0)
+print(answers, os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_no_run_can_be_the_tracer_that_lets_namespaces_be_made(server: ServerHandle) -> None:
+    sid = create(server)
+    answers, child = stdout(call(server, sid, OWN_TRACER)).rsplit(" ", 1)
+    # Seizing with seccomp events and setting them are refused; seizing without them may be allowed.
+    assert answers.startswith("[1, ") and answers.endswith(", 1, 1]"), answers
+    assert int(child) == 38  # ENOSYS: no tracer let the clone go on
+    [copy] = fork(server, sid).json()["session_ids"]
+    assert stdout(call(server, copy, OWN_TRACER)).rsplit(" ", 1)[1] == "38\n"

@@ -2,7 +2,8 @@
 
 The state lives in the session's interpreter, which runs model code with no capabilities, so the
 copy is made there: a throwaway forker stops it between calls (ptrace) and makes clone(2) in its
-name, with the key the seccomp filter asks of clone's namespace flags (seccomp.py).  A clone that
+name: the seccomp filter hands clone with namespace flags to its tracer, which only the forker can
+be (seccomp.py), so no secret admits it.  A clone that
 makes a user namespace needs no capability, and the copy, stopped, is set up before it runs a step:
 from outside, helpers map its ids, move it into its cgroups, and mount its own /proc, /dev/pts and
 fresh tmpfs holding copies of the parent's files (read by descriptor, never through a path the
@@ -83,7 +84,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
     each one's pid and zygote-side channel ends, and exit.  On failure, kill what was made."""
     made: list[int] = []
     try:
-        # Nothing of the session's may read the key from us (a core, /proc/<pid>/mem of the same uid).
+        # Nothing of the session's may reach into us (a core, /proc/<pid>/mem of the same uid).
         linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
         # Between calls a python session reads them on fd 9, bash on fd 0 (`read <&9`); a snapshot
         # stands stopped on that read, and is never let go to reach it.
@@ -93,13 +94,12 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
             raise Refused(f"its interpreter is not waiting for its next call ({exc})") from None
         try:
             # Checked with the interpreter stopped, so they hold until the copies exist: nothing of
-            # the session runs while the key is in a register (/proc/<pid>/syscall shows it).
+            # the session runs while we trace it and its clone makes namespaces.
             _check_alone(parent)
-            key = blueprint.seccomp.key()
             cwd = _working_directory(parent, blueprint.cfg["workdir"])
             for copy_groups in groups:
                 # A child of the session's PID 1 (CLONE_PARENT): it outlives the parent's interpreter.
-                result = source.call("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, key[0], key[1], 0)
+                result = source.call("clone", FORK_FLAGS | CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
                 if -result in (errno.EUSERS, errno.ENOSPC):
                     raise TooDeep(f"forks nest only so deep (Linux allows 32 user and PID namespaces, the "
                                   f"sandbox and its sessions use some): {os.strerror(-result)}")
@@ -108,7 +108,6 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
                 assert source.forked is not None
                 made.append(source.forked)
                 init = tracing.Tracee(source.forked, attach=False)
-                _forget_key(init)
                 interpreter, fds = _set_up(blueprint, init, source, copy_groups, cwd, freeze)
                 socket.send_fds(reply, [b"%d %d" % (init.pid, interpreter)], fds)
                 for fd in fds:
@@ -128,15 +127,6 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
         with contextlib.suppress(OSError):
             reply.sendall(kind + message.replace("\n", " ").encode() + b"\n")
         os._exit(1)
-
-
-def _forget_key(init: tracing.Tracee) -> None:
-    """The copy's PID 1 is born with clone's arguments, the key among them, in its registers: zeroed
-    at its first stop, before anything could read them (/proc/<pid>/syscall)."""
-    regs = tracing.Registers.from_buffer_copy(init.saved)
-    regs.rdx = regs.r10 = 0
-    init.set_registers(regs)
-    init.saved = regs
 
 
 def _check_alone(interpreter: int) -> None:

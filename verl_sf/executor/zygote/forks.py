@@ -1,8 +1,8 @@
 """The zygote's side of a session's fork: what it refuses, the forker it runs, the copies it takes on.
 
-The forker (fork.py) is a child of ours, so the key it reads never enters our memory, which every
-later run inherits.  It works while our loop goes on (copying a session's files takes as long as
-they are big): its socket is polled like a job's pipes, and its end answers the request.
+The forker (fork.py) is a throwaway child of ours that traces the session.  It works while our loop
+goes on (copying a session's files takes as long as they are big): its socket is polled like a
+job's pipes, and its end answers the request.
 """
 
 from __future__ import annotations

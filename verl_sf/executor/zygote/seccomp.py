@@ -3,11 +3,11 @@
 library cannot name is taken by number or refused at start, and calls newer than its table are
 refused as missing (ENOSYS, so runtimes fall back).
 
-clone with namespace flags passes only with a key in two arguments the kernel ignores: the fork
-of a session (fork.py) puts it in the registers of a stopped process.  The key, and the program
-that holds it, never enter the memory of the zygote, whose every page its children inherit: a
-throwaway child makes both into sealed files, a child reads the program into a buffer it zeroes
-once loaded, and only the forker reads the key."""
+clone with namespace flags is handed to the process's tracer (SECCOMP_RET_TRACE) and made only if
+a tracer that asked for those events (PTRACE_O_TRACESECCOMP) lets it go on; without one the kernel
+answers ENOSYS.  The one such tracer is the forker of a session (fork.py), which has the session's
+only thread stopped and makes the call itself: no run may ask for those events (ptrace with that
+option is refused), so no secret, nothing a run could read, admits a namespace."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ from .linux import NAMESPACE_FLAGS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, check, 
 from .messages import ZygoteConfig
 
 SCMP_ERROR = -1  # __NR_SCMP_ERROR: libseccomp does not know the name
-SCMP_ACT_ALLOW, SCMP_ACT_ERRNO = 0x7FFF0000, 0x00050000
-SCMP_FLTATR_CTL_OPTIMIZE, SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 8, 1, 4, 7
-KEY_BYTES = 16  # two 64-bit words: clone's parent_tid and child_tid (x86-64), unread without their flags
+SCMP_ACT_ALLOW, SCMP_ACT_ERRNO, SCMP_ACT_TRACE = 0x7FFF0000, 0x00050000, 0x7FF00000
+SCMP_FLTATR_CTL_OPTIMIZE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 8, 4, 7
+# ptrace requests that set options (PTRACE_OLDSETOPTIONS is x86's old number), and the option a run may not set.
+PTRACE_OPTION_REQUESTS = (0x4200, 0x4206, 21)  # PTRACE_SETOPTIONS, PTRACE_SEIZE, PTRACE_OLDSETOPTIONS
+PTRACE_O_TRACESECCOMP = 0x80
 # System calls added since 5.1 have one number on every architecture; these are the ones an
 # older libseccomp may not resolve.  Everything from FIRST_UNKNOWN_SYSCALL on is refused.
 NEW_SYSCALLS = {"memfd_secret": 447, "cachestat": 451, "fchmodat2": 452, "map_shadow_stack": 453,
@@ -45,9 +47,8 @@ class _ArgCmp(ctypes.Structure):
 class Filter:
     """The compiled program in a sealed file (-1: none); a child reads it, loads it, and zeroes its copy."""
 
-    def __init__(self, program_fd: int, key_fd: int):
+    def __init__(self, program_fd: int):
         self.program_fd = program_fd
-        self.key_fd = key_fd
         self._buffer: Optional[ctypes.Array[ctypes.c_char]] = None
 
     def prepare(self) -> None:
@@ -68,24 +69,16 @@ class Filter:
         finally:
             ctypes.memset(self._buffer, 0, len(self._buffer))
 
-    def key(self) -> tuple[int, int]:
-        """The two words that let clone make namespaces (read by the forker only)."""
-        key = os.pread(self.key_fd, KEY_BYTES, 0)
-        return int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
-
 
 def sealed_filter(config: ZygoteConfig) -> Filter:
-    """Compile in a throwaway child, which draws the key: the program and the key come back as files."""
+    """Compile in a throwaway child (libseccomp stays out of the zygote): the program comes back as a file."""
     if not config["seccomp"]:
-        return Filter(-1, -1)
+        return Filter(-1)
     program_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
-    key_fd = os.memfd_create("fork-key", os.MFD_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         try:
-            key = os.urandom(KEY_BYTES)
-            os.write(program_fd, compile_filter(config, key))
-            os.write(key_fd, key)
+            os.write(program_fd, compile_filter(config))
             os._exit(0)
         except BaseException:
             os.write(2, traceback.format_exc().encode())
@@ -93,10 +86,10 @@ def sealed_filter(config: ZygoteConfig) -> Filter:
     _, status = os.waitpid(pid, 0)
     if status != 0:
         raise OSError("the seccomp filter could not be compiled (see the message above)")
-    return Filter(program_fd, key_fd)
+    return Filter(program_fd)
 
 
-def compile_filter(config: ZygoteConfig, key: bytes) -> bytes:
+def compile_filter(config: ZygoteConfig) -> bytes:
     """The filter as a BPF program (native ABI only: 32-bit and x32 calls hit the bad-arch kill)."""
     lib = ctypes.CDLL(config["libseccomp"], use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
@@ -139,11 +132,11 @@ def compile_filter(config: ZygoteConfig, key: bytes) -> bytes:
                 rule(enosys, number)
         for family in config["seccomp_socket_families"]:
             rule(eperm, number_of("socket"), _ArgCmp(0, SCMP_CMP_EQ, family, 0))
-        words = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
-        for flag in NAMESPACE_FLAGS:
-            for arg, word in zip((2, 3), words, strict=True):  # refused unless both words are the key
-                rule(eperm, number_of("clone"), _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag),
-                     _ArgCmp(arg, SCMP_CMP_NE, word, 0))
+        for flag in NAMESPACE_FLAGS:  # made only if the forker, tracing, lets it go on
+            rule(SCMP_ACT_TRACE, number_of("clone"), _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag))
+        for request in PTRACE_OPTION_REQUESTS:  # no run becomes such a tracer
+            rule(eperm, number_of("ptrace"), _ArgCmp(0, SCMP_CMP_EQ, request, 0),
+                 _ArgCmp(3, SCMP_CMP_MASKED_EQ, PTRACE_O_TRACESECCOMP, PTRACE_O_TRACESECCOMP))
         exported = os.memfd_create("seccomp")
         try:
             result = lib.seccomp_export_bpf(ctx, exported)

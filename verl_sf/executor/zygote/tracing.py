@@ -22,7 +22,7 @@ PTRACE_CONT, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH, PTRACE_SYSCALL = 7, 
 PTRACE_SETOPTIONS, PTRACE_GETEVENTMSG, PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4200, 0x4201, 0x4206, 0x4207
 PTRACE_GETSIGMASK, PTRACE_SETSIGMASK = 0x420A, 0x420B
 ALL_SIGNALS = 2**64 - 1  # the kernel leaves SIGKILL and SIGSTOP out
-PTRACE_O_TRACESYSGOOD, PTRACE_O_TRACEFORK, PTRACE_O_EXITKILL = 0x1, 0x2, 0x100000
+PTRACE_O_TRACESYSGOOD, PTRACE_O_TRACEFORK, PTRACE_O_TRACESECCOMP, PTRACE_O_EXITKILL = 0x1, 0x2, 0x80, 0x100000
 PTRACE_EVENT_FORK, PTRACE_EVENT_STOP = 1, 128
 WALL = 0x40000000  # __WALL
 SYSCALL_INSTRUCTION = b"\x0f\x05"
@@ -81,7 +81,9 @@ class Tracee:
         self.pid = pid
         self.mem = -1
         if attach:
-            _ptrace(PTRACE_SEIZE, pid, 0, PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACEFORK | PTRACE_O_EXITKILL)
+            # TRACESECCOMP: the filter hands clone with namespace flags to us (seccomp.py), and we let ours go on.
+            _ptrace(PTRACE_SEIZE, pid, 0,
+                    PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACEFORK | PTRACE_O_TRACESECCOMP | PTRACE_O_EXITKILL)
             _ptrace(PTRACE_INTERRUPT, pid)
         self.status = _wait(pid)
         self.saved = self.registers()
@@ -167,7 +169,7 @@ class Tracee:
                 self.forked = message.value
                 continue
             if os.WSTOPSIG(status) != (signal.SIGTRAP | 0x80):
-                continue  # a signal arriving meanwhile waits: it is delivered once we let go
+                continue  # the filter's seccomp stop (let go on), or a signal, delivered once we let go
             if entered:
                 break
             entered = True
