@@ -259,7 +259,6 @@ class SnapshotInfo(BaseModel):
 
     snapshot_id: str
     language: SessionLanguage
-    source_session_id: str
     created_at: float
     """Unix time."""
     expires_at: float

@@ -65,6 +65,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-connections", type=int, default=None,
                    help="open connections per server process (default: as many as the open-files limit, raised "
                         "to its hard limit at start, leaves room for); at the cap the longest-waiting one is closed")
+    p.add_argument("--list-snapshots", action="store_true",
+                   help="answer GET /snapshots with every snapshot's id (only where all clients trust one another: "
+                        "an id lets its holder start sessions from the snapshot or delete it)")
     p.add_argument("--gpus", default=defaults.gpus or "none",
                    help="NVIDIA GPUs the cuda and python_gpu languages run on: 'all', indices such as 0,1, or "
                         "'none' (those languages are refused)")
@@ -124,7 +127,8 @@ def _serve(args: argparse.Namespace) -> int:
                     max_sandboxes_per_key=args.e2b_max_sandboxes_per_key)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
-                          max_connections=args.max_connections, executor=executor, verl_tool=verl_tool, e2b=e2b,
+                          max_connections=args.max_connections, list_snapshots=args.list_snapshots,
+                          executor=executor, verl_tool=verl_tool, e2b=e2b,
                           daytona=DaytonaConfig(api_key=args.daytona_api_key, max_sandboxes=args.daytona_max_sandboxes,
                                                 minute_s=args.daytona_minute_s))
 

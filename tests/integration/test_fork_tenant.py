@@ -214,3 +214,17 @@ def test_no_run_can_be_the_tracer_that_lets_namespaces_be_made(server: ServerHan
     assert int(child) == 38  # ENOSYS: no tracer let the clone go on
     [copy] = fork(server, sid).json()["session_ids"]
     assert stdout(call(server, copy, OWN_TRACER)).rsplit(" ", 1)[1] == "38\n"
+
+
+def test_a_snapshot_names_no_session_and_none_is_listed(server: ServerHandle) -> None:
+    """Ids are capabilities: holding a snapshot's id gives no way into the session it was taken of,
+    and a server lists no snapshot ids unless started with --list-snapshots."""
+    sid = create(server)
+    made = requests.post(f"{server.url}/sessions/{sid}/snapshot", timeout=60)
+    assert made.status_code == 201, made.text
+    snapshot = made.json()["snapshot_id"]
+    shown = requests.get(f"{server.url}/snapshots/{snapshot}", timeout=30).json()
+    assert sid not in json.dumps(shown) and sid not in made.text
+    listing = requests.get(f"{server.url}/snapshots", timeout=30)
+    assert listing.status_code == 403 and snapshot not in listing.text and "--list-snapshots" in listing.text
+    assert requests.delete(f"{server.url}/snapshots/{snapshot}", timeout=30).status_code == 200

@@ -24,7 +24,7 @@ FRONTS = 2
 
 @pytest.fixture(scope="module")
 def fronts_server() -> Iterator[ServerHandle]:
-    handle = start_server("--slots", "3", "--max-in-flight", "10", "--max-body-mb", "1", "--fronts", str(FRONTS))
+    handle = start_server("--slots", "3", "--max-in-flight", "10", "--max-body-mb", "1", "--fronts", str(FRONTS), "--list-snapshots")
     yield handle
     stop_server(handle.process)
 
@@ -120,7 +120,6 @@ def test_forks_and_snapshots_reach_their_owner_from_any_front(fronts_server: Ser
     snapshot = fresh("POST", f"{url}/sessions/{parent}/snapshot")
     assert snapshot.status_code == 201, snapshot.text
     snapshot_id = snapshot.json()["snapshot_id"]
-    assert snapshot.json()["source_session_id"] == parent
     assert {i.split("-")[0] for i in [*forks, snapshot_id]} == {owner}, "named for the parent's front"
     started = []
     for _ in range(4):  # fresh connections: some land on the other front and are forwarded to the owner

@@ -36,7 +36,7 @@ REPORT = "print(token, open('ran.txt').read(), len(rows))"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerHandle]:
-    handle = start_server("--slots", "2", "--preload", "")
+    handle = start_server("--slots", "2", "--preload", "", "--list-snapshots")
     yield handle
     stop_server(handle.process)
 

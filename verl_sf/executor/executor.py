@@ -517,7 +517,7 @@ class Executor:
             raise Overloaded(f"{len(self._snapshots)} snapshots kept (max_snapshots); delete one, or wait for "
                              f"one to expire")
         [(open_id, _)] = await self._fork_idle(source, 1, freeze=True)
-        snapshot = Snapshot(id=self._snapshots.new_id(), language=source.language, source_session_id=session_id,
+        snapshot = Snapshot(id=self._snapshots.new_id(), language=source.language,
                             zygote=source.zygote, open_id=open_id, memory_mb=source.memory_mb,
                             idle_ttl_s=source.idle_ttl_s, expires_at=time.time() + self.config.snapshot_ttl_s)
         self._snapshots.add(snapshot)
@@ -535,7 +535,7 @@ class Executor:
     def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
         snapshot = self._snapshots.get(snapshot_id)
         return SnapshotInfo(snapshot_id=snapshot.id, language=snapshot.language,
-                            source_session_id=snapshot.source_session_id, created_at=snapshot.created_at,
+                            created_at=snapshot.created_at,
                             expires_at=snapshot.expires_at, sessions_started=snapshot.sessions_started,
                             memory_limit_MB=snapshot.memory_mb)
 

@@ -19,7 +19,6 @@ ENDED_SNAPSHOTS_KEPT = 10_000  # deleted snapshots whose reason a late request c
 class Snapshot:
     id: str
     language: str
-    source_session_id: str
     zygote: ZygoteProcess
     open_id: int
     memory_mb: int

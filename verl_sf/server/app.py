@@ -58,6 +58,9 @@ class ServerConfig:
     max_connections: Optional[int] = None
     """Open connections per server process; None: as many as the open-files limit leaves room for."""
     retry_after_s: int = 1
+    list_snapshots: bool = False
+    """Answer GET /snapshots with every snapshot's id: ids are what lets a client start sessions from a
+    snapshot or delete it, so only for servers whose clients all trust one another."""
     reuse_port: bool = False
     """Share the port with other processes (SO_REUSEPORT): `verl-sf serve --fronts N` runs N."""
     executor: ExecutorConfig = dataclasses.field(default_factory=ExecutorConfig)
@@ -181,7 +184,7 @@ def build_app(config: ServerConfig, executor: Executor, connections: ConnectionL
     app.router.add_post("/sessions", create_session)
     app.router.add_get("/sessions/{session_id}", get_session)
     app.router.add_delete("/sessions/{session_id}", delete_session)
-    add_snapshot_routes(app)
+    add_snapshot_routes(app, config.list_snapshots)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     add_verl_tool_routes(app, config.verl_tool)

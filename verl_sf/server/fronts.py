@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")
 SUMMED_HEALTH_FIELDS = ("slots", "sandboxes", "in_flight", "queued", "max_in_flight", "sessions", "max_sessions",
                         "snapshots", "max_snapshots", "connections", "max_connections")
-OWNED_ID_FIELDS = ("session_id", "source_session_id", "snapshot_id")
+OWNED_ID_FIELDS = ("session_id", "snapshot_id")
 """Fields of an answer that name a session or snapshot of the front that gave it."""
 PEERS_KEY = web.AppKey("front_peers", list[int])
 CLIENT_KEY = web.AppKey("front_client", aiohttp.ClientSession)
@@ -123,9 +123,12 @@ class FrontRouting:
                                      status=404)
         return await self._forward(request, int(match.group(1)), public_id, match.group(2))
 
-    async def _all_snapshots(self, request: web.Request, handler: Handler) -> web.Response:
+    async def _all_snapshots(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """GET /snapshots: every front's, under their public ids (a front that does not answer is left out)."""
-        own = _json_body(await handler(request))
+        response = await handler(request)
+        if response.status != 200:  # listing is off
+            return response
+        own = _json_body(response)
         peers: list[int] = request.app[PEERS_KEY]
         others = [index for index in range(len(peers)) if index != self.index]
         answers = await asyncio.gather(*(_peer_json(request.app[CLIENT_KEY], peers[i], "/snapshots") for i in others))

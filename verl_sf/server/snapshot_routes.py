@@ -57,9 +57,15 @@ async def delete_snapshot(request: web.Request) -> web.Response:
     return web.json_response({"snapshot_id": snapshot_id, "deleted": True})
 
 
-def add_snapshot_routes(app: web.Application) -> None:
+async def listing_off(request: web.Request) -> web.Response:
+    return web.json_response({"detail": "listing snapshots is off on this server: a snapshot's id is what lets a "
+                                        "client use it (start the server with --list-snapshots to list them)"},
+                             status=403)
+
+
+def add_snapshot_routes(app: web.Application, listed: bool) -> None:
     app.router.add_post("/sessions/{session_id}/fork", fork_session)
     app.router.add_post("/sessions/{session_id}/snapshot", snapshot_session)
-    app.router.add_get("/snapshots", list_snapshots)
+    app.router.add_get("/snapshots", list_snapshots if listed else listing_off)
     app.router.add_get("/snapshots/{snapshot_id}", get_snapshot)
     app.router.add_delete("/snapshots/{snapshot_id}", delete_snapshot)

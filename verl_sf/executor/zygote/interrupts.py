@@ -52,6 +52,11 @@ class Interrupt:
         """The earliest moment the grace could be spent (it moves later while the call waits for a CPU)."""
         return now + max(0.01, self.grace - self.progress(now))
 
+    def cutoff(self, hard_deadline: float) -> float:
+        """When the call is killed whatever its progress: at the client's deadline, but never before
+        its grace has passed in wall-clock time (a zygote kept from its timer sends the interrupt late)."""
+        return max(hard_deadline, self.sent_at + self.grace)
+
     def why(self) -> str:
         """What kept the call from stopping, as the kernel shows it."""
         status = _status(self.pid)

@@ -76,7 +76,7 @@ class Session(Job):
             return time.monotonic() + IDLE_SESSION_TICK if self.watch_memory and self.alive else None
         if self.interrupted is not None:
             now = time.monotonic()
-            return min(self.interrupted.due(now), self.hard_deadline)
+            return min(self.interrupted.due(now), self.interrupted.cutoff(self.hard_deadline))
         return super().next_tick()
 
     def deadline(self) -> float:
@@ -139,7 +139,7 @@ class Session(Job):
             if self.interrupted.spent(now):
                 self.kill(zygote, f"killed: the call ignored the interrupt at its time-out for {grace:g} s of its own"
                                   f" time: {self.interrupted.why()}")
-            elif now >= self.hard_deadline:
+            elif now >= self.interrupted.cutoff(self.hard_deadline):
                 self.kill(zygote, f"killed: the call had not stopped on the interrupt at its time-out when the client's"
                                   f" deadline came (it waited {self.interrupted.waited():.1f} s for a CPU):"
                                   f" {self.interrupted.why()}")
