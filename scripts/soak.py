@@ -33,6 +33,7 @@ HOSTILE = {
 # What a reply may name as the cause when a session ends that was not asked to (docs/sessions.md).
 DOCUMENTED = ("evicted", "expired", "killed for exceeding its memory limit", "ignored the interrupt",
               "memory cap")
+INTERRUPTIBLE = ("session", "fork parent", "fork copy")
 
 
 class Tally:
@@ -52,9 +53,12 @@ class Tally:
             self.wrong.append(f"{kind}: {what[:300]}")
 
     def ended(self, kind: str, reason: str) -> None:
+        # This soak's sessions and copies sleep when interrupted: for them, "ignored the interrupt" is no cause.
+        causes = [cause for cause in DOCUMENTED if cause in reason
+                  and not (cause == "ignored the interrupt" and kind in INTERRUPTIBLE)]
         with self.lock:
-            if reason and any(cause in reason for cause in DOCUMENTED):
-                self.explained[reason.split(":")[0][:60]] += 1
+            if causes:
+                self.explained[f"{kind}: {causes[0]}"] += 1
             else:
                 self.unexplained.append(f"{kind}: {reason[:300]!r}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,3 +135,33 @@ def test_a_call_whose_wait_spent_its_budget_still_gets_its_time_and_grace(zyg: Z
     assert "KeyboardInterrupt" in interrupted["stderr"] and interrupted["execution_time"] >= 0.9
     zyg.send({**call, "id": 22}, {"code": "print(x + 1)", "output_limit": 1 << 16})
     assert zyg.reply_to(22)["stdout"] == "42\n"
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as fh:
+            children += map(int, fh.read().split())
+    return children
+
+
+def test_an_interrupt_that_comes_before_the_call_has_begun_is_sent_again(zyg: Zygote) -> None:
+    """A starved interpreter reads its call after the call's time-out: the interrupt it finds
+    waiting is taken for a late one of the call before and dropped, and the one sent halfway
+    through the grace stops the code; the session lives, and the next call is not interrupted."""
+    zyg.send({"op": "open", "id": 30, "language": "python", "limits": LIMITS},
+             {**BODY_LIMITS, "mode": "session_python", "files": {}})
+    assert zyg.reply_to(30)["session_alive"] is True
+    # The session's PID 1 is the zygote's child that has a child: its interpreter.
+    [interpreter] = [grandchild for child in _children(zyg.process.pid) for grandchild in _children(child)]
+    call = {"op": "call", "session": 30, "grace": 2.0, "limits": {**LIMITS, "timeout": 0.3}}
+    os.kill(interpreter, signal.SIGSTOP)
+    zyg.send({**call, "id": 31}, {"code": "x = 41\nimport time\ntime.sleep(30)", "output_limit": 1 << 16})
+    time.sleep(0.5)  # past the time-out: the interrupt waits on the stopped interpreter
+    os.kill(interpreter, signal.SIGCONT)
+    interrupted = zyg.reply_to(31)
+    assert interrupted["status"] == "TimeLimitExceeded" and interrupted["session_alive"] is True, interrupted
+    assert "KeyboardInterrupt" in interrupted["stderr"]
+    zyg.send({**call, "id": 32, "limits": LIMITS}, {"code": "import time\ntime.sleep(0.5)\nprint(x + 1)",
+                                                    "output_limit": 1 << 16})
+    assert zyg.reply_to(32)["stdout"] == "42\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, Optional
@@ -59,12 +60,19 @@ def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str
     """Each call is one line of JSON on fd 9, run in the same globals; the zygote closing fd 9 ends it."""
     source = os.fdopen(JOB_FD, "rb", buffering=0)
     pending = b""
+    # The zygote's interrupt is for the code: held back between calls, and one sent at a call that
+    # had already ended (it raced the call's end) is dropped when the next call arrives; it cannot
+    # be this call's, which is interrupted no sooner than its time-out (and again, if it is lost).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     while True:
         try:
             while b"\n" not in pending:
                 chunk = source.read(READ_CHUNK)
                 if not chunk:
                     os._exit(0)
+                if not pending:
+                    while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
+                        pass
                 pending += chunk
             line, _, pending = pending.partition(b"\n")
             call: SessionCallBody = loads(line.decode())
@@ -74,11 +82,13 @@ def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str
             os.lseek(stdin_fd, 0, os.SEEK_SET)
             os.dup2(stdin_fd, 0)
             os.close(stdin_fd)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             if call.get("cells") is not None:
                 code = run_cells(call["cells"], call.get("cell_timeout") or 0, call["output_limit"], namespace,
                                  at_exit=False)
             else:
                 code = run_python(call["code"], namespace, at_exit=False)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
@@ -88,5 +98,7 @@ def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str
             if call.get("fetch_files") is not None:
                 record["files"] = fetch(call["fetch_files"])
             report(record)
-        except KeyboardInterrupt:
-            report({"kind": "call_done", "return_code": 1})  # the interrupt came between statements of ours
+        except KeyboardInterrupt:  # it came between statements of ours, just before or after the code
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            sys.stderr.write("KeyboardInterrupt\n")
+            report({"kind": "call_done", "return_code": 1})

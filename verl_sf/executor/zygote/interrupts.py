@@ -37,6 +37,7 @@ class Interrupt:
         self.grace = grace
         self.sent_at = now
         self.wait_at_start = cpu_wait(pid)
+        self.repeated = False  # sent again halfway through the grace
 
     def waited(self) -> float:
         return max(0.0, cpu_wait(self.pid) - self.wait_at_start)
@@ -49,8 +50,13 @@ class Interrupt:
         return self.progress(now) >= self.grace
 
     def due(self, now: float) -> float:
-        """The earliest moment the grace could be spent (it moves later while the call waits for a CPU)."""
-        return now + max(0.01, self.grace - self.progress(now))
+        """The earliest moment the grace could be half or all spent (it moves later while the call waits for a CPU)."""
+        return now + max(0.01, (self.grace if self.repeated else self.grace / 2) - self.progress(now))
+
+    def repeat_due(self, now: float) -> bool:
+        """Half the grace gone: send it once more (the first may have come before the call had begun,
+        when the session drops what it takes for an interrupt of the call before)."""
+        return not self.repeated and self.progress(now) >= self.grace / 2
 
     def cutoff(self, hard_deadline: float) -> float:
         """When the call is killed whatever its progress: at the client's deadline, but never before

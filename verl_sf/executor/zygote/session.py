@@ -143,6 +143,9 @@ class Session(Job):
                 self.kill(zygote, f"killed: the call had not stopped on the interrupt at its time-out when the client's"
                                   f" deadline came (it waited {self.interrupted.waited():.1f} s for a CPU):"
                                   f" {self.interrupted.why()}")
+            elif self.interrupted.repeat_due(now):
+                self.interrupted.repeated = True
+                self._send_interrupt()
             return
         if self.past_deadline(now):
             self.interrupt(now)
@@ -152,6 +155,9 @@ class Session(Job):
         if self.call is None or self.interrupted is not None:
             return
         self.interrupted = Interrupt(self.interpreter, self.call["grace"], now)
+        self._send_interrupt()
+
+    def _send_interrupt(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
 
