@@ -56,23 +56,34 @@ done
 """
 
 
+def _between_calls(signum: int, frame: Any) -> None:
+    """SIGINT between calls: dropped."""
+
+
+def _hold_interrupts(code_handler: Any) -> Any:
+    """Drop interrupts until the next call; the handler the code left, which that call gets back."""
+    current = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, _between_calls)
+    if current is _between_calls:
+        return code_handler
+    return current if current is not None else signal.default_int_handler
+
+
 def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str]]], dict[str, str]]) -> NoReturn:
     """Each call is one line of JSON on fd 9, run in the same globals; the zygote closing fd 9 ends it."""
     source = os.fdopen(JOB_FD, "rb", buffering=0)
     pending = b""
-    # The zygote's interrupt is for the code: held back between calls, and one sent at a call that
-    # had already ended (it raced the call's end) is dropped when the next call arrives; it cannot
-    # be this call's, which is interrupted no sooner than its time-out (and again, if it is lost).
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # The zygote's interrupt is for the code: between calls one is dropped (it raced the end of the
+    # call before, or came before this call began and is sent again).  Not blocked or ignored, so
+    # /proc still shows what the code itself does with SIGINT; the code's own handler is kept.
+    code_handler = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, _between_calls)
     while True:
         try:
             while b"\n" not in pending:
                 chunk = source.read(READ_CHUNK)
                 if not chunk:
                     os._exit(0)
-                if not pending:
-                    while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
-                        pass
                 pending += chunk
             line, _, pending = pending.partition(b"\n")
             call: SessionCallBody = loads(line.decode())
@@ -82,13 +93,13 @@ def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str
             os.lseek(stdin_fd, 0, os.SEEK_SET)
             os.dup2(stdin_fd, 0)
             os.close(stdin_fd)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, code_handler)
             if call.get("cells") is not None:
                 code = run_cells(call["cells"], call.get("cell_timeout") or 0, call["output_limit"], namespace,
                                  at_exit=False)
             else:
                 code = run_python(call["code"], namespace, at_exit=False)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            code_handler = _hold_interrupts(code_handler)
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
@@ -99,6 +110,6 @@ def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str
                 record["files"] = fetch(call["fetch_files"])
             report(record)
         except KeyboardInterrupt:  # it came between statements of ours, just before or after the code
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            code_handler = _hold_interrupts(code_handler)
             sys.stderr.write("KeyboardInterrupt\n")
             report({"kind": "call_done", "return_code": 1})

@@ -13,13 +13,15 @@ import signal
 SIGINT_BIT = 1 << (signal.SIGINT - 1)
 
 
-def cpu_wait(pid: int) -> float:
-    """Seconds `pid`'s main thread (the one that runs Python's signal handlers) waited for a CPU."""
+def schedstat(pid: int) -> tuple[float, float]:
+    """Seconds `pid`'s main thread (the one that runs Python's signal handlers) ran on a CPU, and
+    waited for one."""
     try:
         with open(f"/proc/{pid}/schedstat", "rb") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
+            ran, waited = fh.read().split()[:2]
+        return int(ran) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -36,18 +38,26 @@ class Interrupt:
         self.pid = pid
         self.grace = grace
         self.sent_at = now
-        self.wait_at_start = cpu_wait(pid)
+        self.cpu_at_start, self.wait_at_start = schedstat(pid)
         self.repeated = False  # sent again halfway through the grace
 
     def waited(self) -> float:
-        return max(0.0, cpu_wait(self.pid) - self.wait_at_start)
+        return max(0.0, schedstat(self.pid)[1] - self.wait_at_start)
+
+    def ran(self) -> float:
+        return max(0.0, schedstat(self.pid)[0] - self.cpu_at_start)
 
     def progress(self, now: float) -> float:
         """Seconds since the interrupt that the interpreter was not kept off a CPU."""
         return (now - self.sent_at) - self.waited()
 
     def spent(self, now: float) -> bool:
-        return self.progress(now) >= self.grace
+        """It ran on a CPU for the grace without stopping, or had the grace to run and the kernel shows
+        why it did not stop.  Otherwise (asleep, a page fault on a thrashing machine, a caught
+        KeyboardInterrupt) it is left to the client's deadline (`cutoff`)."""
+        if self.ran() >= self.grace:
+            return True
+        return self.progress(now) >= self.grace and self._reason() is not None
 
     def due(self, now: float) -> float:
         """The earliest moment the grace could be half or all spent (it moves later while the call waits for a CPU)."""
@@ -63,8 +73,8 @@ class Interrupt:
         its grace has passed in wall-clock time (a zygote kept from its timer sends the interrupt late)."""
         return max(hard_deadline, self.sent_at + self.grace)
 
-    def why(self) -> str:
-        """What kept the call from stopping, as the kernel shows it."""
+    def _reason(self) -> str | None:
+        """What the kernel shows keeps the call from stopping, if anything."""
         status = _status(self.pid)
         if int(status.get("SigIgn", "0"), 16) & SIGINT_BIT:
             return "the code ignores SIGINT"
@@ -74,4 +84,18 @@ class Interrupt:
             return "the code is blocked in uninterruptible I/O"
         if status.get("State", "").startswith(("T", "t")):
             return "the code is stopped"
-        return "the code did not stop on the interrupt (it caught KeyboardInterrupt, or runs a long call in C)"
+        return None
+
+    def why(self) -> str:
+        """What kept the call from stopping, as the kernel shows it."""
+        reason = self._reason()
+        if reason is not None:
+            return reason
+        state = _status(self.pid).get("State", "?")
+        try:
+            with open(f"/proc/{self.pid}/wchan") as fh:
+                where = fh.read().strip() or "-"
+        except OSError:
+            where = "?"
+        return (f"the code did not stop on the interrupt (it caught KeyboardInterrupt, or runs a long call in C; "
+                f"state {state}, waiting in {where}, {self.ran():.1f} s on a CPU since)")
