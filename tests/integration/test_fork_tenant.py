@@ -228,3 +228,20 @@ def test_a_snapshot_names_no_session_and_none_is_listed(server: ServerHandle) ->
     listing = requests.get(f"{server.url}/snapshots", timeout=30)
     assert listing.status_code == 403 and snapshot not in listing.text and "--list-snapshots" in listing.text
     assert requests.delete(f"{server.url}/snapshots/{snapshot}", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("mapping", ["m = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_SHARED)",
+                                     "fd = os.open('/dev/shm/mine', os.O_RDWR | os.O_CREAT)\nos.ftruncate(fd, 4096)\n"
+                                     "m = mmap.mmap(fd, 4096)"],
+                         ids=["anonymous", "shm-file"])
+def test_shared_memory_is_not_forked(server: ServerHandle, mapping: str) -> None:
+    """MAP_SHARED survives fork(2): parent, copies and a snapshot's sessions would write one memory,
+    charged to none of them. Refused (409) until it is unmapped; the session lives."""
+    sid = create(server)
+    assert stdout(call(server, sid, f"import mmap, os\n{mapping}\nm[:4] = b'mine'")) == ""
+    for route in ("fork", "snapshot"):
+        refused = requests.post(f"{server.url}/sessions/{sid}/{route}", json={} if route == "fork" else None,
+                                timeout=60)
+        assert refused.status_code == 409 and "shared writable" in refused.text, refused.text
+    assert stdout(call(server, sid, "print(m[:4])\nm.close()")) == "b'mine'\n"
+    assert fork(server, sid).status_code == 201

@@ -132,7 +132,8 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
 def _check_alone(interpreter: int) -> None:
     """The stopped interpreter is the session's one thread and one process: no thread of its, no
     child, no orphan taken in by the session's PID 1 (whose other children, the session's copies,
-    live in PID namespaces of their own) could run while the fork is made."""
+    live in PID namespaces of their own) could run while the fork is made.  And it shares no
+    writable memory that its copies would go on sharing."""
     threads = os.listdir(f"/proc/{interpreter}/task")
     if threads != [str(interpreter)]:
         raise Refused(f"its interpreter runs {len(threads)} threads; fork(2) copies only the one that takes calls, "
@@ -147,6 +148,22 @@ def _check_alone(interpreter: int) -> None:
     if children:
         raise Refused(f"it has {len(children)} background process(es), which a fork does not copy and which "
                       "could reach the copies: end them first")
+    shared = _shared_writable_mappings(interpreter)
+    if shared:
+        raise Refused(f"it maps {len(shared)} shared writable region(s) ({', '.join(sorted(set(shared))[:3])}): a "
+                      "fork would share them with its copies, uncharged to any of them (mmap MAP_SHARED, shared "
+                      "memory, multiprocessing's semaphores); unmap or close them first")
+
+
+def _shared_writable_mappings(pid: int) -> list[str]:
+    """What the process maps shared and writable, by name (fork(2) would leave it shared)."""
+    names = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if "w" in fields[1] and fields[1].endswith("s"):
+                names.append(fields[5].strip() if len(fields) > 5 else "anonymous")
+    return names
 
 
 def _working_directory(pid: int, fallback: str) -> str:

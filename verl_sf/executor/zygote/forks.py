@@ -135,7 +135,7 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
     if source.call is not None or source.interpreter < 0 or source.forking:
         return "a call is running in it (a fork never copies a half-run call)"
     if not source.frozen and source.layers >= MAX_FORK_LAYERS - 1:
-        return (f"it was forked {source.layers} times, as often as a live session can be (each fork puts it in "
-                "a Landlock domain of its own, and Linux stacks 16): snapshot it and start sessions from the "
-                "snapshot instead")
+        return (f"it was forked or snapshotted {source.layers} times, as often as a live session can be (each "
+                "puts it in a Landlock domain of its own, and Linux stacks 16): start sessions from a snapshot "
+                "taken earlier instead (a session started from a snapshot starts one domain deeper)")
     return None  # its threads and processes are checked by the forker, with the interpreter stopped
