@@ -245,3 +245,36 @@ def test_shared_memory_is_not_forked(server: ServerHandle, mapping: str) -> None
         assert refused.status_code == 409 and "shared writable" in refused.text, refused.text
     assert stdout(call(server, sid, "print(m[:4])\nm.close()")) == "b'mine'\n"
     assert fork(server, sid).status_code == 201
+
+
+def test_a_copy_keeps_no_directory_of_its_parents(server: ServerHandle) -> None:
+    """A directory or O_PATH descriptor held across the fork would reach the parent's mount tree
+    (its tmpfs, its /proc): closed in the copy before its first step."""
+    sid = create(server)
+    call(server, sid, "import os\nROOT = os.open('/', os.O_RDONLY | os.O_DIRECTORY)\n"
+                      "HANDLE = os.open('/workdir', os.O_PATH)\nopen('/workdir/parent_secret', 'w').write('mine')")
+    [copy] = fork(server, sid).json()["session_ids"]
+    probe = ("import errno, os\nfor fd in (ROOT, HANDLE):\n    try:\n        os.fstat(fd)\n        print('open')\n"
+             "    except OSError as exc:\n        print(errno.errorcode[exc.errno])")
+    assert stdout(call(server, copy, probe)) == "EBADF\nEBADF\n"
+    assert stdout(call(server, sid, "print(os.listdir(os.open('workdir', os.O_RDONLY, dir_fd=ROOT)))")) \
+        == "['parent_secret']\n"
+
+
+def test_files_a_copy_could_not_be_charged_for_are_not_forked(server: ServerHandle) -> None:
+    """Without a memory cgroup (an ordinary account's server) a copy's files count against no cap:
+    a session whose files pass its memory limit is refused (409). With one, the files are charged
+    to the session itself, which they end."""
+    response = requests.post(server.url + "/sessions", json={"language": "python", "memory_limit_MB": 64}, timeout=60)
+    sid = response.json()["session_id"]
+    code = "with open('/workdir/big', 'wb') as f:\n    for _ in range(80):\n        f.write(b'x' * (1 << 20))"
+    written = requests.post(server.run_code_url, json={"code": code,
+                                                       "language": "python", "session_id": sid}, timeout=60).json()
+    if server.as_root:
+        assert written["session_alive"] is False and "memory limit" in written["message"], written
+        return
+    assert written["status"] == "Success", written
+    answer = fork(server, sid)
+    assert answer.status_code == 409 and "files take 80 MB" in answer.text, answer.text
+    call(server, sid, "import os\nos.remove('/workdir/big')")
+    assert fork(server, sid).status_code == 201

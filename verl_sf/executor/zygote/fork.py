@@ -279,15 +279,19 @@ def _reopen_files(copy: tracing.Tracee, source: tracing.Tracee, mounts: list[str
 
 
 def _close_reaching_parent(copy: tracing.Tracee) -> None:
-    """Descriptors inherited from the parent that reach processes outside the copy's namespaces:
-    directories and files of the parent's /proc, pidfds and namespace files."""
+    """Descriptors inherited from the parent that reach processes or files outside the copy's
+    namespaces and tmpfs: directories (the parent's mount tree: its tmpfs, its /proc), O_PATH
+    handles, files of the parent's /proc, pidfds and namespace files."""
     for entry in os.listdir(f"/proc/{copy.pid}/fd"):
         try:
             target = os.readlink(f"/proc/{copy.pid}/fd/{entry}")
-        except OSError:
+            directory = stat.S_ISDIR(os.stat(f"/proc/{copy.pid}/fd/{entry}").st_mode)
+            with open(f"/proc/{copy.pid}/fdinfo/{entry}") as fdinfo:
+                flags = int(fdinfo.read().split("flags:", 1)[1].split()[0], 8)
+        except (OSError, IndexError, ValueError):
             continue
         kind = target.partition(":")[0]
-        if int(entry) not in CHANNELS and (target == "/proc" or target.startswith("/proc/")
+        if int(entry) not in CHANNELS and (directory or flags & os.O_PATH or target.startswith("/proc/")
                                            or target == "anon_inode:[pidfd]" or kind in NAMESPACE_FILES):
             copy.check("close", int(entry))
 

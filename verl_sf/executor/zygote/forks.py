@@ -138,4 +138,19 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
         return (f"it was forked or snapshotted {source.layers} times, as often as a live session can be (each "
                 "puts it in a Landlock domain of its own, and Linux stacks 16): start sessions from a snapshot "
                 "taken earlier instead (a session started from a snapshot starts one domain deeper)")
+    if "memory" not in source.groups and source.limits["memory"]:  # a copy's files would be counted nowhere
+        files = _files_bytes(zygote, source)
+        if files > source.limits["memory"]:
+            return (f"its files take {files >> 20} MB, more than its memory limit of {source.limits['memory'] >> 20} "
+                    "MB, and this server has no memory cgroup to charge a copy's files to: remove some first")
     return None  # its threads and processes are checked by the forker, with the interpreter stopped
+
+
+def _files_bytes(zygote: Zygote, source: Session) -> int:
+    """What the session's own tmpfs mounts hold."""
+    total = 0
+    for target in {*(mount.target for mount in zygote.blueprint.mounts), "/dev/shm"}:
+        with contextlib.suppress(OSError):
+            fs = os.statvfs(f"/proc/{source.pid}/root{target}")
+            total += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+    return total
