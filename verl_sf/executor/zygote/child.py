@@ -50,6 +50,11 @@ class Blueprint:
     cwd: str  # what os.getcwd() gives a run
 
     @property
+    def tmpfs_targets(self) -> list[str]:
+        """Where a run's or session's own tmpfs are mounted: its files."""
+        return [*(mount.target for mount in self.mounts), "/dev/shm"]
+
+    @property
     def isolated(self) -> bool:
         return self.cfg["isolated"]
 

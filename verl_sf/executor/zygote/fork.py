@@ -187,7 +187,7 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     assert init.forked is not None
     copy = tracing.Tracee(init.forked, attach=False)
     ends = _channels(copy, source, fifos)
-    _reopen_files(copy, source, [*(mount.target for mount in blueprint.mounts), "/dev/shm"])
+    _reopen_files(copy, source, blueprint.tmpfs_targets)
     _close_reaching_parent(copy)
     address = copy.put(cwd.encode() + b"\0")
     if copy.call("chdir", address) < 0:

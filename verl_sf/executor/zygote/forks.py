@@ -149,7 +149,7 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
 def _files_bytes(zygote: Zygote, source: Session) -> int:
     """What the session's own tmpfs mounts hold."""
     total = 0
-    for target in {*(mount.target for mount in zygote.blueprint.mounts), "/dev/shm"}:
+    for target in zygote.blueprint.tmpfs_targets:
         with contextlib.suppress(OSError):
             fs = os.statvfs(f"/proc/{source.pid}/root{target}")
             total += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
