@@ -165,3 +165,28 @@ def test_an_interrupt_that_comes_before_the_call_has_begun_is_sent_again(zyg: Zy
     zyg.send({**call, "id": 32, "limits": LIMITS}, {"code": "import time\ntime.sleep(0.5)\nprint(x + 1)",
                                                     "output_limit": 1 << 16})
     assert zyg.reply_to(32)["stdout"] == "42\n"
+
+
+@pytest.mark.timeout(60)
+def test_output_taken_before_its_event_is_handled_does_not_stall_the_zygote(zyg: Zygote) -> None:
+    """A call's request and its session's background output are seen by one poll: the call takes
+    that output first (it is not the call's), and the event left for it must not become a read
+    that waits on an empty pipe, which would stall every job of the zygote."""
+    zyg.send({"op": "open", "id": 40, "language": "python", "limits": LIMITS},
+             {**BODY_LIMITS, "mode": "session_python", "files": {}})
+    assert zyg.reply_to(40)["session_alive"] is True
+    call = {"op": "call", "session": 40, "grace": 2.0, "limits": LIMITS}
+    zyg.send({**call, "id": 41}, {"code": "import threading, time\nthreading.Thread(target=lambda: (time.sleep(1),"
+                                          " print('late', flush=True)), daemon=True).start()",
+                                  "output_limit": 1 << 16})
+    assert zyg.reply_to(41)["status"] == "Finished"
+    os.kill(zyg.process.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # the background output is in the pipe while the zygote is stopped
+        zyg.send({**call, "id": 42, "limits": {**LIMITS, "timeout": 0.5}},
+                 {"code": "import time\ntime.sleep(30)", "output_limit": 1 << 16})
+    finally:
+        os.kill(zyg.process.pid, signal.SIGCONT)
+    interrupted = zyg.reply_to(42)
+    assert interrupted["status"] == "TimeLimitExceeded" and interrupted["session_alive"] is True, interrupted
+    assert "late" not in interrupted["stdout"]

@@ -11,7 +11,6 @@ arrives: output per stream, and fd 3 in all.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import time
 from collections.abc import Iterable
@@ -29,7 +28,7 @@ from .messages import (
     ZygoteConfig,
 )
 from .run_groups import Groups, RunGroups
-from .wire import READ_CHUNK, Lines, loads, write_all
+from .wire import READ_CHUNK, Lines, loads, readable, write_all
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
@@ -347,12 +346,5 @@ class Job:
     def drain(self, zygote: Zygote) -> None:
         """Output already in the pipes is this job's (or this call's): take it without waiting."""
         for fd in (self.out_r, self.err_r, self.meta_r):
-            while fd in self.open_fds and _readable(fd):
+            while fd in self.open_fds and readable(fd):
                 self._take(zygote, fd)
-
-
-def _readable(fd: int) -> bool:
-    """Is there something (or an end) to read now?  poll, not select: a zygote holds past 1,024 descriptors."""
-    probe = select.poll()
-    probe.register(fd, select.POLLIN)
-    return bool(probe.poll(0))

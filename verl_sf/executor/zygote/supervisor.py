@@ -28,7 +28,7 @@ from .run_groups import Groups, RunGroups
 from .seccomp import sealed_filter
 from .session import Session
 from .warmup import preload, reseed_generators
-from .wire import READ_CHUNK, Lines, dumps, loads, write_all
+from .wire import READ_CHUNK, Lines, dumps, loads, readable, write_all
 
 Ready = tuple[int, int, int, int, int, Groups]  # pid, stdout, stderr, fd 3 and job pipe ends, cgroups
 MAX_FREE_NETWORKS = 256  # network namespaces kept for reuse
@@ -103,6 +103,8 @@ class Zygote:
                         self._shutdown()
                         return
                     continue
+                if not readable(fd):
+                    continue  # drained, closed or reused since the poll: a read now would wait
                 job = self.fd_owner.get(fd)
                 if job is not None:
                     job.on_event(self, fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 from typing import Any
 
 READ_CHUNK = 1 << 16
@@ -30,6 +31,13 @@ def loads(text: str) -> Any:
 def dumps(value: Any) -> bytes:
     """json.dumps(value).encode(), compact: replies and records are plain dicts."""
     return "".join(_encode_json(value, 0)).encode()
+
+
+def readable(fd: int) -> bool:
+    """Is there something (or an end) to read now?  poll, not select: a zygote holds past 1,024 descriptors."""
+    probe = select.poll()
+    probe.register(fd, select.POLLIN)
+    return bool(probe.poll(0))
 
 
 def write_all(fd: int, data: bytes) -> None:
