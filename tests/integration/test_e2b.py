@@ -413,3 +413,23 @@ def test_fronts_route_every_call_to_the_front_holding_the_sandbox() -> None:
         assert Sandbox.list(api_key="k", api_url=url).next_items() == []
     finally:
         stop_server(handle.process)
+
+
+def test_a_client_that_gives_up_on_an_execution_is_no_server_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The SDK's own request timeout ends its wait; the execution finishes later and finds the
+    client gone: a debug line, never an ERROR with a traceback, and the sandbox goes on."""
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        handle = start_server("--slots", "2", "--preload", "", stderr=log)
+    try:
+        opts = {"api_url": handle.url, "sandbox_url": handle.url, "api_key": "a-key"}
+        box = Sandbox.create(timeout=60, **opts)
+        with pytest.raises(TimeoutException):
+            box.run_code("import time\ntime.sleep(2)\nx = 1", timeout=0.5)
+        time.sleep(3)  # the execution ends and its answer meets the closed connection
+        assert box.run_code("x").text == "1"
+        box.kill()
+    finally:
+        stop_server(handle.process)
+    logged = log_path.read_text()
+    assert "ERROR" not in logged and "Traceback" not in logged, logged[-3000:]
