@@ -60,7 +60,7 @@ class Tally:
             if causes:
                 self.explained[f"{kind}: {causes[0]}"] += 1
             else:
-                self.unexplained.append(f"{kind}: {reason[:300]!r}")
+                self.unexplained.append(f"{kind}: {reason[:600]!r}")
 
 
 class Client:
@@ -100,10 +100,10 @@ class Client:
     def session_call(self, kind: str, sid: str, code: str, **fields: Any) -> dict[str, Any] | None:
         body = self.run(code, session_id=sid, **fields)
         if body.get("http") == 404:
-            self.tally.ended(kind, str(body.get("text")))
+            self.tally.ended(kind, f"{body.get('text')} (at {code!r})")
             return None
         if body.get("session_alive") is False:
-            self.tally.ended(kind, str(body.get("message")))
+            self.tally.ended(kind, f"{body.get('message')} (at {code!r})")
             return None
         return body
 

@@ -6,7 +6,6 @@ import collections
 import dataclasses
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 from verl_sf.rollout.driver import Trajectory
 
@@ -56,9 +55,6 @@ class RolloutSummary:
             dropped_calls=sum(t.dropped_calls for t in trajectories),
             failed_trajectories=sum(t.error is not None for t in trajectories),
         )
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     def format(self) -> str:
         def counts(d: dict[str, int]) -> str:
