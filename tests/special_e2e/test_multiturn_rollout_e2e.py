@@ -60,7 +60,8 @@ def script_for(scenario: str, expression: str, value: str) -> Script:
     if scenario == "raises":
         return Script([Turn("", [code("x = 1 / 0")]), Turn("Oops, fixing it.", [compute]), answer])
     if scenario == "times_out":
-        return Script([Turn("", [code("while True:\n    pass")]), Turn(f"Without the tool: #### {value}")])
+        # A sleep, not a CPU loop: 16 loops on 2 cores now and then pushed another scenario's 0.5 s run past its time-out.
+        return Script([Turn("", [code("import time\ntime.sleep(30)")]), Turn(f"Without the tool: #### {value}")])
     if scenario == "malformed":
         broken = Turn(raw='<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1)"\n</tool_call>')
         return Script([broken, Turn("", [compute]), answer], mode="hermes")
