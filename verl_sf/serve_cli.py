@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from verl_sf import __version__
 from verl_sf.daytona import DaytonaConfig
@@ -96,6 +97,10 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                    help="seconds in a minute of Daytona's auto-stop and auto-delete intervals (shorten to test them)")
     p.add_argument("--fronts", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each with a share of --slots")
+    p.add_argument("--fleet-node", default=None,
+                   help="set by `verl-sf cluster up`: this server's node tag in the fleet (hex)")
+    p.add_argument("--fleet-directory", default=None,
+                   help="set by `verl-sf cluster up`: the file listing the fleet's servers, kept by the node actor")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -103,6 +108,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from verl_sf.executor.rungs import IsolationUnavailable
     from verl_sf.server import ServerConfig, serve
+    from verl_sf.server.fleet import FleetMember
 
     executor = ExecutorConfig(
         slots=args.slots, cpu_slice_s=args.cpu_slice, max_in_flight=args.max_in_flight, sandboxes=args.sandboxes,
@@ -123,14 +129,24 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     verl_tool = VerlToolConfig(state=VerlToolState(args.verl_tool_state), run_timeout=args.verl_tool_timeout,
                                idle_ttl_s=args.verl_tool_idle_ttl)
+    if (args.fleet_node is None) != (args.fleet_directory is None):
+        print("verl-sf serve: --fleet-node and --fleet-directory go together", file=sys.stderr)
+        return 2
+    try:
+        fleet = FleetMember(args.fleet_node, Path(args.fleet_directory)) if args.fleet_node is not None else None
+    except ValueError as exc:
+        print(f"verl-sf serve: --fleet-node: {exc}", file=sys.stderr)
+        return 2
+    id_prefix = fleet.id_prefix if fleet is not None else ""
     e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes,
-                    max_sandboxes_per_key=args.e2b_max_sandboxes_per_key)
+                    max_sandboxes_per_key=args.e2b_max_sandboxes_per_key, id_prefix=id_prefix)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
                           max_connections=args.max_connections, list_snapshots=args.list_snapshots,
                           executor=executor, verl_tool=verl_tool, e2b=e2b,
                           daytona=DaytonaConfig(api_key=args.daytona_api_key, max_sandboxes=args.daytona_max_sandboxes,
-                                                minute_s=args.daytona_minute_s))
+                                                minute_s=args.daytona_minute_s, id_prefix=id_prefix),
+                          fleet=fleet)
 
     def ready(url: str) -> None:
         print(f"verl-sf {__version__} listening on {url} (isolation: {args.isolation}, slots: {args.slots})",

@@ -1,8 +1,9 @@
 """`NodeServer`: the Ray actor that owns one node's `verl-sf serve` process.
 
 It starts the server on the node's IP (`--port 0`, reading the bound URL from its stdout),
-restarts it on the same port when it dies, answers its URL and health, and stops it on
-request.  Ray restarts the actor itself (`max_restarts=-1`); the server is started with a
+restarts it on the same port when it dies, answers its URL and health, keeps the fleet's
+directory (every server's URL, which the supervisor hands it) in a file the server reads, and
+stops it on request.  Ray restarts the actor itself (`max_restarts=-1`); the server is started with a
 parent-death signal, so an actor that dies takes its server down with it instead of
 leaving an orphan holding the node's cores.
 """
@@ -11,13 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any, Optional, TypedDict
 
+from verl_sf.server.fleet import node_tag
 from verl_sf.server.process import die_with_parent, start_server_process, stop_server_process
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,10 @@ class NodeServer:
 
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
-        self.serve_args = list(serve_args)
+        self._directory = Path(tempfile.mkdtemp(prefix="verl-sf-fleet-")) / "servers.json"
+        self.serve_args = [*serve_args, "--fleet-node", node_tag(self.node_id),
+                           "--fleet-directory", str(self._directory)]
+        self._servers: dict[str, str] = {}
         self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None
         self._url: Optional[str] = None
@@ -109,6 +118,15 @@ class NodeServer:
         except (OSError, urllib.error.URLError, ValueError) as exc:
             return {"status": "down", "error": str(exc)}
 
+    def set_fleet(self, servers: dict[str, str]) -> None:
+        """The fleet's servers now (node tag -> URL), for the server to route sandbox calls by."""
+        if servers == self._servers or self._stopping.is_set():
+            return
+        staged = self._directory.with_suffix(".new")
+        staged.write_text(json.dumps({"servers": servers}))
+        os.replace(staged, self._directory)  # the server never reads half a directory
+        self._servers = dict(servers)
+
     def stop(self) -> None:
         """Stop the server (SIGTERM: it ends its sandboxes and removes its cgroups) and do not restart it."""
         self._stopping.set()
@@ -117,3 +135,4 @@ class NodeServer:
         if proc is not None:
             stop_server_process(proc)
         self._thread.join(timeout=30)
+        shutil.rmtree(self._directory.parent, ignore_errors=True)

@@ -3,7 +3,9 @@
 Every `poll_s` it compares Ray's live nodes (those carrying `resource`, when one is named)
 with the named server actors: a node without one gets one, pinned to it with a hard
 `NodeAffinitySchedulingStrategy`; the actor of a node that left is killed so its name is
-free.  Ray itself restarts a server actor that dies (`max_restarts=-1`) and this actor too.
+free.  Then every server actor is handed the fleet's directory (each listening server's URL),
+by which the servers route E2B and Daytona calls to the server that holds their sandbox.
+Ray itself restarts a server actor that dies (`max_restarts=-1`) and this actor too.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any, Optional
 
 from verl_sf.cluster.names import SERVER_PREFIX, node_of, server_name
 from verl_sf.cluster.node_server import NodeServer
+from verl_sf.server.fleet import node_tag
 
 log = logging.getLogger(__name__)
 DEFAULT_POLL_S = 2.0
+INFO_WAIT_S = 2.0  # a server actor still starting is left out of this pass's directory
 
 
 def eligible_nodes(resource: Optional[str]) -> list[dict[str, Any]]:
@@ -79,7 +83,27 @@ class FleetSupervisor:
                 log.info("node %s left (or lost its resource): releasing its server actor", node_id)
                 with contextlib.suppress(ValueError):  # already gone
                     ray.kill(ray.get_actor(server_name(node_id), namespace=self.namespace), no_restart=True)
+            self._publish()
             return sorted(nodes)
+
+    def _publish(self) -> None:
+        """Every server actor gets the URLs of the servers listening now."""
+        import ray
+
+        actors = []
+        for name in server_actor_names(self.namespace):
+            with contextlib.suppress(ValueError):  # released since it was listed
+                actors.append(ray.get_actor(name, namespace=self.namespace))
+        infos = [actor.info.remote() for actor in actors]
+        ready, _ = ray.wait(infos, num_returns=len(infos), timeout=INFO_WAIT_S)
+        servers = {}
+        for ref in ready:
+            with contextlib.suppress(ray.exceptions.RayError):
+                info = ray.get(ref)
+                if info["url"] is not None:
+                    servers[node_tag(info["node_id"])] = info["url"]
+        for actor in actors:
+            actor.set_fleet.remote(servers)
 
     def shutdown(self) -> None:
         """Stop placing servers (`cluster down` then stops the servers themselves)."""

@@ -16,7 +16,7 @@ from typing import Optional, Union
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from verl_sf.e2b.config import E2BConfig
+from verl_sf.e2b.config import ENVD_PORT, JUPYTER_PORT, E2BConfig
 from verl_sf.e2b.connect import ConnectError, unary_error
 from verl_sf.e2b.control import ControlPlane
 from verl_sf.e2b.envd import Envd
@@ -25,7 +25,6 @@ from verl_sf.e2b.sandboxes import Ended, Sandbox, Sandboxes, SandboxGone
 from verl_sf.executor import Executor, Overloaded
 from verl_sf.tenancy import token_matches
 
-ENVD_PORT, JUPYTER_PORT = "49983", "49999"
 SANDBOXES_KEY = web.AppKey("e2b_sandboxes", Sandboxes)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+ENVD_PORT, JUPYTER_PORT = "49983", "49999"  # a sandbox's ports, named by the SDK's `E2b-Sandbox-Port`
+
 
 @dataclasses.dataclass
 class BoxApiConfig:
@@ -17,8 +19,9 @@ class BoxApiConfig:
     reap_interval_s: float = 0.5
     """How often sandboxes are looked at for their end (timeout, auto-stop, auto-delete)."""
     id_prefix: str = ""
-    """Under `--fronts N`, front i's `f{i}-`: a sandbox id names the front whose executor holds it,
-    and the fronts route every call on an id there (verl_sf/e2b/fronts.py, verl_sf/daytona/fronts.py)."""
+    """What names the executor a sandbox id belongs to: a fleet server's `n{node}-` (`verl-sf cluster`),
+    then front i's `f{i}-` (`--fronts N`); every call on an id is routed there (verl_sf/e2b/routing.py,
+    verl_sf/daytona/routing.py)."""
 
 
 @dataclasses.dataclass

@@ -24,6 +24,7 @@ from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor, ExecutorConfig
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
+from verl_sf.server.fleet import FleetMember, FleetRouting
 from verl_sf.server.metrics import ServerMetrics
 from verl_sf.server.rejections import REFUSALS, refuse, session_not_found
 from verl_sf.server.requests import (
@@ -67,6 +68,8 @@ class ServerConfig:
     verl_tool: VerlToolConfig = dataclasses.field(default_factory=VerlToolConfig)
     e2b: E2BConfig = dataclasses.field(default_factory=E2BConfig)
     daytona: DaytonaConfig = dataclasses.field(default_factory=DaytonaConfig)
+    fleet: Optional[FleetMember] = None
+    """A `verl-sf cluster` fleet's server: E2B and Daytona sandboxes are reached through any of them."""
 
     def __post_init__(self) -> None:
         for name in ("timeout_keep_alive", "timeout_body"):
@@ -210,6 +213,8 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     app = build_app(config, executor, connections)
     if app_hook:
         app_hook(app)
+    if config.fleet is not None:
+        FleetRouting(config.fleet).install(app)  # inserted last, so it runs before the fronts' routing
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
                            keepalive_timeout=config.timeout_keep_alive)
     try:

@@ -32,12 +32,13 @@ import aiohttp
 import aiohttp.payload
 from aiohttp import web
 
-from verl_sf.daytona.fronts import DAYTONA_PATHS, route_daytona
-from verl_sf.e2b.fronts import is_e2b, route_e2b
+from verl_sf.daytona.routing import DAYTONA_PATHS, route_daytona
+from verl_sf.e2b.routing import is_e2b, route_e2b
 from verl_sf.errors import VerlSfError
 from verl_sf.server.app import CONNECTIONS_KEY, ServerConfig, build_app, serve
 from verl_sf.server.connections import LimitedSite
 from verl_sf.server.process import die_with_parent
+from verl_sf.server.relay import Peers, front_of, peer_client
 from verl_sf.server.requests import EXECUTOR_KEY, JsonBodyError, load_json
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ OWNED_ID_FIELDS = ("session_id", "snapshot_id")
 """Fields of an answer that name a session or snapshot of the front that gave it."""
 PEERS_KEY = web.AppKey("front_peers", list[int])
 CLIENT_KEY = web.AppKey("front_client", aiohttp.ClientSession)
+BOX_PEERS_KEY = web.AppKey("front_box_peers", Peers)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -89,9 +91,12 @@ class FrontRouting:
         site = LimitedSite(self._private, "127.0.0.1", 0, connections)
         await site.start()
         self.parent.send(site.port)
-        app[PEERS_KEY] = await asyncio.to_thread(self.parent.recv)
-        app[CLIENT_KEY] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
-                                                connector=aiohttp.TCPConnector(limit=0))
+        peers: list[int] = await asyncio.to_thread(self.parent.recv)
+        app[PEERS_KEY] = peers
+        app[CLIENT_KEY] = peer_client()
+        # A sandbox stays on the front that created it; the kernel already spread the connections.
+        app[BOX_PEERS_KEY] = Peers(urls=[f"http://127.0.0.1:{port}" for port in peers], own=self.index,
+                                   owner=lambda ident: front_of(ident, len(peers)), placement=lambda: (self.index,))
 
     async def _stop_private(self, app: web.Application) -> None:
         if CLIENT_KEY in app:
@@ -106,9 +111,9 @@ class FrontRouting:
         if request.path == "/snapshots" and request.method == "GET":
             return await self._all_snapshots(request, handler)
         if request.path.startswith(DAYTONA_PATHS):
-            return await route_daytona(request, handler, self.index, request.app[PEERS_KEY], request.app[CLIENT_KEY])
+            return await route_daytona(request, handler, request.app[BOX_PEERS_KEY], request.app[CLIENT_KEY])
         if is_e2b(request):
-            return await route_e2b(request, handler, self.index, request.app[PEERS_KEY], request.app[CLIENT_KEY])
+            return await route_e2b(request, handler, request.app[BOX_PEERS_KEY], request.app[CLIENT_KEY])
         owned = await _owned_id(request)
         if owned is None:
             response = await handler(request)
@@ -279,10 +284,9 @@ def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], 
             max_in_flight=max(1, share(config.executor.max_in_flight, fronts, index)),
             max_sessions=max(1, share(config.executor.max_sessions, fronts, index)),
             max_snapshots=max(1, share(config.executor.max_snapshots, fronts, index)))
-        prefix = front_session_id(index, "")
-        daytona = dataclasses.replace(config.daytona, id_prefix=prefix,
+        daytona = dataclasses.replace(config.daytona, id_prefix=config.daytona.id_prefix + front_session_id(index, ""),
                                       max_sandboxes=max(1, share(config.daytona.max_sandboxes, fronts, index)))
-        e2b = dataclasses.replace(config.e2b, id_prefix=prefix,
+        e2b = dataclasses.replace(config.e2b, id_prefix=config.e2b.id_prefix + front_session_id(index, ""),
                                   max_sandboxes=max(1, share(config.e2b.max_sandboxes, fronts, index)))
         front = dataclasses.replace(config, port=port, reuse_port=True, executor=executor, daytona=daytona, e2b=e2b)
         ours, theirs = context.Pipe()

@@ -1,20 +1,34 @@
-"""Passing a request on to another front of the same server, over loopback (`--fronts N`).
+"""Passing a request on to the peer that holds what it names: another front of the same server over
+loopback (`--fronts N`), or another server of a `verl-sf cluster` fleet.
 
 The request goes as it came (method, path and query, headers but the hop-by-hop ones, body), and
 the answer comes back as it is produced: a stream stays a stream (E2B's commands, Connect
 streams), a websocket is relayed frame by frame both ways with the owner's close code and reason.
+A peer that cannot be reached before it answers raises `PeerUnreachable`, so the caller can say
+what is gone instead of hanging or failing mid-answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import aiohttp
 from aiohttp import WSMsgType, web
 
-FRONT_ID = re.compile(r"^f(\d+)-")  # an id a front gave out (server.fronts.front_session_id)
+from verl_sf.errors import VerlSfError
+
+FRONT_ID = re.compile(r"^(?:n[0-9a-f]+-[0-9a-f]+-)?f(\d+)-")  # a front's id (after its fleet server's part)
+FULL = (429, 503)  # a peer's answer to a creation when it has no room: the placement's next peer is tried
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CONNECT_TIMEOUT_S = 5.0  # a peer that does not take the connection by then is as good as gone
+
+
+class PeerUnreachable(VerlSfError):
+    """The peer holding what a request names did not take the request (refused, reset, timed out)."""
 
 
 def front_of(ident: str, fronts: int) -> Optional[int]:
@@ -23,22 +37,49 @@ def front_of(ident: str, fronts: int) -> Optional[int]:
     return int(match.group(1)) if match is not None and int(match.group(1)) < fronts else None
 
 
+@dataclass(frozen=True)
+class Peers:
+    """The servers that share one space of sandbox ids: one server's fronts, or a fleet's servers."""
+
+    urls: Sequence[str]
+    """Each peer's base URL; an id's owner is an index into it."""
+    own: int
+    """This server's index."""
+    owner: Callable[[str], Optional[int]]
+    """The peer an id names; None for an id no peer gave out (this server answers it)."""
+    placement: Callable[[], Sequence[int]]
+    """The peers to try, in order, for a new sandbox: the next when one is full (503) or unreachable."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Sent with every request to a peer (the fleet's mark that a request has been routed)."""
+
+
 HOP_BY_HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
     "Transfer-Encoding", "Upgrade", "Content-Length", "Sec-WebSocket-Key", "Sec-WebSocket-Version",
     "Sec-WebSocket-Extensions", "Sec-WebSocket-Protocol", "Sec-WebSocket-Accept"))
 
 
-def _headers(headers: Any) -> dict[str, str]:
+def _kept(headers: Any) -> dict[str, str]:
     return {name: value for name, value in headers.items() if name.lower() not in HOP_BY_HOP}
 
 
-async def peer_json(client: aiohttp.ClientSession, port: int, request: web.Request, path: str,
+def _headers(request: web.Request, peers: Peers) -> dict[str, str]:
+    return {**_kept(request.headers), **peers.headers}
+
+
+def peer_client() -> aiohttp.ClientSession:
+    """The session peers are called with: no deadline on an answer (a run takes its time), a short one on
+    connecting (a peer that does not take the connection by then is as good as gone)."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+                                 connector=aiohttp.TCPConnector(limit=0))
+
+
+async def peer_json(client: aiohttp.ClientSession, peers: Peers, peer: int, request: web.Request, path: str,
                     params: Optional[dict[str, str]] = None) -> tuple[Optional[Any], dict[str, str]]:
-    """A front's JSON answer to GET `path` with the caller's headers, and its headers; (None, {}) unless a 200."""
+    """A peer's JSON answer to GET `path` with the caller's headers, and its headers; (None, {}) unless a 200."""
     try:
-        async with client.get(f"http://127.0.0.1:{port}{path}", headers=_headers(request.headers), params=params,
-                              timeout=aiohttp.ClientTimeout(total=30)) as answer:
+        async with client.get(f"{peers.urls[peer]}{path}", headers=_headers(request, peers), params=params,
+                              timeout=aiohttp.ClientTimeout(total=30, sock_connect=CONNECT_TIMEOUT_S)) as answer:
             if answer.status != 200:
                 return None, {}
             return await answer.json(), dict(answer.headers)
@@ -46,14 +87,44 @@ async def peer_json(client: aiohttp.ClientSession, port: int, request: web.Reque
         return None, {}
 
 
-async def relay(request: web.Request, port: int, client: aiohttp.ClientSession) -> web.StreamResponse:
-    """The request to the front on `port`; its answer streamed back."""
+async def forward(request: web.Request, peers: Peers, peer: int, client: aiohttp.ClientSession) -> web.Response:
+    """The request to `peer`, its whole answer read back (for answers that may be tried elsewhere)."""
+    try:
+        async with client.request(request.method, f"{peers.urls[peer]}{request.path_qs}",
+                                   data=await request.read() or None, headers=_headers(request, peers),
+                                   auto_decompress=False) as answer:
+            return web.Response(status=answer.status, body=await answer.read(), headers=_kept(answer.headers))
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
+
+
+async def place(request: web.Request, handler: Handler, peers: Peers, client: aiohttp.ClientSession,
+                refused: web.StreamResponse) -> web.StreamResponse:
+    """A creation, on the first peer of the placement that takes it: the next is tried when one is full
+    (503, 429) or unreachable; `refused` when there is no peer to try."""
+    answer = refused
+    for peer in peers.placement():
+        try:
+            answer = await (handler(request) if peer == peers.own else forward(request, peers, peer, client))
+        except PeerUnreachable:
+            continue
+        if answer.status not in FULL:
+            return answer
+    return answer
+
+
+async def relay(request: web.Request, peers: Peers, peer: int, client: aiohttp.ClientSession) -> web.StreamResponse:
+    """The request to `peer`; its answer streamed back."""
     if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await _relay_websocket(request, port, client)
+        return await _relay_websocket(request, peers, peer, client)
     body = await request.read()
-    async with client.request(request.method, f"http://127.0.0.1:{port}{request.path_qs}", data=body or None,
-                              headers=_headers(request.headers), auto_decompress=False) as answer:
-        response = web.StreamResponse(status=answer.status, headers=_headers(answer.headers))
+    try:
+        answer = await client.request(request.method, f"{peers.urls[peer]}{request.path_qs}", data=body or None,
+                                      headers=_headers(request, peers), auto_decompress=False)
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
+    async with answer:
+        response = web.StreamResponse(status=answer.status, headers=_kept(answer.headers))
         await response.prepare(request)
         async for chunk in answer.content.iter_any():
             await response.write(chunk)
@@ -61,11 +132,15 @@ async def relay(request: web.Request, port: int, client: aiohttp.ClientSession) 
         return response
 
 
-async def _relay_websocket(request: web.Request, port: int, client: aiohttp.ClientSession) -> web.WebSocketResponse:
+async def _relay_websocket(request: web.Request, peers: Peers, peer: int,
+                           client: aiohttp.ClientSession) -> web.WebSocketResponse:
+    try:
+        theirs = await client.ws_connect(f"{peers.urls[peer]}{request.path_qs}", headers=_headers(request, peers))
+    except (aiohttp.ClientConnectionError, aiohttp.WSServerHandshakeError, asyncio.TimeoutError) as exc:
+        raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
     ours = web.WebSocketResponse()
     await ours.prepare(request)
-    async with client.ws_connect(f"http://127.0.0.1:{port}{request.path_qs}",
-                                 headers=_headers(request.headers)) as theirs:
+    async with theirs:
         upstream = asyncio.ensure_future(_pump(ours, theirs))
         try:
             code, reason = 1000, b""
