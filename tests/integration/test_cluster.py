@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,55 @@ def test_caller_without_sandbox_resource_is_served_by_a_sandbox_node(fleet: Any)
     assert result["stdout"] == ["1\n"] * 4
     served = {url for url, s in result["stats"].items() if s["served"]}
     assert served and served <= urls
+
+
+def test_e2b_and_daytona_sandboxes_reached_through_one_node(fleet: Any) -> None:
+    """The SDKs pointed at node A's server: new sandboxes go round the fleet, every call reaches the server
+    holding its sandbox, and a sandbox whose server was killed is not found (its actor brings the server
+    back on its URL, but not the sandbox)."""
+    from daytona import Daytona, DaytonaConfig, DaytonaNotFoundError
+    from e2b import NotFoundException
+    from e2b_code_interpreter import Sandbox
+
+    ids = node_ids(fleet)
+    rows = {row["node_id"]: row for row in status(fleet)}
+    url = rows[ids["node_a"]]["url"]
+    tags = {name: "n" + ids[name][:12] for name in ("node_a", "node_b")}
+    options = {"api_key": "fleet-key", "api_url": url, "sandbox_url": url}
+
+    def spread() -> list[Any]:  # the supervisor hands each server the fleet's directory within seconds
+        boxes = [Sandbox.create(timeout=120, **options) for _ in range(2)]
+        if {box.sandbox_id.split("-")[0] for box in boxes} == set(tags.values()):
+            return boxes
+        for box in boxes:
+            box.kill()
+        return []
+
+    boxes = wait_until(spread, 60, "new sandboxes go to both servers", every=1)
+    for box in boxes:
+        box.files.write("/home/user/id.txt", box.sandbox_id)
+        assert box.run_code("open('/home/user/id.txt').read()").text == box.sandbox_id  # E2B drops a str's quotes
+    daytona = Daytona(DaytonaConfig(api_key="fleet-key", api_url=f"{url}/api"))
+    made = [daytona.create() for _ in range(2)]
+    assert {box.id.split("-")[0] for box in made} == set(tags.values())
+    assert [box.code_interpreter.run_code("print(6 * 7)").stdout for box in made] == ["42\n", "42\n"]
+
+    os.kill(rows[ids["node_b"]]["pid"], signal.SIGKILL)
+    on_b = next(box for box in boxes if box.sandbox_id.startswith(tags["node_b"]))
+    with pytest.raises(NotFoundException):
+        on_b.run_code("1")
+    wait_until(lambda: [r for r in status(fleet) if r["node_id"] == ids["node_b"] and r["health"] == "ok"
+                        and r["pid"] != rows[ids["node_b"]]["pid"]], 120, "node_b's server is restarted", every=2)
+    with pytest.raises(NotFoundException):
+        on_b.run_code("1")
+    with pytest.raises(DaytonaNotFoundError):
+        daytona.get(next(box.id for box in made if box.id.startswith(tags["node_b"])))
+    on_a = next(box for box in boxes if box.sandbox_id.startswith(tags["node_a"]))
+    assert on_a.run_code("2 + 2").text == "4"
+    on_a.kill()
+    for box in made:
+        if box.id.startswith(tags["node_a"]):
+            box.delete()
 
 
 def test_sigkill_server_under_load(fleet: Any) -> None:
