@@ -44,9 +44,16 @@ def key_matches(expected: str, given: str) -> bool:
     return hmac.compare_digest(_digest(expected), _digest(given))
 
 
+def well_formed(key: str) -> bool:
+    """Whether a key is printable ASCII, as every SDK's keys are.  Other bytes are refused, not read: a
+    header's bytes that are not UTF-8 reach the server as lone surrogates, which a relay to another
+    server of a fleet cannot pass on as they came, and two keys must never become one tenant."""
+    return key.isascii() and key.isprintable()
+
+
 def key_accepted(required: Optional[str], given: Optional[str]) -> bool:
-    """Whether a control plane takes `given` at all: non-empty, and the server's key if it has one."""
-    if not given:
+    """Whether a control plane takes `given` at all: non-empty printable ASCII, and the server's key if it has one."""
+    if not given or not well_formed(given):
         return False
     return required is None or key_matches(required, given)
 
@@ -59,4 +66,4 @@ def new_token() -> str:
 def token_matches(expected: Optional[str], given: Optional[str]) -> bool:
     """Whether `given` is the token `expected` (None: no sandbox by that id); a missing or empty one never is."""
     same = hmac.compare_digest(_digest(expected) if expected is not None else _NOBODY, _digest(given or ""))
-    return same and expected is not None and bool(given)
+    return same and expected is not None and bool(given) and well_formed(given or "")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -203,3 +204,97 @@ async def test_daytona_sandboxes_spread_over_the_fleet_and_die_with_their_server
         assert [(await box.process.exec("echo on")).result for box in survivors] == ["on\n"]
     finally:
         await client.close()
+
+
+def raw_request(url: str, head: bytes) -> bytes:
+    """One HTTP/1.1 request written as bytes (no client tidies its path or headers); the answer's bytes."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(head)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_path_with_dot_segments_reaches_no_other_route_of_the_peer(fleet: Fleet) -> None:
+    """The relay sends the path as it came: `/sandboxes/<B's id>/../../v2/sandboxes` is not B's list."""
+    on_b = next(box for box in (Sandbox.create(timeout=60, **e2b_options(fleet)) for _ in range(2))
+                if node_of(box.sandbox_id) == "b")
+    for path in (f"/sandboxes/{on_b.sandbox_id}/../../v2/sandboxes", f"/sandboxes/{on_b.sandbox_id}/./../../metrics",
+                 f"/api/toolbox/{on_b.sandbox_id}/../../../health", f"/api/sandbox/{on_b.sandbox_id}/../../../api/sandbox"):
+        answer = raw_request(fleet.a.url, f"GET {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: fleet-key\r\n"
+                                          "Authorization: Bearer fleet-key\r\nConnection: close\r\n\r\n".encode())
+        status = answer.split(b"\r\n", 1)[0]
+        assert b" 404 " in status, (path, answer[:400])
+        leaked = (b'"templateID"', b'"items"', b"in_flight", b"# HELP")  # a list, /health, /metrics
+        assert not any(part in answer for part in leaked), (path, answer[:400])
+
+
+def test_a_key_that_is_not_printable_ascii_is_refused_on_every_server(fleet: Fleet) -> None:
+    """Else its bytes that are not UTF-8 would be lost on the way to the server holding the sandbox,
+    and another key that differs only there would own it too."""
+    body = b'{"templateID": "base", "timeout": 60}'
+    for url in (fleet.a.url, fleet.b.url):
+        for key in (b"zz\xe9", b"k\xc3\xa9y"):
+            answer = raw_request(url, b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-Key: " + key +
+                                 b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+                                 b"\r\nConnection: close\r\n\r\n" + body)
+            assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 401 ")), answer[:300]
+            assert b"not ASCII" in answer or b"printable ASCII" in answer, answer[:300]
+            listed = raw_request(url, b"GET /api/sandbox HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key +
+                                 b"\r\nConnection: close\r\n\r\n")
+            assert listed.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 401 ")), listed[:300]
+
+
+def test_pages_of_the_fleet_s_list_lose_nothing_when_sandboxes_end_between_them(fleet: Fleet) -> None:
+    """Cleanup as users write it: kill what each page shows, then take the next page."""
+    made = {Sandbox.create(timeout=120, metadata={"pages": "yes"}, **e2b_options(fleet)).sandbox_id for _ in range(7)}
+    assert {node_of(i) for i in made} == {"a", "b"}
+    seen: set[str] = set()
+    paginator = Sandbox.list(query=SandboxQuery(metadata={"pages": "yes"}), limit=2, **e2b_options(fleet))
+    while paginator.has_next:
+        for listed in paginator.next_items():
+            seen.add(listed.sandbox_id)
+            Sandbox.kill(listed.sandbox_id, **e2b_options(fleet))
+    assert seen == made
+    assert Sandbox.list(query=SandboxQuery(metadata={"pages": "yes"}), **e2b_options(fleet)).next_items() == []
+    bad = requests.get(f"{fleet.a.url}/v2/sandboxes", params={"nextToken": "3"}, headers={"X-API-Key": "k"},
+                       timeout=30)
+    assert bad.status_code == 400 and "nextToken" in bad.json()["message"]
+
+
+async def test_daytona_pages_lose_nothing_when_sandboxes_end_between_them(fleet: Fleet) -> None:
+    client = AsyncDaytona(DaytonaConfig(api_key="pages-key", api_url=f"{fleet.a.url}/api"))
+    try:
+        made = {(await client.create()).id for _ in range(5)}
+        seen: set[str] = set()
+        cursor = None
+        while True:
+            answer = requests.get(f"{fleet.a.url}/api/sandbox", params={"limit": 2, **({"cursor": cursor} if cursor
+                                                                                       else {})},
+                                  headers={"Authorization": "Bearer pages-key"}, timeout=30).json()
+            for item in answer["items"]:
+                seen.add(item["id"])
+                await (await client.get(item["id"])).delete()
+            cursor = answer["nextCursor"]
+            if cursor is None:
+                break
+        assert seen == made
+        refused = requests.get(f"{fleet.a.url}/api/sandbox", params={"cursor": "2"},
+                               headers={"Authorization": "Bearer pages-key"}, timeout=30)
+        assert refused.status_code == 400 and "cursor" in refused.json()["message"]
+    finally:
+        await client.close()
+
+
+def test_a_gzip_upload_is_written_as_sent_directly_and_through_the_relay(fleet: Fleet) -> None:
+    boxes = [Sandbox.create(timeout=60, **e2b_options(fleet)) for _ in range(2)]
+    assert {node_of(box.sandbox_id) for box in boxes} == {"a", "b"}
+    for box in boxes:
+        box.files.write("/home/user/gz.txt", "hello " * 1000, gzip=True)
+        assert box.files.read("/home/user/gz.txt") == "hello " * 1000
+        direct = Sandbox.connect(box.sandbox_id, api_key="fleet-key", api_url=fleet.a.url,
+                                 sandbox_url=getattr(fleet, node_of(box.sandbox_id)).url)
+        direct.files.write("gz2.txt", b"\x00\x01" * 50, gzip=True)
+        assert box.files.read("gz2.txt", format="bytes") == b"\x00\x01" * 50

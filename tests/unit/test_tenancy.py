@@ -60,3 +60,12 @@ def test_every_check_is_one_constant_time_comparison_of_digests(monkeypatch: pyt
     monkeypatch.setattr(tenancy.hmac, "compare_digest", compare_digest)
     check()
     assert compared == [(32, 32)]
+
+
+def test_a_key_or_token_that_is_not_printable_ascii_is_refused() -> None:
+    """Header bytes that are not UTF-8 arrive as lone surrogates; a relay could not pass them on as they
+    came, and two keys would become one tenant on the server holding the sandbox."""
+    for odd in ("zz\udce9", "k\u00e9y", "tab\tkey", "\u20ac"):
+        assert not key_accepted(None, odd)
+        assert not token_matches(odd, odd)
+    assert key_accepted(None, "e2b_0123abcd") and token_matches("t0k-en_", "t0k-en_")

@@ -22,7 +22,8 @@ from verl_sf.daytona.sandboxes import (
 from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, http_error, json_body, sandbox_dto, unavailable
 from verl_sf.e2b.sandboxes import GuestError, SandboxGone
 from verl_sf.executor import Overloaded
-from verl_sf.tenancy import key_matches, owner_of
+from verl_sf.pages import BadCursor, page
+from verl_sf.tenancy import key_accepted, owner_of
 
 API = "/api"
 TOOLBOX = "/api/toolbox"
@@ -37,8 +38,8 @@ def api_key(request: web.Request, config: DaytonaConfig) -> str:
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
         raise http_error(401, "missing API key: send `Authorization: Bearer <key>` (DAYTONA_API_KEY)")
-    if config.api_key is not None and not key_matches(config.api_key, key):
-        raise http_error(401, "invalid API key")
+    if not key_accepted(config.api_key, key):
+        raise http_error(401, "invalid API key: printable ASCII, and the server's own if it requires one")
     return key
 
 
@@ -81,6 +82,21 @@ def image_environment(build_info: Optional[dict[str, Any]]) -> dict[str, str]:
                 key, _, value = word.partition("=")
                 env[key] = value
     return env
+
+
+def list_limit(request: web.Request) -> Optional[int]:
+    """GET /api/sandbox's page size: `limit`, LIST_LIMIT without one; None for one that is not a positive integer."""
+    raw = request.query.get("limit") or str(LIST_LIMIT)
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 9 and int(raw) > 0 else None
+
+
+def paged_list(listed: list[dict[str, Any]], cursor: Optional[str], limit: int) -> web.Response:
+    """GET /api/sandbox's answer: a page of `listed` in creation order, and the cursor of the next when more follow."""
+    try:
+        shown, after = page(listed, lambda s: (s["createdAt"], s["id"]), cursor, limit)
+    except BadCursor as exc:
+        return error(400, f"cursor: {exc}")
+    return web.json_response({"items": shown, "nextCursor": after})
 
 
 def toolbox_url(request: web.Request) -> str:
@@ -170,11 +186,8 @@ class ControlPlane:
                 labels = None  # type: ignore[assignment]
             if not isinstance(labels, dict):
                 return error(400, "labels: must be a JSON object of strings")
-        start = request.query.get("cursor") or "0"
-        limit_raw = request.query.get("limit") or str(LIST_LIMIT)
-        if not start.isdigit():
-            return error(400, "cursor: not a cursor this server gave")
-        if not limit_raw.isdigit() or int(limit_raw) < 1:
+        limit = list_limit(request)
+        if limit is None:
             return error(400, "limit: must be a positive integer")
         wanted_states = request.query.getall("states", [])
         found = [s for s in self.sandboxes.owned(key)
@@ -183,11 +196,8 @@ class ControlPlane:
             self.sandboxes.refresh(sandbox)
         if wanted_states:
             found = [s for s in found if s.state.value in wanted_states]
-        offset, limit = int(start), int(limit_raw)
-        page = found[offset:offset + limit]
         url = toolbox_url(request)
-        next_cursor = str(offset + limit) if offset + limit < len(found) else None
-        return web.json_response({"items": [sandbox_dto(s, url) for s in page], "nextCursor": next_cursor})
+        return paged_list([sandbox_dto(s, url) for s in found], request.query.get("cursor"), limit)
 
     async def delete(self, request: web.Request) -> web.Response:
         sandbox = self._find(request)

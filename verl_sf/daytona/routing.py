@@ -14,20 +14,25 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Optional
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
-from verl_sf.daytona.control import API, LIST_LIMIT, TOOLBOX
+from verl_sf.daytona.control import API, TOOLBOX, list_limit, paged_list
 from verl_sf.daytona.sandboxes import NotFound
 from verl_sf.daytona.wire import error
-from verl_sf.server.relay import Handler, Peers, PeerUnreachable, peer_json, place, relay
+from verl_sf.server.relay import Handler, Peers, PeerUnreachable, peer_json, peer_lists, place, relay, unrelayable
 
 DAYTONA_PATHS = (f"{API}/sandbox", TOOLBOX)
+ALL = "999999999"  # the page size that asks a peer for its whole list
 
 
 async def route_daytona(request: web.Request, handler: Handler, peers: Peers,
                         client: aiohttp.ClientSession) -> web.StreamResponse:
+    header = unrelayable(request)
+    if header is not None:
+        return error(400, f"header {header}: not ASCII")
     parts = request.path.split("/")  # ["", "api", "sandbox" | "toolbox", id-or-name, ...]
     if len(parts) < 4 or not parts[3]:
         if request.method == "GET" and request.path == f"{API}/sandbox":
@@ -53,28 +58,24 @@ async def _owner(request: web.Request, ident: str, peers: Peers, client: aiohttp
     owner = peers.owner(ident)
     if owner is not None:
         return owner
-    answers = await asyncio.gather(*(peer_json(client, peers, peer, request, f"{API}/sandbox/{ident}")
+    answers = await asyncio.gather(*(peer_json(client, peers, peer, request, f"{API}/sandbox/{quote(ident, safe='')}")
                                      for peer in range(len(peers.urls))))
-    found = [peer for peer, (answer, _) in enumerate(answers) if answer is not None]
+    found = [peer for peer, (status, _) in enumerate(answers) if status == 200]
     return found[0] if found else None
 
 
 async def _list_all(request: web.Request, peers: Peers, client: aiohttp.ClientSession) -> web.Response:
-    """GET /api/sandbox over every peer: their sandboxes merged in creation order, then paged here."""
-    start = request.query.get("cursor") or "0"
-    limit = request.query.get("limit") or str(LIST_LIMIT)
-    if not start.isdigit() or not limit.isdigit() or int(limit) < 1:
-        return error(400, "cursor, limit: a cursor this server gave, and a positive integer")
+    """GET /api/sandbox over every peer: each one's whole list, merged and paged here as one server pages."""
+    limit = list_limit(request)
+    if limit is None:
+        return error(400, "limit: must be a positive integer")
     params = {k: v for k, v in request.query.items() if k not in ("cursor", "limit")}
-    answers = await asyncio.gather(*(peer_json(client, peers, peer, request, f"{API}/sandbox",
-                                               {**params, "limit": "1000000"}) for peer in range(len(peers.urls))))
-    if any(answer is None for answer, _ in answers):
+    lists = await peer_lists(client, peers, request, f"{API}/sandbox", {**params, "limit": ALL})
+    if lists is None:
         return error(503, "a server holding sandboxes did not answer the list")
-    items = sorted((item for answer, _ in answers if answer is not None for item in answer["items"]),
-                   key=lambda item: item["createdAt"])
-    offset, count = int(start), int(limit)
-    next_cursor = str(offset + count) if offset + count < len(items) else None
-    return web.json_response({"items": items[offset:offset + count], "nextCursor": next_cursor})
+    if isinstance(lists, web.Response):
+        return lists
+    return paged_list([item for listed in lists for item in listed["items"]], request.query.get("cursor"), limit)
 
 
 async def _name_taken(request: web.Request, peers: Peers, client: aiohttp.ClientSession) -> Optional[web.Response]:
@@ -85,8 +86,8 @@ async def _name_taken(request: web.Request, peers: Peers, client: aiohttp.Client
         return None  # the handler names the problem
     if not isinstance(name, str) or not name:
         return None
-    answers = await asyncio.gather(*(peer_json(client, peers, peer, request, f"{API}/sandbox/{name}")
+    answers = await asyncio.gather(*(peer_json(client, peers, peer, request, f"{API}/sandbox/{quote(name, safe='')}")
                                      for peer in range(len(peers.urls))))
-    if any(answer is not None for answer, _ in answers):
+    if any(status == 200 for status, _ in answers):
         return error(409, f"Sandbox with name {name} already exists")
     return None

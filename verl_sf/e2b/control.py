@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
 from verl_sf.executor import Overloaded
+from verl_sf.pages import BadCursor, page
 from verl_sf.tenancy import key_accepted, owner_of
 from verl_sf.validation import first_error
 
@@ -50,11 +51,11 @@ class RefreshBody(BaseModel):
 
 
 class ListQuery(BaseModel):
-    """GET /sandboxes query: a page is `limit` sandboxes from the index `nextToken` (the X-Next-Token we gave)."""
+    """GET /sandboxes query: a page is `limit` sandboxes after `nextToken` (the X-Next-Token we gave)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    next_token: int = Field(default=0, ge=0, alias="nextToken")
+    next_token: Optional[str] = Field(default=None, alias="nextToken")
     limit: Optional[int] = Field(default=None, ge=1)
 
 
@@ -68,7 +69,7 @@ def error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
 
 
-def _validated(model: type[Any], data: dict[str, Any]) -> Any:
+def validated(model: type[Any], data: dict[str, Any]) -> Any:
     """`data` as `model`, or the 400 naming the first field that is wrong."""
     try:
         return model.model_validate(data)
@@ -76,8 +77,18 @@ def _validated(model: type[Any], data: dict[str, Any]) -> Any:
         return error(400, first_error(exc))
 
 
-def _iso(unix: float) -> str:
-    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+def _iso(unix: float) -> str:  # one width, so that times sort as they read (server/pages.py)
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat(timespec="microseconds") \
+        .replace("+00:00", "Z")
+
+
+def paged_list(listed: list[dict[str, Any]], token: Optional[str], limit: Optional[int]) -> web.Response:
+    """GET /sandboxes's answer: a page of `listed` in start order, and X-Next-Token when more follow."""
+    try:
+        shown, after = page(listed, lambda s: (s["startedAt"], s["sandboxID"]), token, limit)
+    except BadCursor as exc:
+        return error(400, f"nextToken: {exc}")
+    return web.json_response(shown, headers={"X-Next-Token": after} if after else {})
 
 
 class ControlPlane:
@@ -103,7 +114,7 @@ class ControlPlane:
         if not key:
             return error(401, "missing API key: set E2B_API_KEY (any non-empty value unless the server requires one)")
         if not key_accepted(self.config.api_key, key):
-            return error(401, "invalid API key")
+            return error(401, "invalid API key: printable ASCII, and the server's own if it requires one")
         return key
 
     async def _body(self, request: web.Request, model: type[Any]) -> Any:
@@ -113,7 +124,7 @@ class ControlPlane:
             return error(400, f"the body is not JSON: {exc}")
         if not isinstance(body, dict):
             return error(400, "the body must be a JSON object")
-        return _validated(model, body)
+        return validated(model, body)
 
     def _check_timeout(self, timeout: int, sandbox: Optional[Sandbox] = None) -> Optional[web.Response]:
         """A sandbox may not outlive the server's session lifetime, counted from its creation."""
@@ -181,19 +192,16 @@ class ControlPlane:
         key = self._key(request)
         if isinstance(key, web.Response):
             return key
-        query = _validated(ListQuery, dict(request.query))
+        query = validated(ListQuery, dict(request.query))
         if isinstance(query, web.Response):
             return query
         states = request.query.get("state")
         wanted = dict(urllib.parse.parse_qsl(request.query.get("metadata", "")))
-        sandboxes = sorted(self.sandboxes.listing(key), key=lambda s: s.started_at)
+        sandboxes = list(self.sandboxes.listing(key))
         if states is not None and "running" not in states.split(","):
             sandboxes = []
-        sandboxes = [s for s in sandboxes if all(s.metadata.get(k) == v for k, v in wanted.items())]
-        start, count = query.next_token, query.limit or len(sandboxes)
-        page = sandboxes[start:start + count]
-        headers = {"X-Next-Token": str(start + count)} if start + count < len(sandboxes) else {}
-        return web.json_response([self._listed(s) for s in page], headers=headers)
+        listed = [self._listed(s) for s in sandboxes if all(s.metadata.get(k) == v for k, v in wanted.items())]
+        return paged_list(listed, query.next_token, query.limit)
 
     async def kill(self, request: web.Request) -> web.Response:
         sandbox = self._sandbox(request)

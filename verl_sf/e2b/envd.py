@@ -12,7 +12,6 @@ import asyncio
 import base64
 import datetime
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional
 
@@ -191,10 +190,7 @@ class Envd:
             else:
                 if not query_path:
                     return _files_error(400, "query parameter 'path' is required for an octet-stream upload")
-                data = await request.read()
-                if request.headers.get("Content-Encoding", "").lower() == "gzip":
-                    data = _gunzip(data, request.app["max_body_bytes"])
-                uploads.append((query_path, data))
+                uploads.append((query_path, await request.read()))  # aiohttp has inflated a gzip body
         except ValueError as exc:
             return _files_error(400, f"the upload is malformed: {exc}")
         if not uploads:
@@ -290,15 +286,6 @@ def _keepalive_interval(request: web.Request) -> float:
     return float(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) < 3600 else 50.0
 
 
-def _gunzip(data: bytes, limit: int) -> bytes:
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise ValueError(f"gzip body: {exc}") from None
-    if len(out) > limit:
-        raise ValueError(f"the gzip body inflates past {limit} bytes")
-    return out
 
 
 def _files_error(status: int, message: str) -> web.Response:

@@ -10,14 +10,12 @@ placement says.  A sandbox whose peer is gone is not found, as E2B words it.
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 from aiohttp import web
 
 from verl_sf.e2b.config import JUPYTER_PORT
-from verl_sf.e2b.control import error
-from verl_sf.server.relay import Handler, Peers, PeerUnreachable, peer_json, place, relay
+from verl_sf.e2b.control import ListQuery, error, paged_list, validated
+from verl_sf.server.relay import Handler, Peers, PeerUnreachable, peer_lists, place, relay, unrelayable
 
 CONTROL_PATHS = ("/sandboxes", "/v2/sandboxes")
 
@@ -28,6 +26,9 @@ def is_e2b(request: web.Request) -> bool:
 
 async def route_e2b(request: web.Request, handler: Handler, peers: Peers,
                     client: aiohttp.ClientSession) -> web.StreamResponse:
+    header = unrelayable(request)
+    if header is not None:
+        return error(400, f"header {header}: not ASCII")
     ident = request.headers.get("E2b-Sandbox-Id")
     if ident is None:
         parts = request.path.split("/")[2 if request.path.startswith("/sandboxes") else 3:]  # id, action...
@@ -57,16 +58,14 @@ def gone(request: web.Request, ident: str) -> web.Response:
 
 
 async def _list_all(request: web.Request, peers: Peers, client: aiohttp.ClientSession) -> web.Response:
-    """GET /sandboxes over every peer: their sandboxes merged in start order, then paged here as E2B pages."""
+    """GET /sandboxes over every peer: each one's whole list, merged and paged here as one server pages."""
+    query = validated(ListQuery, dict(request.query))
+    if isinstance(query, web.Response):
+        return query
     params = {k: v for k, v in request.query.items() if k not in ("limit", "nextToken")}
-    answers = await asyncio.gather(*(peer_json(client, peers, peer, request, request.path, params)
-                                     for peer in range(len(peers.urls))))
-    if any(answer is None for answer, _ in answers):
+    lists = await peer_lists(client, peers, request, request.path, params)
+    if lists is None:
         return error(503, "a server holding sandboxes did not answer the list")
-    sandboxes = sorted((s for answer, _ in answers if answer is not None for s in answer),
-                       key=lambda s: s.get("startedAt", ""))
-    token, limit = request.query.get("nextToken", "0"), request.query.get("limit", "")
-    start = int(token) if token.isdigit() else 0
-    count = int(limit) if limit.isdigit() and int(limit) > 0 else len(sandboxes)
-    headers = {"X-Next-Token": str(start + count)} if start + count < len(sandboxes) else {}
-    return web.json_response(sandboxes[start:start + count], headers=headers)
+    if isinstance(lists, web.Response):
+        return lists
+    return paged_list([s for listed in lists for s in listed], query.next_token, query.limit)

@@ -14,9 +14,10 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import aiohttp
+import yarl
 from aiohttp import WSMsgType, web
 
 from verl_sf.errors import VerlSfError
@@ -59,12 +60,27 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
     "Sec-WebSocket-Extensions", "Sec-WebSocket-Protocol", "Sec-WebSocket-Accept"))
 
 
+def unrelayable(request: web.Request) -> Optional[str]:
+    """The first header whose value is not ASCII, which a relay cannot pass on as it came (bytes that are not
+    UTF-8 reach the server as lone surrogates): such a request is refused before any peer sees it."""
+    return next((name for name, value in request.headers.items() if not value.isascii()), None)
+
+
 def _kept(headers: Any) -> dict[str, str]:
     return {name: value for name, value in headers.items() if name.lower() not in HOP_BY_HOP}
 
 
 def _headers(request: web.Request, peers: Peers) -> dict[str, str]:
-    return {**_kept(request.headers), **peers.headers}
+    """A request's headers for a peer: its body goes as the server read it, inflated (aiohttp undoes a
+    Content-Encoding), and the peer's mark is added."""
+    kept = {name: value for name, value in _kept(request.headers).items() if name.lower() != "content-encoding"}
+    return {**kept, **peers.headers}
+
+
+def _url(peers: Peers, peer: int, request: web.Request) -> yarl.URL:
+    """The peer's URL for the request's path and query exactly as they came: not normalised (a `..` in it
+    must not make the peer answer another route than the one this server routed by) nor re-quoted."""
+    return yarl.URL(peers.urls[peer] + request.raw_path, encoded=True)
 
 
 def peer_client() -> aiohttp.ClientSession:
@@ -75,22 +91,38 @@ def peer_client() -> aiohttp.ClientSession:
 
 
 async def peer_json(client: aiohttp.ClientSession, peers: Peers, peer: int, request: web.Request, path: str,
-                    params: Optional[dict[str, str]] = None) -> tuple[Optional[Any], dict[str, str]]:
-    """A peer's JSON answer to GET `path` with the caller's headers, and its headers; (None, {}) unless a 200."""
+                    params: Optional[dict[str, str]] = None) -> tuple[int, Optional[Any]]:
+    """A peer's answer to GET `path` with the caller's headers: its status (0: no answer) and JSON body."""
     try:
-        async with client.get(f"{peers.urls[peer]}{path}", headers=_headers(request, peers), params=params,
-                              timeout=aiohttp.ClientTimeout(total=30, sock_connect=CONNECT_TIMEOUT_S)) as answer:
-            if answer.status != 200:
-                return None, {}
-            return await answer.json(), dict(answer.headers)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None, {}
+        async with client.get(yarl.URL(peers.urls[peer] + path, encoded=True), headers=_headers(request, peers),
+                              params=params, timeout=aiohttp.ClientTimeout(total=30, sock_connect=CONNECT_TIMEOUT_S)
+                              ) as answer:
+            try:
+                return answer.status, await answer.json(content_type=None)
+            except ValueError:
+                return answer.status, None
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return 0, None
+
+
+async def peer_lists(client: aiohttp.ClientSession, peers: Peers, request: web.Request, path: str,
+                     params: dict[str, str]) -> Union[list[Any], web.Response, None]:
+    """Every peer's JSON answer to GET `path`; a peer's 4xx as it came (the request's fault: no key, a bad
+    query); None when a peer did not answer (its list cannot be left out unsaid)."""
+    answers = await asyncio.gather(*(peer_json(client, peers, peer, request, path, params)
+                                     for peer in range(len(peers.urls))))
+    for status, body in answers:
+        if 400 <= status < 500:
+            return web.json_response(body, status=status)
+    if any(status != 200 for status, _ in answers):
+        return None
+    return [body for _, body in answers]
 
 
 async def forward(request: web.Request, peers: Peers, peer: int, client: aiohttp.ClientSession) -> web.Response:
     """The request to `peer`, its whole answer read back (for answers that may be tried elsewhere)."""
     try:
-        async with client.request(request.method, f"{peers.urls[peer]}{request.path_qs}",
+        async with client.request(request.method, _url(peers, peer, request),
                                    data=await request.read() or None, headers=_headers(request, peers),
                                    auto_decompress=False) as answer:
             return web.Response(status=answer.status, body=await answer.read(), headers=_kept(answer.headers))
@@ -119,7 +151,7 @@ async def relay(request: web.Request, peers: Peers, peer: int, client: aiohttp.C
         return await _relay_websocket(request, peers, peer, client)
     body = await request.read()
     try:
-        answer = await client.request(request.method, f"{peers.urls[peer]}{request.path_qs}", data=body or None,
+        answer = await client.request(request.method, _url(peers, peer, request), data=body or None,
                                       headers=_headers(request, peers), auto_decompress=False)
     except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
         raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
@@ -135,7 +167,7 @@ async def relay(request: web.Request, peers: Peers, peer: int, client: aiohttp.C
 async def _relay_websocket(request: web.Request, peers: Peers, peer: int,
                            client: aiohttp.ClientSession) -> web.WebSocketResponse:
     try:
-        theirs = await client.ws_connect(f"{peers.urls[peer]}{request.path_qs}", headers=_headers(request, peers))
+        theirs = await client.ws_connect(_url(peers, peer, request), headers=_headers(request, peers))
     except (aiohttp.ClientConnectionError, aiohttp.WSServerHandshakeError, asyncio.TimeoutError) as exc:
         raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
     ours = web.WebSocketResponse()

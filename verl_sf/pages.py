@@ -1,0 +1,50 @@
+"""Pages of a listing that stay right while it changes (E2B's and Daytona's sandbox lists).
+
+A cursor is the sort key of the last item a page gave, so the next page starts after that item
+whatever ended or started meanwhile: an offset would skip an item for every one that ended on an
+earlier page.  Keys are (time stamp, id) strings: ISO times of one format sort as they read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Sequence
+from typing import Optional, TypeVar
+
+Item = TypeVar("Item")
+Key = tuple[str, str]
+MAX_CURSOR_CHARS = 1024
+
+
+class BadCursor(ValueError):
+    """A cursor no page of this API gave."""
+
+
+def page(items: Sequence[Item], key: Callable[[Item], Key], cursor: Optional[str],
+         limit: Optional[int]) -> tuple[list[Item], Optional[str]]:
+    """The items after `cursor` (all of them without one), at most `limit`, and the next page's cursor."""
+    ordered = sorted(items, key=key)
+    if cursor:
+        after = _decode(cursor)
+        ordered = [item for item in ordered if key(item) > after]
+    count = limit or len(ordered)
+    shown = ordered[:count]
+    return shown, (_encode(key(shown[-1])) if len(ordered) > count else None)
+
+
+def _encode(key: Key) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str) -> Key:
+    if len(cursor) > MAX_CURSOR_CHARS or not cursor.isascii():
+        raise BadCursor("not a cursor this server gave")
+    try:
+        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (binascii.Error, ValueError):
+        raise BadCursor("not a cursor this server gave") from None
+    if not (isinstance(key, list) and len(key) == 2 and all(isinstance(part, str) for part in key)):
+        raise BadCursor("not a cursor this server gave")
+    return key[0], key[1]
