@@ -19,7 +19,7 @@ MAX_CURSOR_CHARS = 1024
 
 
 class BadCursor(ValueError):
-    """A cursor no page of this API gave."""
+    """A cursor that does not decode as one (a position in the list: a start time and an id)."""
 
 
 def page(items: Sequence[Item], key: Callable[[Item], Key], cursor: Optional[str],
@@ -40,11 +40,11 @@ def _encode(key: Key) -> str:
 
 def _decode(cursor: str) -> Key:
     if len(cursor) > MAX_CURSOR_CHARS or not cursor.isascii():
-        raise BadCursor("not a cursor this server gave")
+        raise BadCursor("not a cursor: a page's X-Next-Token or nextCursor, as given")
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (binascii.Error, ValueError):
-        raise BadCursor("not a cursor this server gave") from None
+        raise BadCursor("not a cursor: a page's X-Next-Token or nextCursor, as given") from None
     if not (isinstance(key, list) and len(key) == 2 and all(isinstance(part, str) for part in key)):
-        raise BadCursor("not a cursor this server gave")
+        raise BadCursor("not a cursor: a page's X-Next-Token or nextCursor, as given")
     return key[0], key[1]
