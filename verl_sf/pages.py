@@ -16,6 +16,7 @@ from typing import Optional, TypeVar
 Item = TypeVar("Item")
 Key = tuple[str, str]
 MAX_CURSOR_CHARS = 1024
+NOT_A_CURSOR = "not a cursor: a page's X-Next-Token or nextCursor, as given"
 
 
 class BadCursor(ValueError):
@@ -40,11 +41,11 @@ def _encode(key: Key) -> str:
 
 def _decode(cursor: str) -> Key:
     if len(cursor) > MAX_CURSOR_CHARS or not cursor.isascii():
-        raise BadCursor("not a cursor: a page's X-Next-Token or nextCursor, as given")
+        raise BadCursor(NOT_A_CURSOR)
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (binascii.Error, ValueError):
-        raise BadCursor("not a cursor: a page's X-Next-Token or nextCursor, as given") from None
+        raise BadCursor(NOT_A_CURSOR) from None
     if not (isinstance(key, list) and len(key) == 2 and all(isinstance(part, str) for part in key)):
-        raise BadCursor("not a cursor: a page's X-Next-Token or nextCursor, as given")
+        raise BadCursor(NOT_A_CURSOR)
     return key[0], key[1]
