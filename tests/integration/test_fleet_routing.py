@@ -93,9 +93,20 @@ def e2b_options(fleet: Fleet, key: str = "fleet-key") -> dict[str, Any]:
     return {"api_key": key, "api_url": fleet.a.url, "sandbox_url": fleet.a.url}
 
 
+def on_both(fleet: Fleet) -> tuple[Sandbox, Sandbox]:
+    """A sandbox on A and one on B, made through A (creations go round; each of A's fronts keeps its own turn)."""
+    made: dict[str, Sandbox] = {}
+    for _ in range(8):
+        box = Sandbox.create(timeout=120, **e2b_options(fleet))
+        made.setdefault(node_of(box.sandbox_id), box)
+        if len(made) == 2:
+            return made["a"], made["b"]
+    raise AssertionError(f"8 creations all went to {set(made)}")
+
+
 def test_e2b_sandboxes_spread_over_the_fleet_and_every_call_reaches_their_server(fleet: Fleet) -> None:
     boxes = [Sandbox.create(timeout=120, metadata={"fleet": "yes"}, **e2b_options(fleet)) for _ in range(4)]
-    assert sorted(node_of(box.sandbox_id) for box in boxes) == ["a", "a", "b", "b"], "round the fleet"
+    assert {node_of(box.sandbox_id) for box in boxes} == {"a", "b"}, "round the fleet (each of A's fronts its own turn)"
     for box in boxes:
         assert box.run_code("import os\nos.getpid() > 0").text == "True"
         box.files.write("/home/user/note.txt", box.sandbox_id)
@@ -133,8 +144,7 @@ def test_a_full_server_passes_new_sandboxes_to_the_next(tmp_path: Path) -> None:
 
 
 def test_a_sandbox_whose_server_died_is_not_found_never_a_hang(fleet: Fleet) -> None:
-    boxes = [Sandbox.create(timeout=120, **e2b_options(fleet)) for _ in range(2)]
-    on_a, on_b = sorted(boxes, key=lambda box: node_of(box.sandbox_id))
+    on_a, on_b = on_both(fleet)
     fleet.kill_b()
     started = time.monotonic()
     with pytest.raises(NotFoundException, match="gone"):
@@ -163,8 +173,7 @@ def test_a_sandbox_whose_server_died_is_not_found_never_a_hang(fleet: Fleet) -> 
 
 def test_a_relayed_mark_sent_by_a_client_routes_nothing(fleet: Fleet) -> None:
     """A client's own `X-Verl-Sf-Fleet-Hop` only keeps its call on the server it reached: no loop, no leak."""
-    on_b = next(box for box in (Sandbox.create(timeout=60, **e2b_options(fleet)) for _ in range(2))
-                if node_of(box.sandbox_id) == "b")
+    on_b = on_both(fleet)[1]
     headers = {"X-API-Key": "fleet-key", "X-Verl-Sf-Fleet-Hop": NODES["a"]}
     answer = requests.get(f"{fleet.a.url}/sandboxes/{on_b.sandbox_id}", headers=headers, timeout=30)
     assert answer.status_code == 404
@@ -181,7 +190,7 @@ async def test_daytona_sandboxes_spread_over_the_fleet_and_die_with_their_server
         names = [f"fleet-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
         boxes = [await client.create(CreateSandboxFromSnapshotParams(name=name, labels={"fleet": "yes"}))
                  for name in names]
-        assert sorted(node_of(box.id) for box in boxes) == ["a", "a", "b", "b"]
+        assert {node_of(box.id) for box in boxes} == {"a", "b"}
         for name, box in zip(names, boxes, strict=True):
             ran = await box.code_interpreter.run_code(f"print({name!r})")  # the websocket, relayed
             assert ran.stdout == f"{name}\n" and ran.error is None
@@ -201,7 +210,7 @@ async def test_daytona_sandboxes_spread_over_the_fleet_and_die_with_their_server
         with pytest.raises(DaytonaError, match="404"):  # the SDK words a websocket's 404 no better
             await on_b.code_interpreter.run_code("1")
         survivors = [box for box in boxes[1:] if node_of(box.id) == "a"]
-        assert [(await box.process.exec("echo on")).result for box in survivors] == ["on\n"]
+        assert [(await box.process.exec("echo on")).result for box in survivors] == ["on\n"] * len(survivors)
     finally:
         await client.close()
 
@@ -219,8 +228,7 @@ def raw_request(url: str, head: bytes) -> bytes:
 
 def test_a_path_with_dot_segments_reaches_no_other_route_of_the_peer(fleet: Fleet) -> None:
     """The relay sends the path as it came: `/sandboxes/<B's id>/../../v2/sandboxes` is not B's list."""
-    on_b = next(box for box in (Sandbox.create(timeout=60, **e2b_options(fleet)) for _ in range(2))
-                if node_of(box.sandbox_id) == "b")
+    on_b = on_both(fleet)[1]
     for path in (f"/sandboxes/{on_b.sandbox_id}/../../v2/sandboxes", f"/sandboxes/{on_b.sandbox_id}/./../../metrics",
                  f"/api/toolbox/{on_b.sandbox_id}/../../../health", f"/api/sandbox/{on_b.sandbox_id}/../../../api/sandbox"):
         answer = raw_request(fleet.a.url, f"GET {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: fleet-key\r\n"
@@ -289,12 +297,28 @@ async def test_daytona_pages_lose_nothing_when_sandboxes_end_between_them(fleet:
 
 
 def test_a_gzip_upload_is_written_as_sent_directly_and_through_the_relay(fleet: Fleet) -> None:
-    boxes = [Sandbox.create(timeout=60, **e2b_options(fleet)) for _ in range(2)]
-    assert {node_of(box.sandbox_id) for box in boxes} == {"a", "b"}
-    for box in boxes:
+    for box in on_both(fleet):
         box.files.write("/home/user/gz.txt", "hello " * 1000, gzip=True)
         assert box.files.read("/home/user/gz.txt") == "hello " * 1000
         direct = Sandbox.connect(box.sandbox_id, api_key="fleet-key", api_url=fleet.a.url,
                                  sandbox_url=getattr(fleet, node_of(box.sandbox_id)).url)
         direct.files.write("gz2.txt", b"\x00\x01" * 50, gzip=True)
         assert box.files.read("gz2.txt", format="bytes") == b"\x00\x01" * 50
+
+
+def test_a_header_sent_twice_reaches_the_peer_twice_in_its_order(fleet: Fleet) -> None:
+    """Two `X-API-Key`s: the sandbox is the first key's wherever it is made, as on one server."""
+    body = b'{"templateID": "base", "timeout": 60}'
+    made: list[str] = []
+    while len({node_of(i) for i in made}) < 2 and len(made) < 8:  # creations go round (each front its own turn)
+        answer = raw_request(fleet.a.url, b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-Key: dup-a\r\n"
+                             b"X-API-Key: dup-b\r\nContent-Type: application/json\r\nContent-Length: " +
+                             str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        assert answer.startswith(b"HTTP/1.1 201 "), answer[:300]
+        made.append(json.loads(answer.split(b"\r\n\r\n", 1)[1])["sandboxID"])
+    assert {node_of(i) for i in made} == {"a", "b"}
+    for sandbox_id in made:
+        holder = getattr(fleet, node_of(sandbox_id)).url
+        assert requests.get(f"{holder}/sandboxes/{sandbox_id}", headers={"X-API-Key": "dup-a"}, timeout=30).ok
+        assert requests.get(f"{holder}/sandboxes/{sandbox_id}", headers={"X-API-Key": "dup-b"},
+                            timeout=30).status_code == 404

@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 import aiohttp
 import yarl
 from aiohttp import WSMsgType, web
+from multidict import CIMultiDict
 
 from verl_sf.errors import VerlSfError
 
@@ -70,11 +71,14 @@ def _kept(headers: Any) -> dict[str, str]:
     return {name: value for name, value in headers.items() if name.lower() not in HOP_BY_HOP}
 
 
-def _headers(request: web.Request, peers: Peers) -> dict[str, str]:
-    """A request's headers for a peer: its body goes as the server read it, inflated (aiohttp undoes a
-    Content-Encoding), and the peer's mark is added."""
-    kept = {name: value for name, value in _kept(request.headers).items() if name.lower() != "content-encoding"}
-    return {**kept, **peers.headers}
+def _headers(request: web.Request, peers: Peers) -> CIMultiDict[str]:
+    """A request's headers for a peer, every one in the order it came (a header sent twice reaches the peer
+    twice, so the peer reads the same key the caller's server would); its body goes as the server read it,
+    inflated (aiohttp undoes a Content-Encoding); the peer's mark is added."""
+    kept = CIMultiDict((name, value) for name, value in request.headers.items()
+                       if name.lower() not in HOP_BY_HOP and name.lower() != "content-encoding")
+    kept.extend(peers.headers)
+    return kept
 
 
 def _url(peers: Peers, peer: int, request: web.Request) -> yarl.URL:
