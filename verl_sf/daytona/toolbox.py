@@ -30,6 +30,7 @@ from verl_sf.daytona.config import DaytonaConfig
 from verl_sf.daytona.control import TOOLBOX, find
 from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes, NotFound, NotStarted, Shell
 from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, unavailable
+from verl_sf.e2b.downloads import BUDGET, DownloadsFull, send
 from verl_sf.e2b.envd import buffered_multipart
 from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone
 from verl_sf.e2b.sandboxes import Sandbox as Box
@@ -398,27 +399,38 @@ class Toolbox:
             await self.boxes.call(box, "fs_write", {"path": target, "data": base64.b64encode(content).decode()})
         return web.Response(status=200)
 
-    async def download(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
+    async def download(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.StreamResponse:
         content = await self.boxes.read_file(box, _query(request, "path"))
-        return web.Response(body=content, content_type="application/octet-stream")
+        try:
+            return await send(request, content, {"Content-Type": "application/octet-stream"})
+        except DownloadsFull as exc:
+            return unavailable(str(exc), 1)
 
-    async def bulk_download(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
-        """A multipart answer: per path, a `file` part with its bytes, or an `error` part saying why."""
+    async def bulk_download(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.StreamResponse:
+        """A multipart answer: per path, a `file` part with its bytes, or an `error` part saying why; the
+        files read are held against the server's download budget as they come (503 past it)."""
         body = await json_body(request, DownloadRequest)
         assert isinstance(body, DownloadRequest)
         writer = MultipartWriter("form-data", boundary=secrets.token_hex(16))
-        for path in body.paths:
-            try:
-                content = await self.boxes.read_file(box, path)
-            except GuestError as exc:
-                status = GUEST_STATUS.get(exc.code, 500)
-                failure = {"message": str(exc), "statusCode": status, "code": FILE_CODES.get(exc.code, "INTERNAL")}
-                writer.append(json.dumps(failure), {"Content-Type": "application/json",
-                                                    "Content-Disposition": disposition("error", path)})
-                continue
-            writer.append(content, {"Content-Type": "application/octet-stream",
-                                    "Content-Disposition": disposition("file", path)})
-        return web.Response(body=writer, headers={"Content-Type": f"multipart/form-data; boundary={writer.boundary}"})
+        try:
+            with contextlib.ExitStack() as held:
+                for path in body.paths:
+                    try:
+                        content = await self.boxes.read_file(box, path)
+                    except GuestError as exc:
+                        status = GUEST_STATUS.get(exc.code, 500)
+                        failure = {"message": str(exc), "statusCode": status,
+                                   "code": FILE_CODES.get(exc.code, "INTERNAL")}
+                        writer.append(json.dumps(failure), {"Content-Type": "application/json",
+                                                            "Content-Disposition": disposition("error", path)})
+                        continue
+                    held.enter_context(BUDGET.hold(len(content)))
+                    writer.append(content, {"Content-Type": "application/octet-stream",
+                                            "Content-Disposition": disposition("file", path)})
+                answer = await writer.as_bytes()
+            return await send(request, answer, {"Content-Type": f"multipart/form-data; boundary={writer.boundary}"})
+        except DownloadsFull as exc:
+            return unavailable(str(exc), 1)
 
     # ---- the environment ---------------------------------------------------------------------
     async def update_env(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:

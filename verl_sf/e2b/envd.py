@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from verl_sf.e2b import connect
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.connect import ConnectError
+from verl_sf.e2b.downloads import DownloadsFull, send
 from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxes, SandboxGone
 from verl_sf.validation import first_error
 
@@ -160,16 +161,18 @@ class Envd:
         return {}
 
     # ---- /files ----------------------------------------------------------------------------------
-    async def read_file(self, request: web.Request, sandbox: Sandbox) -> web.Response:
+    async def read_file(self, request: web.Request, sandbox: Sandbox) -> web.StreamResponse:
         path = request.query.get("path")
         if not path:
             return _files_error(400, "query parameter 'path' is required")
         try:
             data = await self.sandboxes.read_file(sandbox, path)
+            return await send(request, data, {"Content-Type": "application/octet-stream"})
         except GuestError as exc:
             status = 413 if exc.code == "resource_exhausted" else GUEST_HTTP_STATUS.get(exc.code, 500)
             return _files_error(status, str(exc))
-        return web.Response(body=data, content_type="application/octet-stream")
+        except DownloadsFull as exc:
+            return web.json_response({"code": 503, "message": str(exc)}, status=503, headers={"Retry-After": "1"})
 
     async def write_files(self, request: web.Request, sandbox: Sandbox) -> web.Response:
         uploads: list[tuple[str, bytes]] = []

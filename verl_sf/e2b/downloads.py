@@ -1,0 +1,69 @@
+"""Sending a file read from a sandbox (E2B's `files.read`, Daytona's downloads) without letting
+clients that never read pin the server's memory.
+
+A file is read whole from its sandbox (up to the executor's fetch limit, 32 MiB), so until it is
+sent the server holds it.  Two bounds: the bytes all downloads of this server process hold at once
+(`BUDGET_BYTES`; past it a download answers 503 with Retry-After, as an overloaded server does),
+and how long a client may leave a download unread (`STALL_S`; then its connection is closed and
+the bytes are let go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from aiohttp import web
+
+from verl_sf.errors import VerlSfError
+
+BUDGET_BYTES = 256 << 20  # eight files at the fetch limit at once
+STALL_S = 30.0  # a client that takes nothing for this long has given up
+CHUNK_BYTES = 256 << 10
+
+
+class DownloadsFull(VerlSfError):
+    """This server already holds `BUDGET_BYTES` of downloads not yet sent: try again shortly (503)."""
+
+
+class DownloadBudget:
+    """The bytes of downloads a server process holds, read and not yet sent."""
+
+    def __init__(self, limit: int = BUDGET_BYTES):
+        self.limit = limit
+        self.held = 0
+
+    @contextlib.contextmanager
+    def hold(self, size: int) -> Iterator[None]:
+        """Hold `size` more bytes until the block ends; DownloadsFull past the limit (one download alone
+        always fits: the fetch limit is the bound on it)."""
+        if self.held and self.held + size > self.limit:
+            raise DownloadsFull(f"the server is sending {self.held >> 20} MiB of downloads already; retry shortly")
+        self.held += size
+        try:
+            yield
+        finally:
+            self.held -= size
+
+
+BUDGET = DownloadBudget()
+"""This server process's budget (each front of `--fronts N` is a process with its own)."""
+
+
+async def send(request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
+    """`body` to the client in chunks, held against the budget until sent; a client that takes nothing
+    for STALL_S loses its connection."""
+    with BUDGET.hold(len(body)):
+        response = web.StreamResponse(headers=headers)
+        response.content_length = len(body)
+        await response.prepare(request)
+        view = memoryview(body)
+        try:
+            for start in range(0, len(body), CHUNK_BYTES):
+                await asyncio.wait_for(response.write(view[start:start + CHUNK_BYTES]), STALL_S)
+            await response.write_eof()
+        except asyncio.TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+    return response
