@@ -146,8 +146,7 @@ async def run(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(args.checkout)} if args.checkout else None
-    with served(args.url, args.server_arg, env) as (url, server_pid):
+    with served(args.url, args.server_arg, args.checkout) as (url, server_pid):
         measured = asyncio.run(run(args, url, server_pid))
     if args.output:
         with open(args.output, "w") as fh:

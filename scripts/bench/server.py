@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Optional
 
@@ -11,12 +12,14 @@ from verl_sf.server.process import start_server_process, stop_server_process
 
 @contextlib.contextmanager
 def served(url: Optional[str], server_args: list[str],
-           env: Optional[dict[str, str]] = None) -> Iterator[tuple[str, Optional[int]]]:
-    """(base URL, pid of the server when this started it, with `env`) for the length of the block."""
+           checkout: Optional[str] = None) -> Iterator[tuple[str, Optional[int]]]:
+    """(base URL, pid of the server when this started it) for the length of the block; `checkout`:
+    start it from that checkout's verl_sf (run there, and on PYTHONPATH), else from this one's."""
     if url is not None:
         yield url.rstrip("/"), None
         return
-    process, started = start_server_process(*server_args, env=env)
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)} if checkout else None
+    process, started = start_server_process(*server_args, env=env, cwd=os.path.abspath(checkout) if checkout else None)
     try:
         yield started.rstrip("/"), process.pid
     finally:

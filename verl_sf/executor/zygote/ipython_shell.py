@@ -27,6 +27,11 @@ INSTALL_COMMAND = re.compile(r"^\s*(?:sudo\s+)?(?:\S*/)?(?:pip3?(?:\.\d+)?|pytho
                              r"conda|mamba|micromamba|uv(?:\s+pip)?|apt(?:-get)?)\s+install\b")
 
 
+PREPARE_CELL = "_prepare = [i for i in range(3)]\nprint(end='')\ndel _prepare\n[0]"
+"""What a forked child runs before its job: what most cells do (a name bound, a comprehension, a
+print of nothing, a value shown), so that their copy-on-write faults are paid off the request's path."""
+
+
 class Outputs:
     """What the running cell displayed (MIME bundles, in order) and the error it ended with."""
 
@@ -68,7 +73,9 @@ def prepare(namespace: dict[str, Any]) -> None:
     cell of a fork writes to thousands of pages it shares with the zygote (IPython's objects), and
     their copy-on-write faults cost milliseconds; paid here, they are off the request's path."""
     with contextlib.suppress(ImportError):
-        shell_for(namespace).run_cell("None", store_history=False)
+        shell_for({"__name__": "__main__"}).run_cell(PREPARE_CELL, store_history=False)  # a scratch namespace
+        _forget(_shell)
+        shell_for(namespace)
 
 
 def bind(shell: Any, module: types.ModuleType) -> None:
@@ -172,5 +179,17 @@ def _build() -> Any:
     for name in INSTALLER_MAGICS:
         shell.magics_manager.register_function(no_network, "line", name)
 
-    shell.run_cell("None", store_history=False)  # the first cell fills IPython's caches
+    # The first cell fills IPython's caches; one with a value also builds the display formatters (a
+    # dozen traitlets objects), which every forked cell would otherwise build again.  Its record goes.
+    shell.run_cell("1", store_history=False)
+    _forget(shell)
     return shell
+
+
+def _forget(shell: Any) -> None:
+    """What a warm-up cell left in the shell, so the job's first cell finds it as a fresh kernel's: the
+    display hook's last values (`_`, `__`, `___`), the output history (`Out`) and the cell's record."""
+    hook = shell.displayhook
+    hook._ = hook.__ = hook.___ = ""
+    shell.history_manager.output_hist.clear()
+    current.display.clear()
