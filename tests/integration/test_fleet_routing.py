@@ -322,3 +322,13 @@ def test_a_header_sent_twice_reaches_the_peer_twice_in_its_order(fleet: Fleet) -
         assert requests.get(f"{holder}/sandboxes/{sandbox_id}", headers={"X-API-Key": "dup-a"}, timeout=30).ok
         assert requests.get(f"{holder}/sandboxes/{sandbox_id}", headers={"X-API-Key": "dup-b"},
                             timeout=30).status_code == 404
+
+
+def test_a_websocket_upgrade_on_a_route_that_is_none_gets_the_holder_s_http_answer(fleet: Fleet) -> None:
+    on_b = on_both(fleet)[1]
+    headers = {"X-API-Key": "fleet-key", "Upgrade": "websocket", "Connection": "Upgrade",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13"}
+    through_a = requests.get(f"{fleet.a.url}/sandboxes/{on_b.sandbox_id}", headers=headers, timeout=30)
+    direct = requests.get(f"{fleet.b.url}/sandboxes/{on_b.sandbox_id}", headers=headers, timeout=30)
+    assert through_a.status_code == direct.status_code == 200, (through_a.text, direct.text)
+    assert through_a.json()["sandboxID"] == on_b.sandbox_id

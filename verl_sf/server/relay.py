@@ -152,7 +152,10 @@ async def place(request: web.Request, handler: Handler, peers: Peers, client: ai
 async def relay(request: web.Request, peers: Peers, peer: int, client: aiohttp.ClientSession) -> web.StreamResponse:
     """The request to `peer`; its answer streamed back."""
     if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await _relay_websocket(request, peers, peer, client)
+        try:
+            return await _relay_websocket(request, peers, peer, client)
+        except aiohttp.WSServerHandshakeError:
+            pass  # the peer answered, not with a websocket (not a websocket route): its answer as HTTP
     body = await request.read()
     try:
         answer = await client.request(request.method, _url(peers, peer, request), data=body or None,
@@ -172,7 +175,7 @@ async def _relay_websocket(request: web.Request, peers: Peers, peer: int,
                            client: aiohttp.ClientSession) -> web.WebSocketResponse:
     try:
         theirs = await client.ws_connect(_url(peers, peer, request), headers=_headers(request, peers))
-    except (aiohttp.ClientConnectionError, aiohttp.WSServerHandshakeError, asyncio.TimeoutError) as exc:
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:  # a handshake the peer refused goes up
         raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
     ours = web.WebSocketResponse()
     await ours.prepare(request)
