@@ -11,8 +11,9 @@ what is gone instead of hanging or failing mid-answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -87,6 +88,15 @@ def _url(peers: Peers, peer: int, request: web.Request) -> yarl.URL:
     return yarl.URL(peers.urls[peer] + request.raw_path, encoded=True)
 
 
+@contextlib.contextmanager
+def _reaching(peers: Peers, peer: int) -> Iterator[None]:
+    """A connection to `peer` that fails before the peer answers becomes PeerUnreachable."""
+    try:
+        yield
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
+
+
 def peer_client() -> aiohttp.ClientSession:
     """The session peers are called with: no deadline on an answer (a run takes its time), a short one on
     connecting (a peer that does not take the connection by then is as good as gone)."""
@@ -125,13 +135,11 @@ async def peer_lists(client: aiohttp.ClientSession, peers: Peers, request: web.R
 
 async def forward(request: web.Request, peers: Peers, peer: int, client: aiohttp.ClientSession) -> web.Response:
     """The request to `peer`, its whole answer read back (for answers that may be tried elsewhere)."""
-    try:
+    with _reaching(peers, peer):
         async with client.request(request.method, _url(peers, peer, request),
                                    data=await request.read() or None, headers=_headers(request, peers),
                                    auto_decompress=False) as answer:
             return web.Response(status=answer.status, body=await answer.read(), headers=_kept(answer.headers))
-    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-        raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
 
 
 async def place(request: web.Request, handler: Handler, peers: Peers, client: aiohttp.ClientSession,
@@ -157,11 +165,9 @@ async def relay(request: web.Request, peers: Peers, peer: int, client: aiohttp.C
         except aiohttp.WSServerHandshakeError:
             pass  # the peer answered, not with a websocket (not a websocket route): its answer as HTTP
     body = await request.read()
-    try:
+    with _reaching(peers, peer):
         answer = await client.request(request.method, _url(peers, peer, request), data=body or None,
                                       headers=_headers(request, peers), auto_decompress=False)
-    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-        raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
     async with answer:
         response = web.StreamResponse(status=answer.status, headers=_kept(answer.headers))
         await response.prepare(request)
@@ -173,10 +179,8 @@ async def relay(request: web.Request, peers: Peers, peer: int, client: aiohttp.C
 
 async def _relay_websocket(request: web.Request, peers: Peers, peer: int,
                            client: aiohttp.ClientSession) -> web.WebSocketResponse:
-    try:
+    with _reaching(peers, peer):  # a handshake the peer refused is no ClientConnectionError: it goes up as it is
         theirs = await client.ws_connect(_url(peers, peer, request), headers=_headers(request, peers))
-    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:  # a handshake the peer refused goes up
-        raise PeerUnreachable(f"{peers.urls[peer]}: {type(exc).__name__}: {exc}") from exc
     ours = web.WebSocketResponse()
     await ours.prepare(request)
     async with theirs:
