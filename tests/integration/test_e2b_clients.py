@@ -213,6 +213,7 @@ def test_slime_sandbox_commands(server: ServerHandle) -> None:
                     return exc.exit_code, exc.stdout or "", exc.stderr or ""
 
             assert await exec_("mkdir -p /tmp/setup && chmod 777 /tmp/setup && echo ok") == (0, "ok\n", "")
+            assert await exec_("id -un; id -u") == (0, "root\n0\n", "")  # root of the sandbox's own namespace
             assert await exec_("echo $MODE; echo warn >&2; exit 3", env={"MODE": "eval"}) == (3, "eval\n", "warn\n")
             await sandbox.files.write("/home/user/patch.diff", io.BytesIO(b"diff"), user="root", gzip=False,
                                       use_octet_stream=True, request_timeout=600)

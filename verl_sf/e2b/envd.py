@@ -26,6 +26,7 @@ from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxe
 from verl_sf.validation import first_error
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
+USERS = ("user", "root")  # who a command may run as (root: zygote/root.py)
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 GUEST_HTTP_STATUS = {"not_found": 404, "invalid_argument": 400, "already_exists": 409, "permission_denied": 403,
                      "resource_exhausted": 507, "deadline_exceeded": 504}
@@ -260,7 +261,8 @@ class Envd:
         deadline = None if limit is None else time.monotonic() + limit
         keepalive_s = _keepalive_interval(request)
         config = start.process
-        started = {"cmd": config.cmd, "args": config.args, "envs": config.envs, "cwd": config.cwd}
+        started = {"cmd": config.cmd, "args": config.args, "envs": config.envs, "cwd": config.cwd,
+                   "user": self._user(request)}
         last_write = time.monotonic()
         try:
             async for result in self.sandboxes.command(sandbox, started, self.config.command_poll_s, deadline):
@@ -282,6 +284,27 @@ class Envd:
         except CommandTimedOut:
             raise ConnectError("deadline_exceeded", f"the command ran past its timeout of {limit:g} s and "
                                                     f"was killed") from None
+
+
+    def _user(self, request: web.Request) -> str:
+        """Who a command runs as: the SDK's `user`, sent as `Authorization: Basic <user:>`; the sandbox's
+        user when none is sent."""
+        scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
+        if not scheme:
+            return "user"
+        try:
+            user = base64.b64decode(encoded, validate=True).decode("ascii").partition(":")[0]
+        except (ValueError, UnicodeDecodeError):
+            user = ""
+        if scheme.lower() != "basic" or user not in USERS:
+            raise ConnectError("invalid_argument", f"unknown user {user[:64]!r}: a sandbox has the users 'user' "
+                                                   "(the default) and 'root' (sent as `Authorization: Basic "
+                                                   "<base64 of 'name:'>`)")
+        if user == "root" and not self.sandboxes.executor.offers_root:
+            raise ConnectError("permission_denied", f"user 'root' is not offered on the "
+                                                    f"{self.sandboxes.executor.isolation} isolation rung: it needs "
+                                                    "user namespaces (docs/e2b.md); run the command as 'user'")
+        return user
 
 
 def _keepalive_interval(request: web.Request) -> float:

@@ -19,6 +19,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -31,12 +32,14 @@ MARK = "\x1e\x1fverl-sf-e2b:"
 """Prefix of the answer line; whatever else a call printed comes before it."""
 READ_CHUNK = 1 << 16
 MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by default)
+ROOT_FD = 8  # the session's root helper, where it has one (verl_sf/executor/zygote/root.py)
 
 _home = os.getcwd()
 _contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "history", "cwd": local path, "count"}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
 _last: dict[str, Any] = {"count": 0, "main": None}
 _alias = {"home": HOME_ALIAS}
+_root = None  # the socket to the root helper, once a command asked for root
 
 
 class GuestError(Exception):
@@ -211,12 +214,17 @@ def fs_read(path, inline_limit):
 
 
 # ---- processes ---------------------------------------------------------------------------------
-def proc_start(cmd, args, envs, cwd, wait):
+def proc_start(cmd, args, envs, cwd, wait, user="user"):
     directory = local_path(cwd) if cwd else _home
     if not os.path.isdir(directory):
         raise GuestError("invalid_argument", f"cwd '{cwd}' does not exist")
-    popen = subprocess.Popen([cmd, *args], cwd=directory, env={**os.environ, **envs}, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    env = {**os.environ, **envs}
+    popen: Any
+    if user == "root":
+        popen = RootProcess([cmd, *args], directory, env)
+    else:
+        popen = subprocess.Popen([cmd, *args], cwd=directory, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     assert popen.stdout is not None and popen.stderr is not None
     pipes = {"stdout": popen.stdout.fileno(), "stderr": popen.stderr.fileno()}
     for fd in pipes.values():
@@ -224,6 +232,53 @@ def proc_start(cmd, args, envs, cwd, wait):
     _processes[popen.pid] = {"popen": popen, "pipes": pipes,
                              "config": {"cmd": cmd, "args": args, "envs": envs, "cwd": public_path(directory)}}
     return {"pid": popen.pid, **proc_poll(popen.pid, wait)}
+
+
+class RootProcess:
+    """A command started as root by the session's root helper (verl_sf/executor/zygote/root.py), with
+    what proc_poll uses of a Popen: its pid, pipes, and an exit code the helper writes to a pipe."""
+
+    def __init__(self, argv, cwd, env):
+        global _root
+        if _root is None:
+            try:
+                _root = socket.socket(fileno=ROOT_FD)
+            except OSError:
+                raise GuestError("permission_denied", "user 'root' is not offered by this sandbox") from None
+            _root.settimeout(10.0)  # a helper stopped by the sandbox's own code fails the call, never hangs it
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self._status_r, status_w = os.pipe()
+        try:
+            socket.send_fds(_root, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()],
+                            [out_w, err_w, status_w])
+            answer = json.loads(_root.recv(1 << 16) or b'{"error": "the root helper is gone"}')
+        except OSError as exc:
+            answer = {"error": f"the root helper did not answer ({exc})"}
+        finally:
+            for fd in (out_w, err_w, status_w):
+                os.close(fd)
+        self.stdout, self.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+        if "error" in answer:
+            self.stdout.close()
+            self.stderr.close()
+            os.close(self._status_r)
+            raise GuestError("invalid_argument", f"the command could not start as root: {answer['error']}")
+        self.pid = answer["pid"]
+        self.returncode = None
+
+    def poll(self):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout):
+        if self.returncode is None:
+            if not select.select([self._status_r], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired("root command", timeout)
+            self.returncode = int(os.read(self._status_r, 64) or b"-9")
+            os.close(self._status_r)
+        return self.returncode
 
 
 def proc_poll(pid, wait):

@@ -190,7 +190,8 @@ class Sandboxes:
         self._opening[owner] += 1  # a place is taken from the first await on: a burst cannot pass the caps
         try:
             info = await self.executor.create_session(SessionCreateRequest(language="python",
-                                                                           idle_ttl_s=MAX_TIMEOUT_S), cells=True)
+                                                                           idle_ttl_s=MAX_TIMEOUT_S), cells=True,
+                                                       rooted=True)
         finally:
             self._opening[owner] -= 1
             if not self._opening[owner]:

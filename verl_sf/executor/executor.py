@@ -208,6 +208,12 @@ class Executor:
         """The rung runs are isolated with (rungs.py); `rung_reason` says why it was chosen."""
         return self.rung
 
+    @property
+    def offers_root(self) -> bool:
+        """Whether a session's commands can run as uid 0 of a user namespace of their own: only
+        where the sandbox has user namespaces (zygote/root.py)."""
+        return self.rung == "namespaces"
+
     def languages(self) -> list[str]:
         return self.toolchains.available_languages() if self.toolchains else []
 
@@ -408,9 +414,11 @@ class Executor:
         return response
 
     # ---- sessions --------------------------------------------------------------------------
-    async def create_session(self, request: SessionCreateRequest, cells: bool = False) -> SessionInfo:
+    async def create_session(self, request: SessionCreateRequest, cells: bool = False,
+                             rooted: bool = False) -> SessionInfo:
         """`cells`: the session will mostly run cells (an E2B sandbox): it is forked from a zygote
-        whose IPython shell is built already."""
+        whose IPython shell is built already.  `rooted`: its commands may run as root, where the rung
+        offers it (`offers_root`)."""
         assert self.toolchains is not None, "Executor.start() first"
         if request.from_snapshot is not None:
             return await self._start_from(request)
@@ -425,7 +433,8 @@ class Executor:
                                f"and it was the longest idle")
         memory_mb = self._memory_mb(request.memory_limit_MB)
         zygote = await self._pick(STDLIB + CELLS if cells else STDLIB)
-        head, body = jobs.session_open(request.language, request.files, self.config, memory_mb)
+        head, body = jobs.session_open(request.language, request.files, self.config, memory_mb,
+                                       rooted and self.offers_root)
         session = Session(id=self._table.new_id(), language=request.language, zygote=zygote, open_id=head["id"],
                           memory_mb=memory_mb, idle_ttl_s=request.idle_ttl_s or self.config.session_idle_ttl_s)
         opening = asyncio.ensure_future(zygote.open_session(head, body))

@@ -88,11 +88,11 @@ def jupyter_job(request: RunJupyterRequest, config: ExecutorConfig, memory_mb: i
 
 
 def session_open(language: SessionLanguage, files: dict[str, Optional[str]], config: ExecutorConfig,
-                 memory_mb: int) -> tuple[SessionOpenHead, RunBody]:
+                 memory_mb: int, rooted: bool = False) -> tuple[SessionOpenHead, RunBody]:
     body: RunBody = {**body_limits(config, memory_mb),
                      "mode": "session_python" if language == "python" else "session_bash",
                      "files": {k: v or "" for k, v in files.items()}}
-    head: SessionOpenHead = {"op": "open", "id": next_id(), "language": language,
+    head: SessionOpenHead = {"op": "open", "id": next_id(), "language": language, "rooted": rooted,
                              "limits": limits(config, SESSION_OPEN_TIMEOUT_S, SESSION_OPEN_TIMEOUT_S, memory_mb)}
     return head, body
 

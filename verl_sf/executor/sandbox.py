@@ -48,7 +48,8 @@ SANDBOX_DATA_DIRS = ("/mnt/data",)
 E2B_HOME = "/home/user"
 RUN_UIDS_OFFSET, RUN_UIDS = 10000, 50000  # the landlock rung as root: a uid of its own per run, above the base
 # Without a mount namespace /etc cannot be synthetic: these host entries are read as they are.
-LANDLOCK_HOST_ETC = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "hostname")
+LANDLOCK_HOST_ETC = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "hostname",
+                     "profile", "profile.d")  # what `bash -l` (E2B's commands) reads
 ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
 ZYGOTE_PACKAGE = os.path.dirname(zygote.__file__)
 ZYGOTE_MOUNT = "/verl-sf/zygote"  # where the sandbox sees the zygote package, read-only

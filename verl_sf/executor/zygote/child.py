@@ -16,7 +16,7 @@ import resource
 import signal
 from typing import NoReturn, Optional
 
-from . import ipython_shell, landlock, linux
+from . import ipython_shell, landlock, linux, root
 from .interactive import BASH_SESSION, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
@@ -60,8 +60,9 @@ class Blueprint:
 
 
 class Child:
-    def __init__(self, blueprint: Blueprint, groups: Groups, sequence: int, network: int = -1):
+    def __init__(self, blueprint: Blueprint, groups: Groups, sequence: int, network: int = -1, rooted: bool = False):
         self.blueprint = blueprint
+        self.rooted = rooted  # a session whose commands may run as root: it gets a root helper (root.py)
         self.network = network  # an emptied network namespace of an earlier run to join, or -1: make one
         self.cfg = blueprint.cfg
         self.groups = groups
@@ -100,6 +101,9 @@ class Child:
         os.chdir(self.workdir)
         stdin_fd = os.memfd_create("stdin", 0)
         if self.blueprint.isolated:
+            if self.rooted:
+                single = self.cfg["single_uid"]
+                root.start(0 if single else self.cfg["uid"], 0 if single else self.cfg["gid"], self.blueprint.seccomp)
             self._drop_privileges()
         elif self.cfg["landlock"] is not None:
             self._restrict()

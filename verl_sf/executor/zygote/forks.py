@@ -132,6 +132,8 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
         return "forks need the namespaces isolation rung"
     if not tracing.supported():
         return "forks are made on x86-64 only"
+    if source.rooted:  # a copy would hold the parent's root helper, in the parent's namespaces
+        return "its commands may run as root (an E2B sandbox): such a session is not forked"
     if source.call is not None or source.interpreter < 0 or source.forking:
         return "a call is running in it (a fork never copies a half-run call)"
     if not source.frozen and source.layers >= MAX_FORK_LAYERS - 1:

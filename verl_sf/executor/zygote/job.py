@@ -54,7 +54,7 @@ class Zygote(Protocol):
     runs: dict[int, Any]
     sessions: dict[int, Any]
 
-    def take_ready(self) -> tuple[int, int, int, int, int, Groups]: ...
+    def take_ready(self, rooted: bool = False) -> tuple[int, int, int, int, int, Groups]: ...
     def watch(self, watcher: Watcher, fds: Iterable[int]) -> None: ...
     def unwatch(self, fd: int) -> None: ...
     def reply(self, reply: Union[Reply, dict[str, Any]]) -> None: ...
@@ -72,6 +72,8 @@ class Job:
         self.collected = False  # its PID 1 was waited for already
         self.adopted = False  # its PID 1 is not our child (a session's fork): nothing to wait for
         self.fork_inits: set[int] = set()  # PID 1s of its forks, below its own PID 1 but none of its work
+        # A session whose commands may run as root (root.py).
+        self.rooted = head["op"] == "open" and head.get("rooted", False)
         self.status = 0  # PID 1's wait status, once collected
         self.cpu_used = 0.0  # CPU seconds of PID 1 and every process it waited for (wait4's rusage)
         self.memory_exceeded = False
@@ -104,7 +106,7 @@ class Job:
 
     # -- start and stages ------------------------------------------------------------------------
     def start(self, zygote: Zygote) -> None:
-        pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready()
+        pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready(self.rooted)
         self.attach(zygote, pid, out_r, err_r, meta_r, job_w, groups)
         self.files_dir = f"{zygote.cfg['workdir']}/run-{pid}"
         self.hard_deadline = time.monotonic() + self.limits["hard_timeout"]  # for all stages: the client waits for all

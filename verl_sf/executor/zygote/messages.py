@@ -9,7 +9,10 @@ line, tagged with its request's id.  Children report on their fd 3 with `Record`
 
 from __future__ import annotations
 
-from typing import Literal, Optional, TypedDict, Union
+from typing import TYPE_CHECKING, Literal, Optional, TypedDict, Union
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired  # typing's own from Python 3.11
 
 RunMode = Literal["python", "exec", "jupyter", "session_python", "session_bash"]
 SessionLanguage = Literal["python", "bash"]
@@ -74,6 +77,7 @@ class SessionOpenHead(TypedDict):
     id: int
     language: SessionLanguage
     limits: Limits
+    rooted: NotRequired[bool]  # its commands may run as root: a child with a root helper (root.py)
 
 
 class SessionCallHead(TypedDict):

@@ -43,7 +43,8 @@ class Session(Job):
     def adopt(cls, zygote: Zygote, new_id: int, source: Session, limits: Limits, init: int, interpreter: int,
               fds: list[int], groups: Groups, frozen: bool) -> Session:
         """A copy forked from `source`, taken on as a session of its own, idle."""
-        head: SessionOpenHead = {"op": "open", "id": new_id, "language": source.language, "limits": limits}
+        head: SessionOpenHead = {"op": "open", "id": new_id, "language": source.language, "limits": limits,
+                                 "rooted": False}
         copy = cls(zygote, head, b"")
         copy.adopted = True
         copy.frozen = frozen

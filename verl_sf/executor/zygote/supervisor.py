@@ -73,11 +73,14 @@ class Zygote:
         # A run's network namespace outlives it here, empty (its sockets died with its processes, and
         # TIME_WAIT is off in it), for a later run: making one per run costs more than the run itself.
         self.free_networks: list[int] = []
-        self.ready_network = -1  # the network namespace handed to the ready child (-1: it makes its own)
+        self.ready_networks: dict[int, int] = {}  # ready child's pid -> the network namespace handed to it
         self.networks: dict[int, int] = {}  # job pid -> its network namespace, to free when the job is gone
         self.own_namespaces = {kind: os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("net",)}
         self.sequence = 0
-        self.ready: Optional[Ready] = None  # the pre-forked child waiting for its job
+        # Pre-forked children waiting for their job: a plain one, and one with a root helper (root.py)
+        # once a session asked for root.
+        self.ready: dict[bool, Ready] = {}
+        self.rooted_wanted = False
         self.runs: dict[int, Run] = {}  # request id -> run
         self.sessions: dict[int, Session] = {}  # open request id -> session
         self.ended: collections.OrderedDict[int, str] = collections.OrderedDict()  # recent sessions' end reasons
@@ -174,16 +177,19 @@ class Zygote:
     def _shutdown(self) -> None:
         for job in self.jobs():
             job.kill(self, "the server shut down")
-        if self.ready is not None:
-            for fd in self.ready[1:5]:
+        for ready in self.ready.values():
+            for fd in ready[1:5]:
                 os.close(fd)
 
     # ---- children ------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Fork the next child ahead of time, namespaces and all, so a request only pays for
-        handing it the job.  It waits on a pipe; the zygote closing that pipe ends it."""
-        if self.ready is not None:
-            return
+        """Fork the next children ahead of time, namespaces and all, so a request only pays for
+        handing one its job.  Each waits on a pipe; the zygote closing that pipe ends it."""
+        for rooted in (False, True) if self.rooted_wanted else (False,):
+            if rooted not in self.ready:
+                self.ready[rooted] = self._fork_child(rooted)
+
+    def _fork_child(self, rooted: bool) -> Ready:
         self.sequence += 1
         groups = self.groups.make(self.sequence)
         out_r, out_w = os.pipe()
@@ -201,7 +207,7 @@ class Zygote:
             try:
                 for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep_fd):
                     os.close(fd)
-                Child(self.blueprint, groups, self.sequence, network).setup(job_r, out_w, err_w, meta_w)
+                Child(self.blueprint, groups, self.sequence, network, rooted).setup(job_r, out_w, err_w, meta_w)
             except BaseException:
                 try:
                     os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
@@ -209,16 +215,18 @@ class Zygote:
                     os._exit(126)
         for fd in (out_w, err_w, meta_w, job_r):
             os.close(fd)
-        self.ready = (pid, out_r, err_r, meta_r, job_w, groups)
-        self.ready_network = network
+        self.ready_networks[pid] = network
+        return pid, out_r, err_r, meta_r, job_w, groups
 
-    def take_ready(self) -> Ready:
+    def take_ready(self, rooted: bool = False) -> Ready:
+        """A pre-forked child for a job; `rooted`: one with a root helper (sessions that asked for root)."""
+        self.rooted_wanted |= rooted
         self.prepare()
-        assert self.ready is not None
-        ready, self.ready = self.ready, None
+        ready = self.ready.pop(rooted)
+        pid = ready[0]
+        network = self.ready_networks.pop(pid)
         if self.isolated:
-            pid = ready[0]
-            self.networks[pid] = self.ready_network if self.ready_network >= 0 else self._namespace(pid, "net")
+            self.networks[pid] = network if network >= 0 else self._namespace(pid, "net")
         return ready
 
     def _namespace(self, pid: int, kind: str) -> int:
@@ -269,8 +277,7 @@ class Zygote:
         orphaned by a job that has ended (a job's PID 1 is a subreaper while it lives): kill it and
         all below it, and collect it, before the job's reply leaves."""
         known = {job.pid for job in (*self.jobs(), *self.reaping.values())}
-        if self.ready is not None:
-            known.add(self.ready[0])
+        known.update(ready[0] for ready in self.ready.values())
         for _ in range(64):
             strays = [pid for pid in procfs.children(os.getpid()) if pid not in known]
             if not strays:

@@ -1,0 +1,151 @@
+"""A session's root: a helper that starts the session's commands as uid 0 of a user namespace of its own.
+
+E2B's `commands.run(..., user="root")` runs as root.  No run may make a namespace (the seccomp
+filter), so the helper is forked by the session's child before that child drops its privileges:
+it takes the run's uid, makes a user namespace nested in the sandbox's with that uid as its only
+entry (0 inside), then sets no_new_privs and loads the runs' seccomp filter, and runs no user code
+itself.  Its capabilities hold in that namespace only, which owns nothing (the mount, PID,
+network and IPC namespaces are the sandbox's): on the host and in the sandbox its processes are
+the run's uid, and every file the run can touch is all it can touch.
+
+The session's interpreter asks on a SOCK_SEQPACKET socket at `ROOT_FD`: one message per command,
+JSON `{"argv", "env", "cwd"}` with three descriptors (stdout, stderr, and a pipe the command's
+exit code is written to), answered `{"pid": n}` or `{"error": text}`.  The helper ends when the
+interpreter closes its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+from typing import NoReturn
+
+from . import linux
+from .seccomp import Filter
+
+ROOT_FD = 8  # the interpreter's end, where the E2B guest looks for it
+MAX_REQUEST = 1 << 20
+
+
+def start(uid: int, gid: int, seccomp: Filter) -> None:
+    """Fork the helper (from a child that still has its capabilities) and put our end at ROOT_FD."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            _serve(theirs, uid, gid, seccomp)
+        except BaseException as exc:  # the session's stderr, while it is still ours
+            with contextlib.suppress(OSError):
+                os.write(2, f"verl-sf: the root helper failed: {exc!r}\n".encode())
+        os._exit(1)
+    theirs.close()
+    os.dup2(ours.fileno(), ROOT_FD)  # dup2's copy is inheritable: the interpreter keeps it
+    ours.close()
+
+
+def _serve(channel: socket.socket, uid: int, gid: int, seccomp: Filter) -> NoReturn:
+    os.setsid()  # an interrupt of the interpreter's process group never reaches it
+    linux.set_name(b"verl-sf-root")
+    keep = channel.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    if os.geteuid() != uid:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # clears every capability of the sandbox's namespace
+        # The uid change made it undumpable, which leaves its /proc files to root: its maps go there.
+        linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
+    linux.check(linux.libc.unshare(linux.CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1\n"), ("gid_map", f"0 {gid} 1\n")):
+        with open(f"/proc/self/{name}", "w") as control:
+            control.write(text)
+    linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    linux.no_new_privs()
+    seccomp.load()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    running: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, the write end of its exit-code pipe)
+    poller = select.poll()
+    poller.register(keep, select.POLLIN)
+    while True:
+        for fd, _ in poller.poll():
+            if fd == keep:
+                if not _take_request(channel, running, poller):
+                    os._exit(0)
+                continue
+            pid, status_w = running.pop(fd)
+            poller.unregister(fd)
+            os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            with contextlib.suppress(OSError):
+                os.write(status_w, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            os.close(status_w)
+
+
+def _take_request(channel: socket.socket, running: dict[int, tuple[int, int]], poller: select.poll) -> bool:
+    """Start one command; False once the interpreter is gone."""
+    try:
+        data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)
+    except OSError:
+        return False
+    if not data:
+        return False
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        channel.send(json.dumps({"error": "a command needs stdout, stderr and status descriptors"}).encode())
+        return True
+    try:
+        request = json.loads(data)
+        pid = _spawn([str(part) for part in request["argv"]], {str(k): str(v) for k, v in request["env"].items()},
+                     str(request["cwd"]), fds)
+    except Exception as exc:  # its answer: the command did not start
+        for fd in fds:
+            os.close(fd)
+        channel.send(json.dumps({"error": str(exc) or type(exc).__name__}).encode())
+        return True
+    os.close(fds[0])
+    os.close(fds[1])
+    pidfd = os.pidfd_open(pid)
+    running[pidfd] = (pid, fds[2])
+    poller.register(pidfd, select.POLLIN)
+    channel.send(json.dumps({"pid": pid}).encode())
+    return True
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> int:
+    """fork and exec as Popen does (a session of its own, stdin from /dev/null); an exec that fails
+    raises here, with the reason the child sent on a close-on-exec pipe."""
+    if not argv:
+        raise ValueError("no command")
+    check_r, check_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(check_r)
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            os.chdir(cwd)
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.execvpe(argv[0], argv, env)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.write(check_w, f"{argv[0]}: {exc.strerror if isinstance(exc, OSError) else exc}".encode())
+        os._exit(127)
+    os.close(check_w)
+    failure = os.read(check_r, 4096)
+    os.close(check_r)
+    if failure:
+        os.waitpid(pid, 0)
+        raise OSError(failure.decode(errors="replace"))
+    return pid
