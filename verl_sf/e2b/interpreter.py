@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
-from verl_sf.e2b.sandboxes import GUEST_MODULE, Context, GuestError, Sandbox, Sandboxes, call_code
+from verl_sf.e2b.sandboxes import GUEST, Context, GuestError, Sandbox, Sandboxes, call_code
 from verl_sf.models import CellRunResult, RunJupyterResponse
 from verl_sf.validation import first_error
 
@@ -115,7 +115,7 @@ async def run_execution(sandboxes: Sandboxes, sandbox: Sandbox, context_id: str,
                         timeout_s: float) -> tuple[list[dict[str, Any]], RunJupyterResponse]:
     """One execution of `code` in a context: its events (E2B's) and the session's answer."""
     cells = [call_code("run_cell", {"context": context_id, "code": code, "envs": envs}),
-             f"__import__({GUEST_MODULE!r}).last_info()"]
+             f"{GUEST}.last_info()"]
     response = await sandboxes.run_cells(sandbox, cells, timeout_s)
     events = execution_events(response.cells, response.message)
     if response.session_alive is False:

@@ -1,7 +1,7 @@
 """E2B sandboxes on the executor's sessions: one live python session per sandbox.
 
-A sandbox is created as a session, then the guest agent (guest.py) is sent into it; every E2B
-call afterwards is one session call.  The executor runs one call at a time per session; the
+A sandbox is created as a session, whose interpreter holds the guest agent (zygote/guest.py) from
+its warm-up; every E2B call is one session call into it.  The executor runs one call at a time per session; the
 sandbox's lock makes that order explicit (code contexts, commands and file calls of one sandbox
 take turns).  Sandboxes end at their timeout (reaped here), on kill, or when the server stops.
 """
@@ -19,7 +19,6 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable
-from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
 from verl_sf.e2b.config import E2BConfig
@@ -38,9 +37,7 @@ from verl_sf.tenancy import Owner, new_token, owns
 Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
 
 log = logging.getLogger(__name__)
-GUEST_MODULE = "_verl_sf_e2b"
-GUEST_FILENAME = "<verl-sf-e2b>"
-GUEST_SOURCE = Path(__file__).with_name("guest.py").read_text()
+GUEST = "__import__('zygote.guest', fromlist=['guest'])"  # the agent in a session (executor/zygote/guest.py)
 MARK = "\x1e\x1fverl-sf-e2b:"  # guest.MARK
 ENDED_KEPT = 10_000  # ended sandboxes whose reason a late call is still told
 ENVD_VERSION = "0.5.7"
@@ -102,15 +99,7 @@ class Sandbox:
 
 def call_code(function: str, payload: Any) -> str:
     """Python that calls the guest's `function` with one JSON string: data travels as a literal."""
-    return f"__import__({GUEST_MODULE!r}).{function}({json.dumps(payload)!r})"
-
-
-def _install_code(payload: dict[str, Any]) -> str:
-    """Load the guest as a module without leaving a name in the session's globals."""
-    body = (f"import sys, types\nmodule = types.ModuleType({GUEST_MODULE!r})\n"
-            f"exec(compile({GUEST_SOURCE!r}, {GUEST_FILENAME!r}, 'exec'), module.__dict__)\n"
-            f"sys.modules[{GUEST_MODULE!r}] = module\n")
-    return f"exec({body!r}, {{}})\n{call_code('setup', payload)}"
+    return f"{GUEST}.{function}({json.dumps(payload)!r})"
 
 
 def parse_answer(stdout: str) -> Any:
@@ -204,9 +193,8 @@ class Sandboxes:
         sandbox.contexts[sandbox.default_context] = Context(sandbox.default_context, "python", "/home/user")
         self.live[sandbox.id] = sandbox
         try:
-            await self.call_python(sandbox, _install_code({"envs": envs, "default_context": sandbox.default_context,
-                                                         "home_alias": home_alias}),
-                                   30.0)
+            setup = {"envs": envs, "default_context": sandbox.default_context, "home_alias": home_alias}
+            await self.call_python(sandbox, call_code("setup", setup), 30.0)
         except BaseException:
             self.kill(sandbox.id, "it could not start")
             raise

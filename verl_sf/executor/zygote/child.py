@@ -104,6 +104,7 @@ class Child:
             if self.rooted:
                 single = self.cfg["single_uid"]
                 root.start(0 if single else self.cfg["uid"], 0 if single else self.cfg["gid"], self.blueprint.seccomp)
+                linux.set_name(READY_NAME)
             self._drop_privileges()
         elif self.cfg["landlock"] is not None:
             self._restrict()

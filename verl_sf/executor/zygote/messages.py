@@ -9,10 +9,7 @@ line, tagged with its request's id.  Children report on their fd 3 with `Record`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Optional, TypedDict, Union
-
-if TYPE_CHECKING:
-    from typing_extensions import NotRequired  # typing's own from Python 3.11
+from typing import Literal, Optional, TypedDict, Union
 
 RunMode = Literal["python", "exec", "jupyter", "session_python", "session_bash"]
 SessionLanguage = Literal["python", "bash"]
@@ -72,12 +69,15 @@ class CancelHead(TypedDict):
     id: int
 
 
-class SessionOpenHead(TypedDict):
+class _SessionOptions(TypedDict, total=False):
+    rooted: bool  # its commands may run as root: a child with a root helper (root.py)
+
+
+class SessionOpenHead(_SessionOptions):
     op: Literal["open"]
     id: int
     language: SessionLanguage
     limits: Limits
-    rooted: NotRequired[bool]  # its commands may run as root: a child with a root helper (root.py)
 
 
 class SessionCallHead(TypedDict):

@@ -32,6 +32,15 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def name(pid: int) -> bytes:
+    """What `ps` shows for `pid` (its comm), empty once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            return fh.read().rstrip(b"\n")
+    except OSError:
+        return b""
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL `pid` and every descendant (stopped first, so none forks past the walk)."""
     members = list(tree(pid, 1 << 16))

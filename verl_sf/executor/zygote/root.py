@@ -28,12 +28,15 @@ from . import linux
 from .seccomp import Filter
 
 ROOT_FD = 8  # the interpreter's end, where the E2B guest looks for it
+NAME = b"verl-sf-root"  # the helper's name from its first instant: the zygote tells it from the interpreter so
 MAX_REQUEST = 1 << 20
 
 
 def start(uid: int, gid: int, seccomp: Filter) -> None:
-    """Fork the helper (from a child that still has its capabilities) and put our end at ROOT_FD."""
+    """Fork the helper (from a child that still has its capabilities) and put our end at ROOT_FD.
+    The caller names itself again: the helper is forked with NAME."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    linux.set_name(NAME)
     pid = os.fork()
     if pid == 0:
         try:
@@ -50,7 +53,6 @@ def start(uid: int, gid: int, seccomp: Filter) -> None:
 
 def _serve(channel: socket.socket, uid: int, gid: int, seccomp: Filter) -> NoReturn:
     os.setsid()  # an interrupt of the interpreter's process group never reaches it
-    linux.set_name(b"verl-sf-root")
     keep = channel.fileno()
     os.closerange(3, keep)
     os.closerange(keep + 1, 1 << 16)

@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Any, Optional
 
-from . import procfs
+from . import procfs, root
 from .interrupts import Interrupt
 from .job import Job, Zygote
 from .messages import Limits, Reply, SessionCallBody, SessionCallHead, SessionOpenHead
@@ -32,6 +32,7 @@ class Session(Job):
         self.interrupted: Optional[Interrupt] = None  # the call in progress was interrupted at its time-out
         self.interpreter = -1  # its pid, once ready
         self.interpreter_fd = -1  # a pidfd of it: the session ends with it
+        self.root_helper = -1  # its root helper's pid, where it has one (root.py)
         self.parent: Optional[Session] = None
         self.forks: set[Session] = set()  # its forks whose PID 1 lives
         self.frozen = False  # a snapshot: stopped for good, only forked
@@ -65,9 +66,10 @@ class Session(Job):
         zygote.watch(self, (self.interpreter_fd,))
 
     def background(self) -> list[int]:
-        """The session's processes beside its interpreter (its own, or orphans PID 1 took in)."""
-        return [*procfs.children(self.interpreter),
-                *(pid for pid in procfs.children(self.pid) if pid != self.interpreter and pid not in self.fork_inits)]
+        """The session's processes beside its interpreter (its own, root's, or orphans PID 1 took in)."""
+        own = (self.interpreter, self.root_helper)
+        return [*procfs.children(self.interpreter), *procfs.children(self.root_helper),
+                *(pid for pid in procfs.children(self.pid) if pid not in own and pid not in self.fork_inits)]
 
     def register(self, zygote: Zygote) -> None:
         zygote.sessions[self.id] = self
@@ -125,8 +127,10 @@ class Session(Job):
         if kind == "call_done" and self.call is not None:
             self._end_call(zygote, record)
         elif kind == "session_ready" and self.call is None and self.interpreter < 0:
-            # Nothing of the session's own runs yet: PID 1's one child is the interpreter.
-            self._watch_interpreter(zygote, procfs.children(self.pid)[0])
+            # Nothing of the session's own runs yet: PID 1's children are the interpreter and its root helper.
+            children = procfs.children(self.pid)
+            self.root_helper = next((pid for pid in children if procfs.name(pid) == root.NAME), -1)
+            self._watch_interpreter(zygote, next(pid for pid in children if pid != self.root_helper))
             zygote.reply({"id": self.id, "status": "Finished", "session_alive": True,
                           "group": zygote.groups.path_of(self.groups)})
         elif kind == "cell":

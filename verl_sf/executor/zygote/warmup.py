@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import gc
+import importlib
 import sys
 import types
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ def preload(modules: list[str], cells: bool = False) -> None:
                 exec(WARMUPS.get(name, ""), {})
         if cells:
             ipython_shell.warm()
+            importlib.import_module(f"{__package__}.guest")  # E2B's agent: every sandbox's session has it
     gc.collect()
     gc.freeze()
     collapse_heap()

@@ -1,8 +1,8 @@
-"""The E2B sandbox's agent, run inside its python session (standard library only).
+"""The E2B (and Daytona) sandbox's agent, run inside its python session (standard library only).
 
-The server sends this file's source into every new sandbox's session once, as the module
-`_verl_sf_e2b`; each later E2B call is one session call naming a function here with its
-arguments as one JSON string literal (user data is never pasted into code).  Files, directories,
+A cells interpreter imports it as it warms up (warmup.py), so every sandbox's session has it
+already; a sandbox's first call is `setup`, and each later E2B call is one session call naming a
+function here with its arguments as one JSON string literal (user data is never pasted into code).  Files, directories,
 processes and code contexts are then handled by the sandbox's own unprivileged process, with
 exactly the rights its code has.
 
@@ -34,7 +34,7 @@ READ_CHUNK = 1 << 16
 MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by default)
 ROOT_FD = 8  # the session's root helper, where it has one (verl_sf/executor/zygote/root.py)
 
-_home = os.getcwd()
+_home = os.getcwd()  # set again by `setup`
 _contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "history", "cwd": local path, "count"}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
 _last: dict[str, Any] = {"count": 0, "main": None}
@@ -54,6 +54,7 @@ def setup(payload):
     """Sandbox-wide environment variables and the default context (the session's `__main__`)."""
     request = json.loads(payload)
     global _home
+    _home = os.getcwd()  # the session's working directory (imported in the warm interpreter, elsewhere)
     if os.path.isdir(HOME_ALIAS) and os.path.samefile(HOME_ALIAS, _home):  # E2B's home is a real directory here
         os.chdir(HOME_ALIAS)
         _home = HOME_ALIAS
