@@ -146,3 +146,30 @@ def test_unknown_users_are_refused_and_nothing_else_breaks(sandbox: Sandbox) -> 
     with pytest.raises(InvalidArgumentException, match="unknown user 'bob'"):
         sandbox.commands.run("id", user="bob")
     assert run(sandbox, "echo still", user="user") == (0, "still\n", "")
+
+
+def test_root_commands_hold_no_descriptor_of_the_helper(server: ServerHandle, sandbox: Sandbox) -> None:
+    """A command cannot write its own end: the helper's pipes are not inherited (red team F4)."""
+    if rung(server) == "landlock":
+        return
+    assert run(sandbox, "ls /proc/$$/fd") == run(sandbox, "ls /proc/$$/fd", user="user")
+    assert run(sandbox, "for fd in 3 4 5 6 7 8 9; do echo '{\"exit\": 0}' >&$fd; done 2>/dev/null; exit 3")[0] == 3
+
+
+def test_code_in_the_session_cannot_shift_or_take_roots_answers(server: ServerHandle, sandbox: Sandbox) -> None:
+    """The session's code holds the helper's socket (fd 8): garbage queued on it and a thread reading
+    it change nothing of a root command's start, output or end (red team F1)."""
+    if rung(server) == "landlock":
+        return
+    execution = sandbox.run_code(
+        "import os, socket, threading\n"
+        "_s = socket.socket(fileno=os.dup(8)); _s.setblocking(False)\n"
+        "for _ in range(300):\n"
+        "    try: _s.send(b'garbage')\n"
+        "    except BlockingIOError: break\n"
+        "_s.setblocking(True)\n"
+        "threading.Thread(target=lambda: [_s.recv(65536) for _ in iter(int, 1)], daemon=True).start()\n"
+    )
+    assert execution.error is None
+    for _ in range(3):
+        assert run(sandbox, "echo hi; exit 4") == (4, "hi\n", "")

@@ -236,8 +236,9 @@ def proc_start(cmd, args, envs, cwd, wait, user="user"):
 
 
 class RootProcess:
-    """A command started as root by the session's root helper (verl_sf/executor/zygote/root.py), with
-    what proc_poll uses of a Popen: its pid, pipes, and an exit code the helper writes to a pipe."""
+    """A command started as root by the session's root helper (root.py), with what proc_poll uses of a
+    Popen: its pid, its pipes, and its end, which the helper writes as JSON lines on a status pipe of
+    the command's own (`{"pid"}` or `{"error"}`, then `{"exit"}`)."""
 
     def __init__(self, argv, cwd, env):
         global _root
@@ -246,27 +247,46 @@ class RootProcess:
                 _root = socket.socket(fileno=ROOT_FD)
             except OSError:
                 raise GuestError("permission_denied", "user 'root' is not offered by this sandbox") from None
-            _root.settimeout(10.0)  # a helper stopped by the sandbox's own code fails the call, never hangs it
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        self._status_r, status_w = os.pipe()
+        self._status, status_w = os.pipe()
+        self._pending = b""
+        self.returncode = None
         try:
             socket.send_fds(_root, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()],
                             [out_w, err_w, status_w])
-            answer = json.loads(_root.recv(1 << 16) or b'{"error": "the root helper is gone"}')
         except OSError as exc:
-            answer = {"error": f"the root helper did not answer ({exc})"}
+            answer = {"error": f"the root helper is gone ({exc})"}
+        else:
+            # A helper stopped by the sandbox's own code fails the call, never hangs it.
+            answer = self._line(10.0) or {"error": "the root helper did not answer"}
         finally:
             for fd in (out_w, err_w, status_w):
                 os.close(fd)
         self.stdout, self.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
-        if "error" in answer:
+        if "pid" not in answer:
             self.stdout.close()
             self.stderr.close()
-            os.close(self._status_r)
-            raise GuestError("invalid_argument", f"the command could not start as root: {answer['error']}")
+            os.close(self._status)
+            raise GuestError("invalid_argument", f"the command could not start as root: {answer.get('error')}")
         self.pid = answer["pid"]
-        self.returncode = None
+
+    def _line(self, timeout):
+        """The next JSON line on the status pipe; None when none came within `timeout`, {} at its end."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            if not select.select([self._status], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            chunk = os.read(self._status, 4096)
+            if not chunk:
+                return {}
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return {}
+        return answer if isinstance(answer, dict) else {}
 
     def poll(self):
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -275,10 +295,12 @@ class RootProcess:
 
     def wait(self, timeout):
         if self.returncode is None:
-            if not select.select([self._status_r], [], [], timeout)[0]:
+            end = self._line(timeout)
+            if end is None:
                 raise subprocess.TimeoutExpired("root command", timeout)
-            self.returncode = int(os.read(self._status_r, 64) or b"-9")
-            os.close(self._status_r)
+            exit_code = end.get("exit")
+            self.returncode = exit_code if isinstance(exit_code, int) else -signal.SIGKILL  # the helper is gone
+            os.close(self._status)
         return self.returncode
 
 

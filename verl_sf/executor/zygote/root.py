@@ -9,9 +9,9 @@ network and IPC namespaces are the sandbox's): on the host and in the sandbox it
 the run's uid, and every file the run can touch is all it can touch.
 
 The session's interpreter asks on a SOCK_SEQPACKET socket at `ROOT_FD`: one message per command,
-JSON `{"argv", "env", "cwd"}` with three descriptors (stdout, stderr, and a pipe the command's
-exit code is written to), answered `{"pid": n}` or `{"error": text}`.  The helper ends when the
-interpreter closes its end.
+JSON `{"argv", "env", "cwd"}` with three descriptors (stdout, stderr, and the command's status
+pipe), answered on the status pipe with a JSON line, `{"pid": n}` or `{"error": text}`, and once
+the command has ended `{"exit": code}`.  The helper ends when the interpreter closes its end.
 """
 
 from __future__ import annotations
@@ -86,43 +86,50 @@ def _serve(channel: socket.socket, uid: int, gid: int, seccomp: Filter) -> NoRet
             poller.unregister(fd)
             os.close(fd)
             _, status = os.waitpid(pid, 0)
-            with contextlib.suppress(OSError):
-                os.write(status_w, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            _answer(status_w, {"exit": os.waitstatus_to_exitcode(status)})
             os.close(status_w)
 
 
 def _take_request(channel: socket.socket, running: dict[int, tuple[int, int]], poller: select.poll) -> bool:
-    """Start one command; False once the interpreter is gone."""
+    """Start one command; False once the interpreter is gone.  Its answer goes on its own status pipe
+    (whatever else code in the session sends on the socket cannot take or shift another's answer)."""
     try:
         data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)
     except OSError:
         return False
+    for fd in fds:  # never a command's: it could write its own end (recv_fds drops MSG_CMSG_CLOEXEC)
+        os.set_inheritable(fd, False)
     if not data:
         return False
-    if len(fds) != 3:
+    if len(fds) != 3:  # nowhere to answer
         for fd in fds:
             os.close(fd)
-        channel.send(json.dumps({"error": "a command needs stdout, stderr and status descriptors"}).encode())
         return True
+    out_w, err_w, status_w = fds
     try:
         request = json.loads(data)
         pid = _spawn([str(part) for part in request["argv"]], {str(k): str(v) for k, v in request["env"].items()},
-                     str(request["cwd"]), fds)
+                     str(request["cwd"]), out_w, err_w)
     except Exception as exc:  # its answer: the command did not start
+        _answer(status_w, {"error": str(exc) or type(exc).__name__})
         for fd in fds:
             os.close(fd)
-        channel.send(json.dumps({"error": str(exc) or type(exc).__name__}).encode())
         return True
-    os.close(fds[0])
-    os.close(fds[1])
+    os.close(out_w)
+    os.close(err_w)
     pidfd = os.pidfd_open(pid)
-    running[pidfd] = (pid, fds[2])
+    running[pidfd] = (pid, status_w)
     poller.register(pidfd, select.POLLIN)
-    channel.send(json.dumps({"pid": pid}).encode())
+    _answer(status_w, {"pid": pid})
     return True
 
 
-def _spawn(argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> int:
+def _answer(status_w: int, answer: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):  # its reader is gone
+        os.write(status_w, json.dumps(answer).encode() + b"\n")
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: str, out_w: int, err_w: int) -> int:
     """fork and exec as Popen does (a session of its own, stdin from /dev/null); an exec that fails
     raises here, with the reason the child sent on a close-on-exec pipe."""
     if not argv:
@@ -135,8 +142,8 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> in
             os.setsid()
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
-            os.dup2(fds[0], 1)
-            os.dup2(fds[1], 2)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
             os.chdir(cwd)
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)
