@@ -19,12 +19,13 @@ import os
 import select
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import time
 from typing import Any
+
+from . import root
 
 HOME_ALIAS = "/home/user"
 """E2B's home, shown for the session's own; a sandbox set up with no alias shows the real paths."""
@@ -32,14 +33,12 @@ MARK = "\x1e\x1fverl-sf-e2b:"
 """Prefix of the answer line; whatever else a call printed comes before it."""
 READ_CHUNK = 1 << 16
 MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by default)
-ROOT_FD = 8  # the session's root helper, where it has one (verl_sf/executor/zygote/root.py)
 
 _home = os.getcwd()  # set again by `setup`
 _contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "history", "cwd": local path, "count"}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
 _last: dict[str, Any] = {"count": 0, "main": None}
 _alias = {"home": HOME_ALIAS}
-_root = None  # the socket to the root helper, once a command asked for root
 
 
 class GuestError(Exception):
@@ -222,7 +221,10 @@ def proc_start(cmd, args, envs, cwd, wait, user="user"):
     env = {**os.environ, **envs}
     popen: Any
     if user == "root":
-        popen = RootProcess([cmd, *args], directory, env)
+        try:
+            popen = root.RootProcess([cmd, *args], directory, env)
+        except root.NotStarted as exc:
+            raise GuestError(exc.code, str(exc)) from None
     else:
         popen = subprocess.Popen([cmd, *args], cwd=directory, env=env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -233,75 +235,6 @@ def proc_start(cmd, args, envs, cwd, wait, user="user"):
     _processes[popen.pid] = {"popen": popen, "pipes": pipes,
                              "config": {"cmd": cmd, "args": args, "envs": envs, "cwd": public_path(directory)}}
     return {"pid": popen.pid, **proc_poll(popen.pid, wait)}
-
-
-class RootProcess:
-    """A command started as root by the session's root helper (root.py), with what proc_poll uses of a
-    Popen: its pid, its pipes, and its end, which the helper writes as JSON lines on a status pipe of
-    the command's own (`{"pid"}` or `{"error"}`, then `{"exit"}`)."""
-
-    def __init__(self, argv, cwd, env):
-        global _root
-        if _root is None:
-            try:
-                _root = socket.socket(fileno=ROOT_FD)
-            except OSError:
-                raise GuestError("permission_denied", "user 'root' is not offered by this sandbox") from None
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        self._status, status_w = os.pipe()
-        self._pending = b""
-        self.returncode = None
-        try:
-            socket.send_fds(_root, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()],
-                            [out_w, err_w, status_w])
-        except OSError as exc:
-            answer = {"error": f"the root helper is gone ({exc})"}
-        else:
-            # A helper stopped by the sandbox's own code fails the call, never hangs it.
-            answer = self._line(10.0) or {"error": "the root helper did not answer"}
-        finally:
-            for fd in (out_w, err_w, status_w):
-                os.close(fd)
-        self.stdout, self.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
-        if "pid" not in answer:
-            self.stdout.close()
-            self.stderr.close()
-            os.close(self._status)
-            raise GuestError("invalid_argument", f"the command could not start as root: {answer.get('error')}")
-        self.pid = answer["pid"]
-
-    def _line(self, timeout):
-        """The next JSON line on the status pipe; None when none came within `timeout`, {} at its end."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._pending:
-            if not select.select([self._status], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                return None
-            chunk = os.read(self._status, 4096)
-            if not chunk:
-                return {}
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            return {}
-        return answer if isinstance(answer, dict) else {}
-
-    def poll(self):
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.wait(0)
-        return self.returncode
-
-    def wait(self, timeout):
-        if self.returncode is None:
-            end = self._line(timeout)
-            if end is None:
-                raise subprocess.TimeoutExpired("root command", timeout)
-            exit_code = end.get("exit")
-            self.returncode = exit_code if isinstance(exit_code, int) else -signal.SIGKILL  # the helper is gone
-            os.close(self._status)
-        return self.returncode
 
 
 def proc_poll(pid, wait):

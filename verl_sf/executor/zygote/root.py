@@ -12,6 +12,7 @@ The session's interpreter asks on a SOCK_SEQPACKET socket at `ROOT_FD`: one mess
 JSON `{"argv", "env", "cwd"}` with three descriptors (stdout, stderr, and the command's status
 pipe), answered on the status pipe with a JSON line, `{"pid": n}` or `{"error": text}`, and once
 the command has ended `{"exit": code}`.  The helper ends when the interpreter closes its end.
+`RootProcess` is the interpreter's side, which the E2B guest (guest.py) uses as it uses a Popen.
 """
 
 from __future__ import annotations
@@ -22,14 +23,25 @@ import os
 import select
 import signal
 import socket
-from typing import NoReturn
+import subprocess
+import time
+from typing import Any, NoReturn, Optional
 
 from . import linux
 from .seccomp import Filter
 
-ROOT_FD = 8  # the interpreter's end, where the E2B guest looks for it
+ROOT_FD = 8  # the interpreter's end, where its RootProcess looks for it
 NAME = b"verl-sf-root"  # the helper's name from its first instant: the zygote tells it from the interpreter so
 MAX_REQUEST = 1 << 20
+_channel: Optional[socket.socket] = None  # the interpreter's end, once a command asked for root
+
+
+class NotStarted(Exception):
+    """A root command did not start; `code` is the Connect code the E2B guest answers with."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 def start(uid: int, gid: int, seccomp: Filter) -> None:
@@ -158,3 +170,72 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: str, out_w: int, err_w: in
         os.waitpid(pid, 0)
         raise OSError(failure.decode(errors="replace"))
     return pid
+
+
+class RootProcess:
+    """A command started as root by the session's root helper, with what the guest's proc_poll uses of a
+    Popen: its pid, its pipes, and its end, which the helper writes as JSON lines on a status pipe of
+    the command's own (`{"pid"}` or `{"error"}`, then `{"exit"}`)."""
+
+    def __init__(self, argv: list[str], cwd: str, env: dict[str, str]) -> None:
+        global _channel
+        if _channel is None:
+            try:
+                _channel = socket.socket(fileno=ROOT_FD)
+            except OSError:
+                raise NotStarted("permission_denied", "user 'root' is not offered by this sandbox") from None
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self._status, status_w = os.pipe()
+        self._pending = b""
+        self.returncode: Optional[int] = None
+        try:
+            socket.send_fds(_channel, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()],
+                            [out_w, err_w, status_w])
+        except OSError as exc:
+            answer = {"error": f"the root helper is gone ({exc})"}
+        else:
+            # A helper stopped by the sandbox's own code fails the call, never hangs it.
+            answer = self._line(10.0) or {"error": "the root helper did not answer"}
+        finally:
+            for fd in (out_w, err_w, status_w):
+                os.close(fd)
+        self.stdout, self.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+        if "pid" not in answer:
+            self.stdout.close()
+            self.stderr.close()
+            os.close(self._status)
+            raise NotStarted("invalid_argument", f"the command could not start as root: {answer.get('error')}")
+        self.pid = answer["pid"]
+
+    def _line(self, timeout: float) -> Optional[dict[str, Any]]:
+        """The next JSON line on the status pipe; None when none came within `timeout`, {} at its end."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            if not select.select([self._status], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            chunk = os.read(self._status, 4096)
+            if not chunk:
+                return {}
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return {}
+        return answer if isinstance(answer, dict) else {}
+
+    def poll(self) -> Optional[int]:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float) -> Optional[int]:
+        if self.returncode is None:
+            end = self._line(timeout)
+            if end is None:
+                raise subprocess.TimeoutExpired("root command", timeout)
+            exit_code = end.get("exit")
+            self.returncode = exit_code if isinstance(exit_code, int) else -signal.SIGKILL  # the helper is gone
+            os.close(self._status)
+        return self.returncode
