@@ -17,6 +17,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from verl_sf.errors import InputError
 from verl_sf.executor.gpus import host_gpus
 from verl_sf.executor.language_packages import (
     DEFAULT_SET,
@@ -58,7 +59,7 @@ COMMAND_OF_PACKAGE = {"npm": "npm", "nodejs": "node", "rustc": "rustc", "golang-
 PACKAGE_JSON = '{"name": "verl-sf-node-runtime", "private": true}\n'
 
 
-class UnknownLanguage(ValueError):
+class UnknownLanguage(InputError):
     """A name that is not one of Sandbox Fusion's languages."""
 
 

@@ -13,13 +13,15 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Optional, TypeVar
 
+from verl_sf.errors import InputError
+
 Item = TypeVar("Item")
 Key = tuple[str, str]
 MAX_CURSOR_CHARS = 1024
 NOT_A_CURSOR = "not a cursor: a page's X-Next-Token or nextCursor, as given"
 
 
-class BadCursor(ValueError):
+class BadCursor(InputError):
     """A cursor that does not decode as one (a position in the list: a start time and an id)."""
 
 

@@ -115,8 +115,9 @@ async def test_refusals_are_the_shared_typed_errors(backend: ServerSessionBacken
     long_call = asyncio.ensure_future(run(backend, "busy", "time.sleep(4)\nprint('finished')"))
     try:
         await wait_until_async(lambda: in_flight(backend, server), 30, "the long call is running")
-        with pytest.raises(SessionBusy, match="call is running"):
+        with pytest.raises(SessionBusy, match="call is running") as busy:
             await backend.fork_session("busy", 2)
+        assert busy.value.reason.startswith("a call is running")  # the server's own reason, rebuilt from its code
         with pytest.raises(SessionBusy):
             await backend.snapshot_session("busy")
     finally:

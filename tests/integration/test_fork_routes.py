@@ -144,6 +144,7 @@ def test_unknown_sessions_and_snapshots_are_404_with_the_reason(server: ServerHa
         response = post(server, path, {})
         assert response.status_code == 404, response.text
         assert "no-such-session" in response.json()["detail"] and "not found" in response.json()["detail"]
+        assert response.json()["code"] == "session_not_found"  # errors.ANSWERS, machine-readable
     ended = create(server)
     requests.delete(f"{server.url}/sessions/{ended}", timeout=30)
     response = fork(server, ended, {"count": 1})
@@ -153,6 +154,7 @@ def test_unknown_sessions_and_snapshots_are_404_with_the_reason(server: ServerHa
                      post(server, "/sessions", {"from_snapshot": "no-such-snapshot"})):
         assert response.status_code == 404, response.text
         assert "snapshot 'no-such-snapshot' not found" in response.json()["detail"]
+        assert response.json()["code"] == "snapshot_not_found"
     after = rejections(server)
     assert after.get("session_not_found", 0) - before.get("session_not_found", 0) == 3
     assert after.get("snapshot_not_found", 0) - before.get("snapshot_not_found", 0) == 3
@@ -227,6 +229,7 @@ def test_a_session_in_a_call_is_409_for_fork_and_snapshot(server: ServerHandle) 
     for response in (forked, snapshot):
         assert response.status_code == 409, response.text
         assert busy in response.json()["detail"] and "call is running" in response.json()["detail"]
+        assert response.json()["code"] == "session_busy" and response.json()["reason"].startswith("a call is running")
     assert rejections(server).get("session_busy", 0) - before == 2
     assert requests.get(server.url + "/health", timeout=30).json()["sessions"] <= MAX_SESSIONS
     after = fork(server, busy, {})

@@ -47,7 +47,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from verl_sf.backends.base import BackendConfigBase, SandboxUnavailable, SessionsUnsupported
 from verl_sf.backends.sessions import ServerSessionBackend
-from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, SnapshotGone, VerlSfError
+from verl_sf.errors import ForkUnavailable, InputError, VerlSfError, error_of
 from verl_sf.models import (
     RunCodeRequest,
     RunCodeResponse,
@@ -120,7 +120,7 @@ class HttpBackendConfig(BackendConfigBase):
         return {**super().from_tool_block(block, sandbox_fusion_url=None), "url": sandbox_fusion_url}
 
 
-class SandboxRequestRejected(VerlSfError, ValueError):
+class SandboxRequestRejected(InputError):
     """The server refused the request itself (HTTP 4xx other than 429, or 501): retrying cannot help."""
 
     def __init__(self, url: str, status: int, body: str):
@@ -236,9 +236,10 @@ class HttpSandboxBackend(ServerSessionBackend):
             return await self._post(self.run_code_url, request, RunCodeResponse, budget,
                                     repeatable=request.session_id is None)
         except SandboxRequestRejected as exc:
-            if request.session_id is None or exc.status != 404:
+            gone = _refusal(exc, session_id=request.session_id or "") if exc.status == 404 else None
+            if gone is None:
                 raise
-            raise SessionGone(request.session_id, _detail(exc.body)) from exc
+            raise gone from exc
 
     async def check_sessions(self) -> None:
         """Raise `SessionsUnsupported` unless the server has POST /sessions (creates nothing)."""
@@ -254,10 +255,9 @@ class HttpSandboxBackend(ServerSessionBackend):
             return await self._send("POST", url, request.model_dump(mode="json", exclude_unset=True),
                                     lambda body: _parse(url, body, SessionInfo), self.config.server_margin_s)
         except SandboxRequestRejected as exc:
-            if request.from_snapshot is not None and exc.status == 404:
-                raise SnapshotGone(request.from_snapshot, _detail(exc.body)) from exc
-            if request.from_snapshot is not None and exc.status == 409:
-                raise _busy(request.from_snapshot, exc.body) from exc
+            refused = _refusal(exc, snapshot_id=request.from_snapshot or "")
+            if refused is not None:
+                raise refused from exc
             if exc.status in NO_ROUTE_STATUSES:
                 raise SessionsUnsupported(_no_sessions_message(self.sessions_url, exc.status)) from None
             raise
@@ -308,13 +308,11 @@ class HttpSandboxBackend(ServerSessionBackend):
             return await self._send("POST", url, payload, lambda body: _parse(url, body, response_type),
                                     self.config.server_margin_s, repeatable=False)
         except SandboxRequestRejected as exc:
-            reason = _detail(exc.body)
-            if exc.status == 404:
-                raise SessionGone(session_id, reason) from exc
-            if exc.status == 409:
-                raise _busy(session_id, exc.body) from exc
             if exc.status == 501:
-                raise ForkUnavailable(f"{self.base_url}: {reason}") from exc
+                raise ForkUnavailable(f"{self.base_url}: {_detail(exc.body)}") from exc
+            refused = _refusal(exc, session_id=session_id)
+            if refused is not None:
+                raise refused from exc
             raise
 
     def _session_key(self) -> tuple:
@@ -412,9 +410,20 @@ def _detail(body: str) -> str:
     return detail if isinstance(detail, str) else body
 
 
-def _busy(session_id: str, body: str) -> SessionBusy:
-    """The server's SessionBusy as it was raised there (the 409's detail is that error's text)."""
-    return SessionBusy(session_id, _detail(body).removeprefix(str(SessionBusy(session_id, ""))))
+def _refusal(exc: SandboxRequestRejected, *, session_id: str = "", snapshot_id: str = "") -> Optional[VerlSfError]:
+    """The server's refusal as the type it raised there, from its body's `code` and `reason` (a
+    server that sends no code: from the status, with its `detail` as the reason)."""
+    try:
+        body = json.loads(exc.body)
+    except ValueError:
+        body = None
+    body = body if isinstance(body, dict) else {}
+    code, reason = body.get("code"), body.get("reason")
+    if not isinstance(code, str):
+        by_status = {404: "session_not_found" if session_id else "snapshot_not_found", 409: "session_busy"}
+        code = by_status.get(exc.status, "")
+    return error_of(code, reason if isinstance(reason, str) else _detail(exc.body), session_id=session_id,
+                    snapshot_id=snapshot_id)
 
 
 def _retry_after_s(value: Optional[str]) -> float:

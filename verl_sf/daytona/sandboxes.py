@@ -23,6 +23,7 @@ from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.e2b.sandboxes import Sandboxes as Boxes
 from verl_sf.e2b.sandboxes import SandboxGone
+from verl_sf.errors import CapacityError, ConflictError, NotFoundError
 from verl_sf.executor import Executor
 from verl_sf.tenancy import Owner, owns
 
@@ -34,20 +35,20 @@ class State(str, enum.Enum):
     stopped = "stopped"
 
 
-class NotFound(Exception):
+class NotFound(NotFoundError):
     def __init__(self, id_or_name: str):
         super().__init__(f"Sandbox with ID or name {id_or_name} not found")
 
 
-class NotStarted(Exception):
+class NotStarted(ConflictError):
     """A toolbox call to a sandbox that is not started (stopped by its owner, the reaper, or its box ended)."""
 
 
-class NameTaken(Exception):
+class NameTaken(ConflictError):
     pass
 
 
-class TooManySandboxes(Exception):
+class TooManySandboxes(CapacityError):
     pass
 
 

@@ -11,6 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from verl_sf.daytona.sandboxes import DaytonaSandbox
+from verl_sf.errors import InputError
 from verl_sf.validation import first_error
 
 ORGANIZATION_ID = "verl-sf"
@@ -68,7 +69,7 @@ class Labels(Body):
     labels: dict[StrictStr, StrictStr]
 
 
-class BadBody(Exception):
+class BadBody(InputError):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status

@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 from aiohttp import web
 
+from verl_sf.errors import VerlSfError
+
 END_STREAM = 0x02
 COMPRESSED = 0x01
 STREAM_CONTENT_TYPE = "application/connect+json"
@@ -25,7 +27,7 @@ HTTP_STATUS = {
 }
 
 
-class ConnectError(Exception):
+class ConnectError(VerlSfError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code if code in HTTP_STATUS else "internal"

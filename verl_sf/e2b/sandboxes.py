@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Optional, TypeVar, Union
 
 from verl_sf.e2b.config import E2BConfig
-from verl_sf.errors import SessionGone
+from verl_sf.errors import CapacityError, NotFoundError, SessionGone, VerlSfError
 from verl_sf.executor import Executor
 from verl_sf.models import (
     MAX_TIMEOUT_S,
@@ -45,7 +45,7 @@ ENVD_VERSION = "0.5.7"
 metadata, watchers) are refused by the SDK itself with a clear message."""
 
 
-class SandboxGone(Exception):
+class SandboxGone(NotFoundError):
     """No live sandbox by that id (never created, killed, timed out, or its session ended)."""
 
     def __init__(self, sandbox_id: str, reason: str):
@@ -54,15 +54,15 @@ class SandboxGone(Exception):
         self.reason = reason
 
 
-class TooManySandboxes(Exception):
+class TooManySandboxes(CapacityError):
     """The server's cap on live sandboxes is reached."""
 
 
-class CommandTimedOut(Exception):
+class CommandTimedOut(VerlSfError):
     """A command ran past its deadline and was killed."""
 
 
-class GuestError(Exception):
+class GuestError(VerlSfError):
     """A call the sandbox refused or failed; `code` is a Connect error code (not_found, ...)."""
 
     def __init__(self, code: str, message: str):

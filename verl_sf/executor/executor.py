@@ -18,7 +18,7 @@ import re
 import time
 from typing import Optional, Union
 
-from verl_sf.errors import ForkUnavailable, SessionBusy, SessionGone, VerlSfError
+from verl_sf.errors import ForkFailed, ForkUnavailable, InvalidRequest, Overloaded, SessionBusy, SessionGone
 from verl_sf.executor import jobs, rungs
 from verl_sf.executor.cgroups import CgroupManager, SandboxCgroup
 from verl_sf.executor.config import CELLS, ExecutorConfig
@@ -65,21 +65,6 @@ def gpu_flavor(index: int) -> str:
 # far alone, so the copies do not write (and so copy) every page of them on their first collection.
 FREEZE = "import gc as _gc\n_gc.freeze()\ndel _gc\n"
 
-
-class Overloaded(VerlSfError, RuntimeError):
-    """Too many runs in flight; the HTTP layer turns this into 503 + Retry-After."""
-
-
-class ForkFailed(VerlSfError, RuntimeError):
-    """The sandbox could not make the copies (not the session's doing); none is left behind.  HTTP 500."""
-
-
-class InvalidRequest(VerlSfError, ValueError):
-    """A request that is well-formed but cannot be served as asked; `field` names the culprit."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 @dataclasses.dataclass

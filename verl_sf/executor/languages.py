@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
+from verl_sf.errors import InputError
 from verl_sf.executor.gpus import cuda_bin_dirs
 from verl_sf.executor.language_packages import install_hint
 
@@ -34,7 +35,7 @@ COMMON_ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/
               "/etc/nsswitch.conf", "/etc/localtime")
 
 
-class SourceRejected(ValueError):
+class SourceRejected(InputError):
     """The code cannot be placed for its language (as SF: scala code without an object)."""
 
 

@@ -26,7 +26,7 @@ from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, R
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.fleet import FleetMember, FleetRouting
 from verl_sf.server.metrics import ServerMetrics
-from verl_sf.server.rejections import REFUSALS, refuse, session_not_found
+from verl_sf.server.rejections import REFUSALS, refuse
 from verl_sf.server.requests import (
     EXECUTOR_KEY,
     METRICS_KEY,
@@ -109,7 +109,7 @@ async def get_session(request: web.Request) -> web.Response:
     try:
         info = get_executor(request).session_info(request.match_info["session_id"])
     except SessionGone as exc:
-        return session_not_found(request, exc)
+        return refuse(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json")
 
 
@@ -117,7 +117,7 @@ async def delete_session(request: web.Request) -> web.Response:
     try:
         get_executor(request).end_session(request.match_info["session_id"])
     except SessionGone as exc:
-        return session_not_found(request, exc)
+        return refuse(request, exc)
     return web.json_response({"session_id": request.match_info["session_id"], "ended": True})
 
 

@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, ValidationError
 
+from verl_sf.errors import InputError
 from verl_sf.executor import Executor
 from verl_sf.server.connections import TrackedConnection
 from verl_sf.server.metrics import ServerMetrics
@@ -33,7 +34,7 @@ MAX_JSON_DEPTH = 100
 parsers' recursion, not the request, would decide what happens."""
 
 
-class JsonBodyError(ValueError):
+class JsonBodyError(InputError):
     """A request body that is not JSON, or JSON nested past MAX_JSON_DEPTH."""
 
 

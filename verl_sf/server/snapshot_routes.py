@@ -11,7 +11,7 @@ from aiohttp import web
 
 from verl_sf.errors import SnapshotGone
 from verl_sf.models import SessionForkRequest, SnapshotList
-from verl_sf.server.rejections import REFUSALS, refuse, snapshot_not_found
+from verl_sf.server.rejections import REFUSALS, refuse
 from verl_sf.server.requests import get_executor, parse
 
 
@@ -44,7 +44,7 @@ async def get_snapshot(request: web.Request) -> web.Response:
     try:
         info = get_executor(request).snapshot_info(request.match_info["snapshot_id"])
     except SnapshotGone as exc:
-        return snapshot_not_found(request, exc)
+        return refuse(request, exc)
     return web.Response(body=info.model_dump_json(), content_type="application/json")
 
 
@@ -53,7 +53,7 @@ async def delete_snapshot(request: web.Request) -> web.Response:
     try:
         get_executor(request).delete_snapshot(snapshot_id)
     except SnapshotGone as exc:
-        return snapshot_not_found(request, exc)
+        return refuse(request, exc)
     return web.json_response({"snapshot_id": snapshot_id, "deleted": True})
 
 
