@@ -39,13 +39,15 @@ def _detail(exc: VerlSfError) -> Any:
     return str(exc)
 
 
-def refuse(request: web.Request, exc: Exception, invalid_status: int = 400) -> web.Response:
+def refuse(request: web.Request, exc: Exception, invalid_status: int = 400, count: bool = True) -> web.Response:
     """The answer to one of the package's errors (`invalid_status` for a field the executor refused:
-    the routes that predate 422 for it keep 400); any other exception is raised again."""
+    the routes that predate 422 for it keep 400; `count`: False where the caller counted it already);
+    any other exception is raised again."""
     answer = answer_for(exc)
     if answer is None or not isinstance(exc, VerlSfError):
         raise exc
-    get_metrics(request).rejections.labels(answer.code).inc()
+    if count:
+        get_metrics(request).rejections.labels(answer.code).inc()
     headers = {"Retry-After": str(request.app["retry_after_s"])} if answer.retry_after else None
     status = invalid_status if isinstance(exc, InvalidRequest) else answer.status
     body = {"detail": _detail(exc), "code": answer.code}

@@ -7,6 +7,8 @@ import time
 from aiohttp import web
 from pydantic import ValidationError
 
+from verl_sf.errors import Overloaded
+from verl_sf.server.rejections import refuse
 from verl_sf.server.requests import EXECUTOR_KEY, error, get_metrics, parse, validation_detail
 from verl_sf.verl_tool.config import VerlToolConfig
 from verl_sf.verl_tool.protocol import GetObservationRequest, GetObservationResponse, ObservationQuery
@@ -35,10 +37,8 @@ async def get_observation(request: web.Request) -> web.Response:
             metrics.record_run(ENDPOINT, "python", outcome.response.status, outcome.response.queue_wait,
                                outcome.seconds)
     if any(outcome.refused for outcome in outcomes) and not any(outcome.ran for outcome in outcomes):
-        # Nothing ran, so verl-tool's client may simply send the batch again.
-        retry_after = str(request.app["retry_after_s"])
-        return web.json_response({"detail": "server overloaded: no sandbox slot could be queued for this batch"},
-                                 status=503, headers={"Retry-After": retry_after})
+        # Nothing ran, so verl-tool's client may simply send the batch again (errors.ANSWERS' 503).
+        return refuse(request, Overloaded("no sandbox slot could be queued for this batch"), count=False)
     body = GetObservationResponse(observations=[outcome.observation for outcome in outcomes],
                                   dones=[outcome.done for outcome in outcomes],
                                   valids=[outcome.valid for outcome in outcomes],
