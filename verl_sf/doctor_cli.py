@@ -8,7 +8,7 @@ import os
 
 from verl_sf.executor.cgroups import CgroupManager
 from verl_sf.executor.config import IsolationMode
-from verl_sf.executor.rungs import IsolationUnavailable, choose, probe_all
+from verl_sf.executor.rungs import RUNGS, IsolationUnavailable, choose, probe_all
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     print(f"verl-sf doctor: isolation for uid {os.geteuid()} on this host, strongest rung first")
     for report in probe_all():
-        if report.rung == "none":
+        if not RUNGS[report.rung].confined:
             print("none: always there, never chosen by auto (code runs unisolated; only with --isolation none)")
             continue
         print(f"{report.rung}: {'available' if report.available else 'missing'}")
@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
         for note in report.notes:
             print(f"  - note: {note}")
     try:
-        rung, why = choose(IsolationMode.auto)
-        print(f"auto would use: {rung} ({why})")
+        rung = choose(IsolationMode.auto)
+        print(f"auto would use: {rung.name} ({rung.reason})")
     except IsolationUnavailable as exc:
         print(f"auto would refuse to start: {exc}")
     cgroups = CgroupManager(f"verl-sf-doctor-{os.getpid()}")

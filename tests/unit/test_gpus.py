@@ -21,6 +21,7 @@ from verl_sf.executor.gpus import (
     parse_gpu_information,
 )
 from verl_sf.executor.languages import SPECS, Toolchains
+from verl_sf.executor.rungs import Landlock
 from verl_sf.executor.sandbox import SandboxLauncher, gpu_device_args, sandbox_env
 
 DEV = ["null", "zero", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia0", "nvidia1",
@@ -98,7 +99,7 @@ def test_a_gpu_sandbox_names_its_gpu_and_a_mounted_driver(tmp_path: Path) -> Non
     plain = sandbox_env(config, _toolchains())
     assert "CUDA_VISIBLE_DEVICES" not in plain and "LD_LIBRARY_PATH" not in plain
     assert GpuView(2, (), ()).env["CUDA_VISIBLE_DEVICES"] == "2"
-    launcher = SandboxLauncher(config, _toolchains(), rung="landlock", gpu=view)
+    launcher = SandboxLauncher(config, _toolchains(), (), Landlock("a test"), gpu=view)
     try:
         assert "/opt/driver/lib64" in launcher.bound_dirs()  # outside /usr: shown read-only
         assert "/usr/lib/x86_64-linux-gnu" not in launcher.bound_dirs()  # /usr is bound whole already

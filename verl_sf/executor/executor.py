@@ -26,7 +26,7 @@ from verl_sf.executor.gpu_slots import GpuLease, GpuSlots, NoGpuFree
 from verl_sf.executor.gpus import gpu_views, host_gpus, parse_gpu_choice
 from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains, etc_paths
 from verl_sf.executor.responses import ResponseContext, jupyter_response, note_session_end, run_response
-from verl_sf.executor.sandbox import SandboxLauncher, describe
+from verl_sf.executor.sandbox import SandboxLauncher
 from verl_sf.executor.session_table import Session, SessionTable
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.snapshot_table import Snapshot, SnapshotTable
@@ -94,7 +94,7 @@ class Executor:
         self._table = SessionTable()
         self._snapshots = SnapshotTable(self._table.boot_tag)
         self._reaper: Optional[asyncio.Task[None]] = None
-        self.rung, self.rung_reason = "", ""  # chosen at start
+        self.rung: rungs.Rung = rungs.Unisolated("not started")  # chosen at start
         self._fork_refusal = "the executor has not started"  # why sessions cannot be forked ("": they can)
 
     @property
@@ -104,14 +104,14 @@ class Executor:
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        self.rung, self.rung_reason = await asyncio.to_thread(rungs.choose, self.config.isolation)
+        self.rung = await asyncio.to_thread(rungs.choose, self.config.isolation)
         self._fork_refusal = self._why_no_forks()
-        warning = describe(self.rung)
+        warning = self.rung.warning()
         if warning:
             log.warning(warning)
         else:
-            log.info("verl-sf: isolation %s: %s", self.rung, self.rung_reason)
-        if self.rung != "none":
+            log.info("verl-sf: isolation %s: %s", self.rung.name, self.rung.reason)
+        if self.rung.confined:
             self.cgroups = CgroupManager(f"verl-sf-{os.getpid()}-{id(self):x}", self.config.runs_memory_mb << 20)
             if not self.cgroups.available:
                 log.warning("verl-sf: without cgroups, runs are capped by rlimits (RLIMIT_DATA, RLIMIT_NPROC) and a "
@@ -190,14 +190,14 @@ class Executor:
     # ---- introspection ---------------------------------------------------------------------
     @property
     def isolation(self) -> str:
-        """The rung runs are isolated with (rungs.py); `rung_reason` says why it was chosen."""
-        return self.rung
+        """The name of the rung runs are isolated with (rungs.py); `rung.reason` says why it was chosen."""
+        return self.rung.name
 
     @property
     def offers_root(self) -> bool:
         """Whether a session's commands can run as uid 0 of a user namespace of their own: only
         where the sandbox has user namespaces (zygote/root.py)."""
-        return self.rung == "namespaces"
+        return self.rung.offers_root
 
     def languages(self) -> list[str]:
         return self.toolchains.available_languages() if self.toolchains else []
@@ -233,34 +233,10 @@ class Executor:
 
     def limits_status(self) -> dict[str, str]:
         """How each cap is enforced here, for /health: nothing is silently missing."""
-        if self.rung == "none":
-            return {"memory": "none (isolation none)", "processes": "RLIMIT_NPROC", "uid": "the server's"}
-        cgroups = self.cgroups is not None and self.cgroups.available
-        assert self._launcher is not None
-        status = {
-            "memory": "cgroup per run" if cgroups else
-                      "RLIMIT_DATA per process and a watchdog that kills a run past its cap (no writable cgroup)",
-            "processes": "pids cgroup per run" if cgroups else "RLIMIT_NPROC, shared by runs of one uid",
-            "seccomp": "on",
-        }
-        if self.rung == "landlock":
-            first, count = self._launcher.run_uid_range()
-            unreachable = self._launcher.unreachable_dirs() if count else []
-            status["uid"] = (f"a host uid of its own per run ({first}-{first + count - 1})" if count else
-                             "the server's own uid, no capabilities; Landlock scopes signals and tracing to the run")
-            if unreachable:
-                status["unreachable"] = (f"{', '.join(unreachable)}: out of the runs' uids' reach (a parent "
-                                         "directory another uid cannot traverse); move it, or chmod o+x the parent")
-            status["landlock"] = f"ABI {rungs.landlock_abi()}: filesystem allow-list, no TCP, scoped signals and " \
-                                 "abstract unix sockets"
-            status["network"] = "none: socket() refused (socketpair works)"
-            if not count and not cgroups:
-                status["processes"] = "counted per run by the zygote's watchdog (the uid is shared)"
-        else:
-            status["uid"] = ("the server's own uid, no capabilities (single-uid user namespace)"
-                             if self._launcher.single_uid else
-                             f"host uid {self.config.host_uid_base + self.config.sandbox_uid}, not root")
-            status["network"] = "a network namespace per run (its own loopback)"
+        status = self.rung.limits(self.cgroups is not None and self.cgroups.available)
+        if self.rung.confined:
+            assert self._launcher is not None
+            status.update(self._launcher.uid_status())
         return status
 
     # ---- admission -------------------------------------------------------------------------
@@ -569,9 +545,9 @@ class Executor:
 
     def _why_no_forks(self) -> str:
         """Why this server cannot fork sessions ("" if it can): fixed at start."""
-        if self.rung != "namespaces":
-            return (f"forks and snapshots need the namespaces isolation rung; this server runs {self.rung!r} "
-                    f"({self.rung_reason})")
+        if not self.rung.forks:
+            return (f"forks and snapshots need the namespaces isolation rung; this server runs "
+                    f"{self.rung.name!r} ({self.rung.reason})")
         abi, needed = rungs.landlock_abi(), rungs.LANDLOCK_SCOPED_SIGNALS_ABI
         if abi < needed:
             return (f"forks and snapshots need Landlock ABI {needed} (Linux 6.12) to keep a live parent from "

@@ -24,10 +24,11 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Optional
+from typing import ClassVar, Optional
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import IsolationMode
+from verl_sf.executor.system_view import SECCOMP_DENIED
 from verl_sf.executor.zygote.linux import LANDLOCK_SCOPED_SIGNALS_ABI, landlock_abi
 
 # Runs in a fresh interpreter: a user namespace, then a mount in a mount namespace of its own, as
@@ -117,7 +118,7 @@ def probe_namespaces() -> RungReport:
             "in Kubernetes: securityContext.seccompProfile.type: Unconfined and appArmorProfile Unconfined; "
             "on a host as an ordinary user: sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0, "
             "and on Ubuntu 23.10+ kernel.apparmor_restrict_unprivileged_userns=0"))
-    return RungReport("namespaces", tuple(missing))
+    return RungReport(Namespaces.name, tuple(missing))
 
 
 def probe_landlock() -> RungReport:
@@ -137,32 +138,112 @@ def probe_landlock() -> RungReport:
         notes.append("runs keep this user's uid (no CAP_SETUID): Landlock's scoping, not a uid, keeps them "
                      "from signalling or tracing the server and each other; run the server as root in the "
                      "container to give each run a uid of its own")
-    return RungReport("landlock", tuple(missing), tuple(notes))
+    return RungReport(Landlock.name, tuple(missing), tuple(notes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rung:
+    """The rung a server runs on, chosen once at start (`choose`): what its sandboxes are built
+    with and what it offers.  No rung's name is compared outside this module: ask the rung."""
+
+    name: ClassVar[str]
+    isolated: ClassVar[bool] = False  # a bubblewrap sandbox, per-run namespaces and a view of its own
+    confined: ClassVar[bool] = True  # the seccomp filter (and Landlock or namespaces) on every run
+    landlocked: ClassVar[bool] = False  # a Landlock domain per run in place of namespaces
+    forks: ClassVar[bool] = False  # sessions can be forked and snapshotted (with Landlock ABI 6, see executor)
+    offers_root: ClassVar[bool] = False  # E2B's user="root": uid 0 of a user namespace of the sandbox's own
+    reason: str  # why it was chosen
+
+    def seccomp_denied(self) -> list[str]:
+        """The system calls the runs' filter refuses (system_view.py)."""
+        return list(SECCOMP_DENIED) if self.confined else []
+
+    def run_uids(self, base: int) -> tuple[int, int]:
+        """(first, count) of the host uids runs get one of each; count 0: they keep the server's (or
+        the sandbox's) own."""
+        return 0, 0
+
+    def warning(self) -> Optional[str]:
+        """A loud line for the start-up log where the rung is unsafe; None otherwise."""
+        return None
+
+    def limits(self, cgroups: bool) -> dict[str, str]:
+        """How each cap is enforced on this rung, for /health (the sandbox launcher adds its uid)."""
+        return {"memory": "cgroup per run" if cgroups else
+                          "RLIMIT_DATA per process and a watchdog that kills a run past its cap (no writable cgroup)",
+                "processes": "pids cgroup per run" if cgroups else "RLIMIT_NPROC, shared by runs of one uid",
+                "seccomp": "on"}
+
+
+class Namespaces(Rung):
+    name = "namespaces"
+    isolated = True
+    forks = True
+    offers_root = True
+
+    def limits(self, cgroups: bool) -> dict[str, str]:
+        return {**super().limits(cgroups), "network": "a network namespace per run (its own loopback)"}
+
+
+class Landlock(Rung):
+    name = "landlock"
+    landlocked = True
+
+    def seccomp_denied(self) -> list[str]:
+        return [*SECCOMP_DENIED, "socket"]  # no network namespace: no socket at all (socketpair still works)
+
+    def run_uids(self, base: int) -> tuple[int, int]:
+        return (base + RUN_UIDS_OFFSET, RUN_UIDS) if can_change_uids() else (0, 0)
+
+    def limits(self, cgroups: bool) -> dict[str, str]:
+        status = super().limits(cgroups)
+        status["landlock"] = (f"ABI {landlock_abi()}: filesystem allow-list, no TCP, scoped signals and abstract "
+                              "unix sockets")
+        status["network"] = "none: socket() refused (socketpair works)"
+        if not can_change_uids() and not cgroups:
+            status["processes"] = "counted per run by the zygote's watchdog (the uid is shared)"
+        return status
+
+
+class Unisolated(Rung):
+    name = "none"
+    confined = False
+
+    def warning(self) -> Optional[str]:
+        return ("WARNING: --isolation none: code runs as plain child processes of this server, with its "
+                "network, files and user. Use only on a throwaway machine.")
+
+    def limits(self, cgroups: bool) -> dict[str, str]:
+        return {"memory": "none (isolation none)", "processes": "RLIMIT_NPROC", "uid": "the server's"}
+
+
+RUNGS: dict[str, type[Rung]] = {kind.name: kind for kind in (Namespaces, Landlock, Unisolated)}
+RUN_UIDS_OFFSET, RUN_UIDS = 10000, 50000  # the landlock rung as root: a uid of its own per run, above the base
 
 
 def probe_all() -> list[RungReport]:
-    return [probe_namespaces(), probe_landlock(), RungReport("none", ())]
+    return [probe_namespaces(), probe_landlock(), RungReport(Unisolated.name, ())]
 
 
-def choose(mode: IsolationMode) -> tuple[str, str]:
-    """(rung, why) for `mode`; IsolationUnavailable when a demanded rung (or, for auto, every rung
-    but `none`) is missing here.  `none` is never chosen unless asked for."""
+def choose(mode: IsolationMode) -> Rung:
+    """The rung for `mode`, with why; IsolationUnavailable when a demanded rung (or, for auto, every
+    rung but `none`) is missing here.  `none` is never chosen unless asked for."""
     if mode == IsolationMode.none:
-        return "none", "asked for with --isolation none"
+        return Unisolated("asked for with --isolation none")
     reports = {report.rung: report for report in (probe_namespaces(), probe_landlock())}
     if mode != IsolationMode.auto:
         report = reports[mode.value]
         if not report.available:
             raise IsolationUnavailable(f"--isolation {mode.value} is not available here: " + _describe(report))
-        return mode.value, f"asked for with --isolation {mode.value}"
+        return RUNGS[mode.value](f"asked for with --isolation {mode.value}")
     passed_over: list[str] = []
-    for rung in ("namespaces", "landlock"):
-        if reports[rung].available:
+    for kind in (Namespaces, Landlock):
+        if reports[kind.name].available:
             why = "the strongest rung this host allows"
             if passed_over:
                 why += "; " + "; ".join(passed_over)
-            return rung, why
-        passed_over.append(f"{rung} is not available: {_describe(reports[rung])}")
+            return kind(why)
+        passed_over.append(f"{kind.name} is not available: {_describe(reports[kind.name])}")
     raise IsolationUnavailable("no isolation rung is available here: " + "; ".join(passed_over) +
                                ". Run `verl-sf doctor` for the fixes, or start with --isolation none "
                                "on a throwaway machine (code then runs unisolated)")

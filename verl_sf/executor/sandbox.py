@@ -34,8 +34,8 @@ from verl_sf.executor.cgroups import join_cgroups
 from verl_sf.executor.config import CELLS, STDLIB_PRELOAD, ExecutorConfig
 from verl_sf.executor.gpus import GpuView
 from verl_sf.executor.languages import STANDARD_DIRS, Toolchains
-from verl_sf.executor.rungs import can_change_uids, landlock_abi, libseccomp_path
-from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED, SECCOMP_DENIED_SOCKET_FAMILIES
+from verl_sf.executor.rungs import Rung, landlock_abi, libseccomp_path
+from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED_SOCKET_FAMILIES
 from verl_sf.executor.zygote.linux import CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC
 from verl_sf.executor.zygote.linux import libc as _libc
 from verl_sf.executor.zygote.messages import LandlockConfig, ZygoteConfig
@@ -46,7 +46,6 @@ SANDBOX_TMP = "/tmp"
 SANDBOX_DATA = "/mnt"  # writable anywhere below, as in Sandbox Fusion; /mnt/data is made in every run
 SANDBOX_DATA_DIRS = ("/mnt/data",)
 E2B_HOME = "/home/user"
-RUN_UIDS_OFFSET, RUN_UIDS = 10000, 50000  # the landlock rung as root: a uid of its own per run, above the base
 # Without a mount namespace /etc cannot be synthetic: these host entries are read as they are.
 LANDLOCK_HOST_ETC = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "hostname",
                      "profile", "profile.d")  # what `bash -l` (E2B's commands) reads
@@ -110,13 +109,13 @@ def _ancestors(path: str) -> list[str]:
 class SandboxLauncher:
     """Builds the argv for a sandbox and spawns it; one per executor."""
 
-    def __init__(self, config: ExecutorConfig, toolchains: Toolchains, extra_etc: tuple[str, ...] = (),
-                 rung: str = "namespaces", gpu: Optional[GpuView] = None):
+    def __init__(self, config: ExecutorConfig, toolchains: Toolchains, extra_etc: tuple[str, ...], rung: Rung,
+                 gpu: Optional[GpuView] = None):
         self.config = config
         self.toolchains = toolchains
         self.rung = rung
         self.gpu = gpu
-        self.isolated = rung == "namespaces"
+        self.isolated = rung.isolated
         self.single_uid = os.geteuid() != 0 or not self.isolated
         self.env = sandbox_env(config, toolchains, gpu)
         self.extra_etc = extra_etc
@@ -135,9 +134,22 @@ class SandboxLauncher:
     def run_uid_range(self) -> tuple[int, int]:
         """(first, count) of the uids runs get one of each on the landlock rung; count 0: they keep
         ours (without CAP_SETUID)."""
-        if self.rung == "landlock" and can_change_uids():
-            return self.config.host_uid_base + RUN_UIDS_OFFSET, RUN_UIDS
-        return 0, 0
+        return self.rung.run_uids(self.config.host_uid_base)
+
+    def uid_status(self) -> dict[str, str]:
+        """Whose uid runs have, for /health (and, for runs of uids of their own, what they cannot reach)."""
+        first, count = self.run_uid_range()
+        if count:
+            status = {"uid": f"a host uid of its own per run ({first}-{first + count - 1})"}
+            unreachable = self.unreachable_dirs()
+            if unreachable:
+                status["unreachable"] = (f"{', '.join(unreachable)}: out of the runs' uids' reach (a parent "
+                                         "directory another uid cannot traverse); move it, or chmod o+x the parent")
+            return status
+        if not self.isolated:
+            return {"uid": "the server's own uid, no capabilities; Landlock scopes signals and tracing to the run"}
+        return {"uid": "the server's own uid, no capabilities (single-uid user namespace)" if self.single_uid else
+                       f"host uid {self.config.host_uid_base + self.config.sandbox_uid}, not root"}
 
     def unreachable_dirs(self) -> list[str]:
         """Runtime and toolchain directories a run's own uid could not traverse to (or list), as under
@@ -207,7 +219,7 @@ class SandboxLauncher:
             tmpdir = datadir = workdir
         return {
             "isolated": self.isolated,
-            "landlock": self._landlock() if self.rung == "landlock" else None,
+            "landlock": self._landlock() if self.rung.landlocked else None,
             "run_uids": list(self.run_uid_range()),
             "single_uid": self.single_uid,
             "workdir": workdir,
@@ -227,18 +239,11 @@ class SandboxLauncher:
             "fetch_limit": cfg.fetch_file_limit_bytes,
             "cgroups": cgroup_fds,
             "cgroup_v2": cgroup_v2,
-            "seccomp": self._seccomp_denied(),
+            "seccomp": self.rung.seccomp_denied(),
             "seccomp_socket_families": list(SECCOMP_DENIED_SOCKET_FAMILIES) if self.isolated else [],
-            "libseccomp": libseccomp_path() or "" if self.rung != "none" else "",
+            "libseccomp": libseccomp_path() or "" if self.rung.confined else "",
             "demote_after": cfg.cpu_slice_s,
         }
-
-    def _seccomp_denied(self) -> list[str]:
-        if self.rung == "namespaces":
-            return list(SECCOMP_DENIED)
-        if self.rung == "landlock":  # no network namespace: no socket at all (socketpair still works)
-            return [*SECCOMP_DENIED, "socket"]
-        return []
 
     def _landlock(self) -> LandlockConfig:
         """What a run may read (and execute) on the landlock rung: the system, the runtimes, the
@@ -439,11 +444,3 @@ def _copy_readable(source: str, target: str) -> None:
     elif stat.S_ISREG(mode):
         shutil.copyfile(source, target)
         os.chmod(target, 0o644)
-
-
-def describe(rung: str) -> Optional[str]:
-    """A loud one-line warning for unsafe modes, None when isolated."""
-    if rung == "none":
-        return ("WARNING: --isolation none: code runs as plain child processes of this server, with its "
-                "network, files and user. Use only on a throwaway machine.")
-    return None
