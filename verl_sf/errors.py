@@ -132,9 +132,14 @@ def answer_for(exc: BaseException) -> Optional[Answer]:
     return None
 
 
-def error_of(code: str, reason: str, *, session_id: str = "", snapshot_id: str = "") -> Optional[VerlSfError]:
-    """The error a server answered with `code` (its body's) and `reason`, rebuilt as the type it
-    raised, for the session or snapshot the caller named; None for a code that names none of them."""
+def error_of(code: str, reason: str, *, session_id: str = "", snapshot_id: str = "",
+             field: str = "") -> Optional[VerlSfError]:
+    """The error a server answered with `code` (its body's), `reason` and `field`, rebuilt as the
+    type it raised (for the session or snapshot the caller named); None where the code cannot be."""
+    if code == "invalid" and field:
+        return InvalidRequest(field, reason)
+    if code == "fork_failed":
+        return ForkFailed(reason)
     if code == "session_not_found" and session_id:
         return SessionGone(session_id, reason)
     if code == "snapshot_not_found" and snapshot_id:

@@ -19,7 +19,7 @@ from tests.waiting import wait_until_async
 from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.backends.local import LocalBackendConfig, LocalSandboxBackend
 from verl_sf.backends.sessions import ServerSessionBackend
-from verl_sf.errors import SessionBusy, SessionGone, SnapshotGone
+from verl_sf.errors import InvalidRequest, SessionBusy, SessionGone, SnapshotGone
 from verl_sf.executor import ExecutorConfig
 from verl_sf.models import RunCodeRequest, RunStatus
 
@@ -151,3 +151,13 @@ async def test_close_ends_the_forks_too(server: ServerHandle) -> None:
     assert live() == before + 5
     await backend.close()
     await wait_until_async(lambda: live() == before, 10, "every session and fork the backend made has ended")
+
+
+async def test_a_field_the_server_refuses_is_the_same_error_through_either_backend(
+        backend: ServerSessionBackend) -> None:
+    """The contract: the `http` backend rebuilds the server's refusal from its `code`, `reason` and
+    `field` as the type the `local` backend raises (errors.ANSWERS)."""
+    with pytest.raises(InvalidRequest) as refused:
+        await backend.run_code(RunCodeRequest(code="echo a\0b", language="bash"), session="nul-bytes")
+    assert refused.value.field == "code" and "NUL" in str(refused.value)
+    assert await run(backend, "nul-bytes", "echo fine", language="bash") == "fine\n"  # the session lives on

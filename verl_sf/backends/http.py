@@ -355,6 +355,9 @@ class HttpSandboxBackend(ServerSessionBackend):
                         return parse(await response.read())
                     body = (await response.text(errors="replace"))[:500]
                     if response.status not in RETRY_STATUSES:
+                        typed = _typed(body)  # the server's own error, as the local backend raises it
+                        if typed is not None:
+                            raise typed
                         if 400 <= response.status < 500 or response.status == 501:  # 501: no such feature here
                             raise SandboxRequestRejected(url, response.status, body)
                         raise SandboxUnavailable(f"{url} answered HTTP {response.status}: {body}")
@@ -410,14 +413,28 @@ def _detail(body: str) -> str:
     return detail if isinstance(detail, str) else body
 
 
+def _body(text: str) -> dict[str, Any]:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _typed(text: str) -> Optional[VerlSfError]:
+    """A refusal that names no session rebuilt from the body's `code`, `reason` and `field` (a field
+    the server refused: InvalidRequest; a fork the sandbox could not make: ForkFailed)."""
+    body = _body(text)
+    code, reason, field = (body.get(key) for key in ("code", "reason", "field"))
+    if code not in ("invalid", "fork_failed") or not isinstance(reason, str):
+        return None
+    return error_of(code, reason, field=field if isinstance(field, str) else "")
+
+
 def _refusal(exc: SandboxRequestRejected, *, session_id: str = "", snapshot_id: str = "") -> Optional[VerlSfError]:
     """The server's refusal as the type it raised there, from its body's `code` and `reason` (a
     server that sends no code: from the status, with its `detail` as the reason)."""
-    try:
-        body = json.loads(exc.body)
-    except ValueError:
-        body = None
-    body = body if isinstance(body, dict) else {}
+    body = _body(exc.body)
     code, reason = body.get("code"), body.get("reason")
     if not isinstance(code, str):
         by_status = {404: "session_not_found" if session_id else "snapshot_not_found", 409: "session_busy"}

@@ -51,9 +51,11 @@ def refuse(request: web.Request, exc: Exception, invalid_status: int = 400, coun
     headers = {"Retry-After": str(request.app["retry_after_s"])} if answer.retry_after else None
     status = invalid_status if isinstance(exc, InvalidRequest) else answer.status
     body = {"detail": _detail(exc), "code": answer.code}
-    reason = getattr(exc, "reason", None)
+    reason = str(exc) if isinstance(exc, (InvalidRequest, ForkFailed)) else getattr(exc, "reason", None)
     if isinstance(reason, str):  # what a client rebuilds the error from (backends/http.py)
         body["reason"] = reason
+    if isinstance(exc, InvalidRequest):
+        body["field"] = exc.field
     return web.json_response(body, status=status, headers=headers)
 
 
