@@ -27,7 +27,7 @@ from verl_sf.executor.gpus import gpu_views, host_gpus, parse_gpu_choice
 from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains, etc_paths
 from verl_sf.executor.responses import ResponseContext, jupyter_response, note_session_end, run_response
 from verl_sf.executor.sandbox import SandboxLauncher
-from verl_sf.executor.session_table import Session, SessionTable
+from verl_sf.executor.session_table import SessionRecord, SessionTable
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.snapshot_table import Snapshot, SnapshotTable
 from verl_sf.executor.zygote.messages import Reply, SessionCallBody, SessionCallHead
@@ -98,7 +98,7 @@ class Executor:
         self._fork_refusal = "the executor has not started"  # why sessions cannot be forked ("": they can)
 
     @property
-    def sessions(self) -> dict[str, Session]:
+    def sessions(self) -> dict[str, SessionRecord]:
         """Live sessions by id."""
         return self._table.live
 
@@ -240,14 +240,14 @@ class Executor:
         return status
 
     # ---- admission -------------------------------------------------------------------------
-    def _admit(self, memory_mb: int, caller: Optional[Session] = None) -> None:
+    def _admit(self, memory_mb: int, caller: Optional[SessionRecord] = None) -> None:
         if self.stats.in_flight >= self.config.max_in_flight:
             self.stats.rejected += 1
             raise Overloaded(f"{self.stats.in_flight} runs in flight (max_in_flight={self.config.max_in_flight})")
         self._make_room(memory_mb, caller)
         self.stats.in_flight += 1
 
-    def _make_room(self, memory_mb: int, caller: Optional[Session]) -> None:
+    def _make_room(self, memory_mb: int, caller: Optional[SessionRecord]) -> None:
         """Idle sessions' files count against the cap over all runs and sessions but belong to no
         running process, so the kernel would kill a new run for them: when the cap is near, the
         longest-idle sessions are evicted first (a run is assumed to need at most a quarter of the cap)."""
@@ -396,7 +396,7 @@ class Executor:
         zygote = await self._pick(STDLIB + CELLS if cells else STDLIB)
         head, body = jobs.session_open(request.language, request.files, self.config, memory_mb,
                                        rooted and self.offers_root)
-        session = Session(id=self._table.new_id(), language=request.language, zygote=zygote, open_id=head["id"],
+        session = SessionRecord(id=self._table.new_id(), language=request.language, zygote=zygote, open_id=head["id"],
                           memory_mb=memory_mb, idle_ttl_s=request.idle_ttl_s or self.config.session_idle_ttl_s)
         opening = asyncio.ensure_future(zygote.open_session(head, body))
         self._table.opening += 1
@@ -423,7 +423,7 @@ class Executor:
                            calls=session.calls, memory_bytes=self._session_memory(session),
                            memory_limit_MB=session.memory_mb, executor_pod_name=self.config.pod_name)
 
-    def _session_memory(self, session: Session) -> Optional[int]:
+    def _session_memory(self, session: SessionRecord) -> Optional[int]:
         cgroup = session.zygote.cgroup
         if cgroup is None or session.group is None or "memory" not in cgroup.dirs:
             return None
@@ -442,7 +442,7 @@ class Executor:
         session = self._table.get(session_id)
         session.zygote.interrupt_session(session.open_id)
 
-    def _end(self, session: Session, reason: str) -> None:
+    def _end(self, session: SessionRecord, reason: str) -> None:
         self._table.forget(session, reason)
         session.zygote.close_session(session.open_id)
 
@@ -493,7 +493,7 @@ class Executor:
         self._snapshots.add(snapshot)
         return self.snapshot_info(snapshot.id)
 
-    async def _fork_idle(self, source: Session, count: int, freeze: bool) -> list[tuple[int, Optional[str]]]:
+    async def _fork_idle(self, source: SessionRecord, count: int, freeze: bool) -> list[tuple[int, Optional[str]]]:
         """Copies of a session between calls (409 while one runs), its collector frozen first."""
         if source.busy.locked():
             raise SessionBusy(source.id, "a call is running in it (a fork never copies a half-run call)")
@@ -598,21 +598,21 @@ class Executor:
         return [(copy["id"], copy.get("group")) for copy in reply.get("sessions", [])]
 
     def _adopt(self, open_id: int, group: Optional[str], language: str, zygote: ZygoteProcess, memory_mb: int,
-               idle_ttl_s: float) -> Session:
-        session = Session(id=self._table.new_id(), language=language, zygote=zygote, open_id=open_id,
+               idle_ttl_s: float) -> SessionRecord:
+        session = SessionRecord(id=self._table.new_id(), language=language, zygote=zygote, open_id=open_id,
                           memory_mb=memory_mb, idle_ttl_s=idle_ttl_s, group=group)
         self._table.add(session)
         self.stats.sessions_created += 1
         return session
 
-    async def _quiet_call(self, session: Session, code: str) -> Reply:
+    async def _quiet_call(self, session: SessionRecord, code: str) -> Reply:
         """A call of the server's own in a session (not counted among its calls)."""
         calls = session.calls
         reply, _ = await self._session_call(session, 10.0, {"code": code, "output_limit": 4096})
         session.calls = calls
         return reply
 
-    async def _reseed(self, sessions: list[Session]) -> None:
+    async def _reseed(self, sessions: list[SessionRecord]) -> None:
         for session in sessions:
             reply = await self._quiet_call(session, RESEED[session.language])
             if reply.get("return_code") != 0:
@@ -620,7 +620,7 @@ class Executor:
                     self._end(copy, "its random generators could not be reseeded")
                 raise ForkFailed(f"reseeding a fork failed: {reply.get('stderr', '')[-500:]}")
 
-    async def _session_call(self, session: Session, timeout: float, body: SessionCallBody) -> tuple[Reply, float]:
+    async def _session_call(self, session: SessionRecord, timeout: float, body: SessionCallBody) -> tuple[Reply, float]:
         arrived = time.monotonic()
         head: SessionCallHead = jobs.session_call(session.open_id, timeout, self.config, session.memory_mb)
         await session.busy.acquire()

@@ -21,7 +21,9 @@ _SESSION_ID = re.compile(r"[0-9a-f]{6}-[0-9a-f]{16}")
 
 
 @dataclasses.dataclass
-class Session:
+class SessionRecord:
+    """The server's record of a live session (its zygote holds the job itself: zygote/session.py's SessionJob)."""
+
     id: str
     language: str
     zygote: ZygoteProcess
@@ -35,7 +37,7 @@ class Session:
     busy: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
-class SessionTable(LiveTable[Session]):
+class SessionTable(LiveTable[SessionRecord]):
     def __init__(self) -> None:
         super().__init__(secrets.token_hex(3), ENDED_SESSIONS_KEPT)
         self.opening = 0  # sessions being created: they count against the cap already
@@ -43,7 +45,7 @@ class SessionTable(LiveTable[Session]):
     def new_id(self) -> str:
         return f"{self.boot_tag}-{secrets.token_hex(8)}"
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str) -> SessionRecord:
         session = self.live.get(session_id)
         if session is not None:
             return session
@@ -55,11 +57,11 @@ class SessionTable(LiveTable[Session]):
                 reason = "no such session"
         raise SessionGone(session_id, reason)
 
-    def idle(self) -> list[Session]:
+    def idle(self) -> list[SessionRecord]:
         """Sessions not in a call, the longest idle first."""
         return sorted((s for s in self.live.values() if not s.busy.locked()), key=lambda s: s.idle_since)
 
-    def expired(self, now: float, max_lifetime_s: float) -> list[tuple[Session, str]]:
+    def expired(self, now: float, max_lifetime_s: float) -> list[tuple[SessionRecord, str]]:
         """Idle sessions past their idle TTL or the maximum lifetime, with why."""
         due = []
         for session in self.idle():

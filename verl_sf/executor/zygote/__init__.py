@@ -10,7 +10,7 @@ reaping), `wire` (JSON lines), `messages` (every message type), `run` and `sessi
 kinds) over `job` (their shared child, output and clock), `run_groups` (a cgroup per job),
 `procfs` (sampling a job's processes), `child` (a child's set-up, then its job), `paths` (files
 opened strictly beneath a job's directories), `python_runner`, `jupyter` and `interactive` (what
-a child runs), `forks` and `fork` (a session's copies: the zygote's side, the forker's), `tracing`
+a child runs), `fork_request` and `forker` (a session's copies: the zygote's side, the forker's), `tracing`
 (calls made in a stopped process's name), `seccomp`, `linux` (libc calls and constants) and `warmup`
 (preloading).
 """

@@ -5,7 +5,7 @@ refused as missing (ENOSYS, so runtimes fall back).
 
 clone with namespace flags is handed to the process's tracer (SECCOMP_RET_TRACE) and made only if
 a tracer that asked for those events (PTRACE_O_TRACESECCOMP) lets it go on; without one the kernel
-answers ENOSYS.  The one such tracer is the forker of a session (fork.py), which has the session's
+answers ENOSYS.  The one such tracer is the forker of a session (forker.py), which has the session's
 only thread stopped and makes the call itself: no run may ask for those events (ptrace with that
 option is refused), so no secret, nothing a run could read, admits a namespace."""
 

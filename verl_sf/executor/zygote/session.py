@@ -2,7 +2,7 @@
 
 Its PID 1 runs no user code and only reaps (child.py); the interpreter is PID 1's child.  The
 session ends when the interpreter does; its PID namespace, when PID 1 does, which waits for the
-session's forks (forks.py: each a child of PID 1, in a PID namespace below) to end first.
+session's forks (fork_request.py: each a child of PID 1, in a PID namespace below) to end first.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .wire import loads, write_all
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
 
 
-class Session(Job):
+class SessionJob(Job):
     def __init__(self, zygote: Zygote, head: SessionOpenHead, body: bytes):
         super().__init__(zygote, head, body)
         self.language = head["language"]
@@ -33,16 +33,16 @@ class Session(Job):
         self.interpreter = -1  # its pid, once ready
         self.interpreter_fd = -1  # a pidfd of it: the session ends with it
         self.root_helper = -1  # its root helper's pid, where it has one (root.py)
-        self.parent: Optional[Session] = None
-        self.forks: set[Session] = set()  # its forks whose PID 1 lives
+        self.parent: Optional[SessionJob] = None
+        self.forks: set[SessionJob] = set()  # its forks whose PID 1 lives
         self.frozen = False  # a snapshot: stopped for good, only forked
         self.forking = False  # a forker has it stopped
         self.layers = 0  # Landlock domains stacked on its interpreter (one per fork)
         self.announced = False  # its end was told to the server
 
     @classmethod
-    def adopt(cls, zygote: Zygote, new_id: int, source: Session, limits: Limits, init: int, interpreter: int,
-              fds: list[int], groups: Groups, frozen: bool) -> Session:
+    def adopt(cls, zygote: Zygote, new_id: int, source: SessionJob, limits: Limits, init: int, interpreter: int,
+              fds: list[int], groups: Groups, frozen: bool) -> SessionJob:
         """A copy forked from `source`, taken on as a session of its own, idle."""
         head: SessionOpenHead = {"op": "open", "id": new_id, "language": source.language, "limits": limits,
                                  "rooted": False}

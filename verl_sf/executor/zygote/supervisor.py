@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
-from . import forks, linux, procfs
+from . import fork_request, linux, procfs
 from .child import Blueprint, Child, Mount
 from .job import Job, Watcher
 from .messages import Head, Reply, ZygoteConfig
@@ -26,7 +26,7 @@ from .python_runner import install_stdio, stdio_for_runs
 from .run import Run
 from .run_groups import Groups, RunGroups
 from .seccomp import sealed_filter
-from .session import Session
+from .session import SessionJob
 from .warmup import preload, reseed_generators
 from .wire import READ_CHUNK, Lines, dumps, loads, readable, write_all
 
@@ -82,7 +82,7 @@ class Zygote:
         self.ready: dict[bool, Ready] = {}
         self.rooted_wanted = False
         self.runs: dict[int, Run] = {}  # request id -> run
-        self.sessions: dict[int, Session] = {}  # open request id -> session
+        self.sessions: dict[int, SessionJob] = {}  # open request id -> session
         self.ended: collections.OrderedDict[int, str] = collections.OrderedDict()  # recent sessions' end reasons
         self.reaping: dict[int, Job] = {}  # pidfd -> job whose answer is sent and whose PID 1 is still to collect
         self.fd_owner: dict[int, Watcher] = {}  # fd -> its job (or fork in progress), for the poll loop
@@ -146,7 +146,7 @@ class Zygote:
         if head["op"] == "run":
             Run(self, head, body).start(self)
         elif head["op"] == "open":
-            Session(self, head, body).start(self)
+            SessionJob(self, head, body).start(self)
         elif head["op"] == "call":
             session = self.sessions.get(head["session"])
             if session is None or not session.alive:
@@ -157,7 +157,7 @@ class Zygote:
             else:
                 session.begin_call(self, head, body)
         elif head["op"] == "fork":
-            forks.fork_session(self, head)
+            fork_request.fork_session(self, head)
         elif head["op"] == "cancel":
             run = self.runs.get(head["id"])
             if run is not None:

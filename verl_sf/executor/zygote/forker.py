@@ -66,11 +66,11 @@ CHANNELS = (1, 2, 3, 9)  # stdout, stderr, records, calls: each copy gets its ow
 NAMESPACE_FILES = {"cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts"}  # readlink: "net:[4026...]"
 
 
-class ForkFailed(OSError):
+class CopyFailed(OSError):
     """The copies could not be made; none is left behind."""
 
 
-class Refused(ForkFailed):
+class Refused(CopyFailed):
     """The session's state forbids a fork now (answered 409): it is let go as it was."""
 
 
@@ -319,7 +319,7 @@ def _run_helper(work: Callable[[], None]) -> None:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     if status != 0:
-        raise ForkFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
+        raise CopyFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
 
 
 def _map_ids(source: int, pid: int, ids: str) -> None:

@@ -1,6 +1,6 @@
 """The zygote's side of a session's fork: what it refuses, the forker it runs, the copies it takes on.
 
-The forker (fork.py) is a throwaway child of ours that traces the session.  It works while our loop
+The forker (forker.py) is a throwaway child of ours that traces the session.  It works while our loop
 goes on (copying a session's files takes as long as they are big): its socket is polled like a
 job's pipes, and its end answers the request.
 """
@@ -13,12 +13,12 @@ import signal
 import socket
 from typing import Optional, Protocol
 
-from . import fork, linux, tracing
+from . import forker, linux, tracing
 from .child import Blueprint
 from .job import Zygote as JobZygote
 from .messages import ForkedSession, SessionForkHead
 from .run_groups import Groups
-from .session import Session
+from .session import SessionJob
 
 
 class Zygote(JobZygote, Protocol):
@@ -36,7 +36,7 @@ MAX_FORK_LAYERS = 16  # Landlock domains a process may stack: a live session get
 class Forking:
     """One fork request in progress."""
 
-    def __init__(self, zygote: Zygote, head: SessionForkHead, source: Session):
+    def __init__(self, zygote: Zygote, head: SessionForkHead, source: SessionJob):
         self.head = head
         self.source = source
         self.groups: list[Groups] = []
@@ -61,13 +61,13 @@ class Forking:
             ours.close()
             os.close(zygote.req_fd)
             os.close(zygote.rep_fd)
-            fork.fork(zygote.blueprint, source.interpreter, self.groups, head["freeze"], source.frozen, theirs)
+            forker.fork(zygote.blueprint, source.interpreter, self.groups, head["freeze"], source.frozen, theirs)
         theirs.close()
         self.socket = ours
         source.forking = True
 
     def on_event(self, zygote: Zygote, fd: int) -> None:
-        message, fds, _, _ = socket.recv_fds(self.socket, 4096, len(fork.CHANNELS))
+        message, fds, _, _ = socket.recv_fds(self.socket, 4096, len(forker.CHANNELS))
         if message.startswith((b"error ", b"busy ")):
             kind, _, text = message.partition(b" ")
             self.error = text.decode(errors="replace").strip()
@@ -102,7 +102,7 @@ class Forking:
             source.layers += 1
         born: list[ForkedSession] = []
         for new_id, (init, interpreter, fds), group in zip(head["ids"], self.made, self.groups, strict=True):
-            copy = Session.adopt(zygote, new_id, source, head["limits"], init, interpreter, fds, group,
+            copy = SessionJob.adopt(zygote, new_id, source, head["limits"], init, interpreter, fds, group,
                                  head["freeze"])
             born.append({"id": copy.id, "group": zygote.groups.path_of(group)})
         zygote.reply({"id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
@@ -124,7 +124,7 @@ def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
     zygote.watch(forking, (forking.socket.fileno(),))
 
 
-def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
+def _refusal(zygote: Zygote, source: Optional[SessionJob]) -> Optional[str]:
     """Why this session cannot be forked now, or None."""
     if source is None or not source.alive:
         return None if source is None else "the session is not running"
@@ -148,7 +148,7 @@ def _refusal(zygote: Zygote, source: Optional[Session]) -> Optional[str]:
     return None  # its threads and processes are checked by the forker, with the interpreter stopped
 
 
-def _files_bytes(zygote: Zygote, source: Session) -> int:
+def _files_bytes(zygote: Zygote, source: SessionJob) -> int:
     """What the session's own tmpfs mounts hold."""
     total = 0
     for target in zygote.blueprint.tmpfs_targets:
