@@ -23,7 +23,6 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import time
 from typing import Any, NoReturn, Optional
 
@@ -226,11 +225,15 @@ class RootProcess:
         return answer if isinstance(answer, dict) else {}
 
     def poll(self) -> Optional[int]:
+        import subprocess  # here: every zygote imports this module, and `subprocess` brings `threading`
+
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.wait(0)
         return self.returncode
 
     def wait(self, timeout: float) -> Optional[int]:
+        import subprocess
+
         if self.returncode is None:
             end = self._line(timeout)
             if end is None:
