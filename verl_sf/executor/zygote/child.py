@@ -16,7 +16,7 @@ import resource
 import signal
 from typing import NoReturn, Optional
 
-from . import ipython_shell, landlock, linux, root
+from . import exits, ipython_shell, landlock, linux, root
 from .interactive import BASH_SESSION, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
@@ -136,6 +136,8 @@ class Child:
         os.lseek(stdin_fd, 0, os.SEEK_SET)
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
+        if mode != "exec":  # PID 1 runs the code: its exit_group is the verdict, held for the zygote
+            exits.hand_over(JOB_FD)
         os.close(JOB_FD)
         if mode == "exec":
             code = self._exec_stages(job)

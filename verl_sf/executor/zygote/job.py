@@ -2,10 +2,11 @@
 
 A job's processes end with its PID 1 (its PID namespace ends with it), and the zygote learns so
 from the kernel (a pidfd): replies about a job that ended leave only then, with the return code
-and CPU time wait4 reports.  Records the child writes on fd 3 carry only what belongs to the job
-itself (its fetched files, its cells), except where PID 1 runs no user code (`exec` runs, whose
-PID 1 is not dumpable: nothing of the program reaches it).  Every channel is capped as it
-arrives: output per stream, and fd 3 in all.
+and CPU time wait4 reports.  A fast-path run is answered earlier, as its PID 1 asks to exit
+(exits.py): once every process of it is killed, none runs code again.  Records the child
+writes on fd 3 carry only what belongs to the job itself (its fetched files, its cells), except
+where PID 1 runs no user code (`exec` runs, whose PID 1 is not dumpable: nothing of the program
+reaches it).  Every channel is capped as it arrives: output per stream, and fd 3 in all.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class Job:
         self.fork_inits: set[int] = set()  # PID 1s of its forks, below its own PID 1 but none of its work
         # A session whose commands may run as root (root.py).
         self.rooted = head["op"] == "open" and head.get("rooted", False)
-        self.status = 0  # PID 1's wait status, once collected
-        self.cpu_used = 0.0  # CPU seconds of PID 1 and every process it waited for (wait4's rusage)
+        self.status = 0  # PID 1's wait status, once known
+        self.cpu_used: Optional[float] = None  # CPU seconds of PID 1 and every process it waited for, once known
+        self.listener = -1  # a fast-path run's exit listener (exits.py)
         self.memory_exceeded = False
         self.job_w = -1
         self.killed_at: Optional[float] = None
@@ -284,7 +286,7 @@ class Job:
         if zygote.isolated:
             linux.kill(self.pid, True)  # PID 1 of its namespace: the kernel kills the rest
         elif not self.exited:
-            procfs.kill_tree(self.pid)
+            procfs.kill_all(self.pid)
 
     def kill_for_cap(self, zygote: Zygote, cap: str) -> None:
         """Ended past a cap the kernel does not enforce here: its stderr says which."""
@@ -303,6 +305,16 @@ class Job:
             self.cpu_used = usage.ru_utime + usage.ru_stime
         if not zygote.isolated:
             zygote.reap_orphans()  # no PID namespace ended them: its reaper does
+        self.drain(zygote)
+        self.on_exit(zygote)
+
+    def end_at_exit(self, zygote: Zygote, code: int) -> None:
+        """PID 1 is held in exit_group(code) (exits.py): once every process of the job is killed none
+        runs code again, so answer now; the kernel's teardown and the collection come after (retire)."""
+        self.cpu_used = procfs.cpu_time(self.pid)
+        procfs.kill_all(self.pid)
+        self.exited = True
+        self.status = code << 8  # the wait status of exit(code)
         self.drain(zygote)
         self.on_exit(zygote)
 

@@ -41,13 +41,44 @@ def name(pid: int) -> bytes:
         return b""
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and every descendant (stopped first, so none forks past the walk)."""
-    members = list(tree(pid, 1 << 16))
-    for signal_number in (signal.SIGSTOP, signal.SIGKILL):
-        for member in members:
-            with contextlib.suppress(OSError):
-                os.kill(member, signal_number)
+def kill_all(pid: int) -> None:
+    """SIGKILL `pid` and every process below it, walking again until a walk finds none not killed
+    already.  A process with SIGKILL queued runs no more user code and forks no more (the kernel
+    checks for it as it links a child in), and a child is read after its parent is killed: what one
+    walk misses was reparented meanwhile (to `pid`, or a subreaper below it), which the next finds."""
+    killed: set[int] = set()
+    for _ in range(64):
+        fresh = False
+        stack = [pid]
+        while stack:
+            current = stack.pop()
+            if current not in killed:
+                with contextlib.suppress(OSError):
+                    os.kill(current, signal.SIGKILL)
+                killed.add(current)
+                fresh = True
+            stack.extend(children(current))
+        if not fresh:
+            return
+
+
+def cpu_time(pid: int) -> float:
+    """CPU seconds of `pid` and of the children it waited for, as wait4 reports them once it ends:
+    its live threads to the nanosecond (schedstat), threads gone and children to the clock tick."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        utime, stime, cutime, cstime = (int(field) for field in fields[11:15])
+    except (OSError, ValueError):
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    live = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError), \
+                    open(f"/proc/{pid}/task/{task}/schedstat", "rb") as fh:
+                live += int(fh.read().split()[0])
+    return max(live / 1e9, (utime + stime) / tick) + (cutime + cstime) / tick
 
 
 def demote_tree(pid: int, skip: Collection[int] = ()) -> tuple[float, float]:

@@ -6,6 +6,7 @@ import os
 import signal
 from typing import Any, Optional
 
+from . import exits
 from .job import Job, Zygote
 from .messages import Reply, RunHead, StageResult
 
@@ -24,9 +25,32 @@ class Run(Job):
 
     def start(self, zygote: Zygote) -> None:
         super().start(zygote)
-        if self.job_w >= 0:
-            os.close(self.job_w)  # a run reads its job to the end
-            self.job_w = -1
+        if self.job_w >= 0:  # what comes back on it: a fast-path child's exit listener, then its end
+            zygote.watch(self, (self.job_w,))
+
+    def on_event(self, zygote: Zygote, fd: int) -> None:
+        if fd == self.job_w:
+            listener = exits.receive(fd)
+            if listener is None:
+                zygote.unwatch(fd)
+                os.close(fd)
+                self.job_w = -1
+            elif self.listener < 0:
+                self.listener = listener
+                zygote.watch(self, (listener,))
+            else:
+                os.close(listener)
+        elif fd == self.listener:
+            notice = exits.take(fd)
+            if notice is None:
+                return
+            notice_id, pid, code = notice
+            if pid == self.pid and self.alive and not self.exited:
+                self.end_at_exit(zygote, code)
+            else:
+                exits.let_go(fd, notice_id)  # any other process of the run, exiting
+        else:
+            super().on_event(zygote, fd)
 
     def on_record(self, zygote: Zygote, record: dict[str, Any]) -> None:
         kind = record.get("kind")
@@ -56,8 +80,7 @@ class Run(Job):
             code = done.get("return_code")  # the program's own status, signals included
         if self.timed_out:
             code = -signal.SIGKILL
-        stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", code,
-                                  self.cpu_used if self.collected else None)
+        stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", code, self.cpu_used)
         reply: Reply = {**stage, "id": self.id}
         if self.compile_result is not None:
             reply["compile"] = self.compile_result

@@ -216,7 +216,7 @@ class SessionJob(Job):
             return
         for pid in (self.interpreter, *self.background()):
             if pid > 0:
-                procfs.kill_tree(pid)
+                procfs.kill_all(pid)
 
     def on_exit(self, zygote: Zygote) -> None:
         """PID 1 is gone, and with it every process of the session."""

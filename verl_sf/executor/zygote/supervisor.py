@@ -13,6 +13,7 @@ import os
 import resource
 import select
 import shutil
+import socket
 import time
 import traceback
 from collections.abc import Iterable
@@ -33,6 +34,9 @@ from .wire import READ_CHUNK, Lines, dumps, loads, readable, write_all
 Ready = tuple[int, int, int, int, int, Groups]  # pid, stdout, stderr, fd 3 and job pipe ends, cgroups
 MAX_FREE_NETWORKS = 256  # network namespaces kept for reuse
 ENDED_KEPT = 4096  # ended sessions whose reason a late call is still told
+# Plain children kept ready: two, so that one forked as the last run ended has finished setting up
+# by the time the next request of a client waiting on that reply comes (its set-up takes longer).
+READY_DEPTH = {False: 2, True: 1}
 
 
 class Zygote:
@@ -79,7 +83,7 @@ class Zygote:
         self.sequence = 0
         # Pre-forked children waiting for their job: a plain one, and one with a root helper (root.py)
         # once a session asked for root.
-        self.ready: dict[bool, Ready] = {}
+        self.ready: dict[bool, list[Ready]] = {False: [], True: []}
         self.rooted_wanted = False
         self.runs: dict[int, Run] = {}  # request id -> run
         self.sessions: dict[int, SessionJob] = {}  # open request id -> session
@@ -177,17 +181,17 @@ class Zygote:
     def _shutdown(self) -> None:
         for job in self.jobs():
             job.kill(self, "the server shut down")
-        for ready in self.ready.values():
+        for ready in (ready for kind in self.ready.values() for ready in kind):
             for fd in ready[1:5]:
                 os.close(fd)
 
     # ---- children ------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Fork the next children ahead of time, namespaces and all, so a request only pays for
-        handing one its job.  Each waits on a pipe; the zygote closing that pipe ends it."""
+        handing one its job.  Each waits on its job socket; the zygote closing that ends it."""
         for rooted in (False, True) if self.rooted_wanted else (False,):
-            if rooted not in self.ready:
-                self.ready[rooted] = self._fork_child(rooted)
+            while len(self.ready[rooted]) < READY_DEPTH[rooted]:
+                self.ready[rooted].append(self._fork_child(rooted))
 
     def _fork_child(self, rooted: bool) -> Ready:
         self.sequence += 1
@@ -195,7 +199,8 @@ class Zygote:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         meta_r, meta_w = os.pipe()
-        job_r, job_w = os.pipe()
+        # A socket, not a pipe: a fast-path run's child sends its exit listener back on it (exits.py).
+        job_r, job_w = (end.detach() for end in socket.socketpair())
         reseed_generators()
         network = self.free_networks.pop() if self.isolated and self.free_networks else -1
         if self.isolated:
@@ -221,8 +226,9 @@ class Zygote:
     def take_ready(self, rooted: bool = False) -> Ready:
         """A pre-forked child for a job; `rooted`: one with a root helper (sessions that asked for root)."""
         self.rooted_wanted |= rooted
-        self.prepare()
-        ready = self.ready.pop(rooted)
+        if not self.ready[rooted]:
+            self.ready[rooted].append(self._fork_child(rooted))
+        ready = self.ready[rooted].pop(0)  # the oldest: the likeliest to have finished its set-up
         pid = ready[0]
         network = self.ready_networks.pop(pid)
         if self.isolated:
@@ -263,9 +269,11 @@ class Zygote:
             self.unwatch(fd)
             os.close(fd)
         job.open_fds.clear()
-        if job.job_w >= 0:
-            os.close(job.job_w)
-            job.job_w = -1
+        for fd in (job.job_w, job.listener):
+            if fd >= 0:
+                self.unwatch(fd)
+                os.close(fd)
+        job.job_w = job.listener = -1
         if job.collected:
             self._clean_up(job)
             return
@@ -277,13 +285,13 @@ class Zygote:
         orphaned by a job that has ended (a job's PID 1 is a subreaper while it lives): kill it and
         all below it, and collect it, before the job's reply leaves."""
         known = {job.pid for job in (*self.jobs(), *self.reaping.values())}
-        known.update(ready[0] for ready in self.ready.values())
+        known.update(ready[0] for kind in self.ready.values() for ready in kind)
         for _ in range(64):
             strays = [pid for pid in procfs.children(os.getpid()) if pid not in known]
             if not strays:
                 return
             for pid in strays:
-                procfs.kill_tree(pid)
+                procfs.kill_all(pid)
             for pid in strays:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
@@ -294,6 +302,8 @@ class Zygote:
         linux.kill(job.pid, self.isolated)
         if not job.adopted:
             os.waitpid(job.pid, 0)
+        if not self.isolated:
+            self.reap_orphans()  # what a run answered at its exit left here as it died (job.end_at_exit)
         self._clean_up(job)
 
     def _clean_up(self, job: Job) -> None:

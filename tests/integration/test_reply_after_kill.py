@@ -1,0 +1,142 @@
+"""A reply leaves once every process of the run is killed, before the kernel has torn them down
+(zygote/exits.py): no process of a run executes after its reply, on both rungs, as root and as an
+ordinary account.
+
+Every process and thread of the run stamps CLOCK_MONOTONIC (shared with this harness: no time
+namespace) into its own name, in a tight loop, while PID 1 ends; the harness, reading the host's
+/proc once the reply has arrived, finds no stamp later than the reply's arrival.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from tests.server_fixtures import CONTAINER_MODES, SERVER_MODES, ServerHandle, run_code, server_in_mode
+from tests.waiting import wait_until
+
+DIGITS = 13  # a name holds 15 bytes: a 2-byte tag, then microseconds modulo 10**13 (115 days)
+
+
+@pytest.fixture(scope="module", params=SERVER_MODES + CONTAINER_MODES)
+def server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    with server_in_mode(request.param, "--slots", "2", "--sandboxes", "1", "--preload", "") as handle:
+        yield handle
+
+
+def stamping_run(tag: str, ending: str) -> str:
+    """PID 1 starts stamping processes of every kind (a child, a setsid'd one, a double-forked daemon,
+    one with threads, one that keeps forking), waits until each stamps, then ends with `ending`."""
+    return f"""
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None)
+ready_r, ready_w = os.pipe()
+
+def stamp():
+    while True:
+        libc.prctl(15, b"{tag}%0{DIGITS}d" % (time.monotonic_ns() // 1000 % 10**{DIGITS}), 0, 0, 0)
+
+def started():
+    os.write(ready_w, b"x")
+    stamp()
+
+def child(body):
+    if os.fork() == 0:
+        try:
+            body()
+        finally:
+            os._exit(0)
+
+def setsid():
+    os.setsid()
+    started()
+
+def daemon():
+    os.setsid()
+    if os.fork() == 0:
+        started()
+
+def threads():
+    for _ in range(2):
+        threading.Thread(target=stamp, daemon=True).start()
+    started()
+
+def forker():
+    os.write(ready_w, b"x")
+    for _ in range(20):
+        child(stamp)
+        libc.prctl(15, b"{tag}%0{DIGITS}d" % (time.monotonic_ns() // 1000 % 10**{DIGITS}), 0, 0, 0)
+    stamp()
+
+for body in (started, setsid, daemon, threads, forker):
+    child(body)
+got = b""
+while len(got) < 5:
+    got += os.read(ready_r, 5 - len(got))
+print("stamping")
+{ending}
+"""
+
+
+def stamps(tag: str) -> dict[tuple[int, int], int]:
+    """(pid, tid) -> the stamp in its name, of every thread on the host whose name has the tag."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            tasks = os.listdir(f"/proc/{entry}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{entry}/task/{task}/comm") as fh:
+                    name = fh.read().strip()
+            except OSError:
+                continue
+            if name.startswith(tag) and name[len(tag):].isdigit():
+                found[(int(entry), int(task))] = int(name[len(tag):])
+    return found
+
+
+@pytest.mark.parametrize("ending", ["pass", "import os\nos._exit(0)", "raise SystemExit(4)"])
+def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, ending: str) -> None:
+    tag = secrets.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") + secrets.choice("abcdefghjkmnpqrstuvwxyz")
+    body = run_code(server, stamping_run(tag, ending), run_timeout=30)
+    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
+    assert body["run_result"]["stdout"] == "stamping\n", body
+    assert body["run_result"]["return_code"] == (4 if "4" in ending else 0), body
+    for look in range(3):
+        late = {thread: stamp for thread, stamp in stamps(tag).items() if stamp > arrived}
+        assert not late, f"look {look}: threads of the run stamped after its reply arrived ({arrived}): {late}"
+        time.sleep(0.1)
+    wait_until(lambda: not stamps(tag), 10, "every process of the run gone")
+
+
+def test_a_runs_cpu_time_and_exit_code_are_its_own(server: ServerHandle) -> None:
+    """The CPU the run used (its own and that of a child it waited for) and its exit code, now read
+    as its PID 1 asks to exit rather than from wait4."""
+    code = ("import subprocess, sys, time\n"
+            "end = time.process_time() + 0.3\n"
+            "while time.process_time() < end:\n"
+            "    pass\n"
+            "subprocess.run([sys.executable, '-c', 'import time\\nend = time.process_time() + 0.3\\n"
+            "while time.process_time() < end: pass'], check=True)\n"
+            "sys.exit(7)\n")
+    result = run_code(server, code, run_timeout=30)["run_result"]
+    assert result["return_code"] == 7, result
+    assert 0.55 <= result["cpu_time"] <= result["execution_time"] + 0.05, result
+
+
+def test_the_server_keeps_answering_after_many_early_replies(server: ServerHandle) -> None:
+    """Runs answered at their exit, collected after: nothing piles up (cgroups, networks, children)."""
+    for index in range(40):
+        assert run_code(server, f"print({index})")["run_result"]["stdout"] == f"{index}\n"
+    session = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
+    assert session.status_code == 201, session.text
+    requests.delete(f"{server.url}/sessions/{session.json()['session_id']}", timeout=30)
