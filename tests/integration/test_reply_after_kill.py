@@ -1,6 +1,6 @@
-"""A reply leaves once every process of the run is killed, before the kernel has torn them down
-(zygote/exits.py): no process of a run executes after its reply, on both rungs, as root and as an
-ordinary account.
+"""No process of a run executes after its reply, on both rungs, as root and as an ordinary account:
+a cells run is answered as its PID 1 asks to exit, once every process of it is killed and before the
+kernel has torn them down (zygote/exits.py); a `/run_code` run once the kernel reports its PID 1 gone.
 
 Every process and thread of the run stamps CLOCK_MONOTONIC (shared with this harness: no time
 namespace) into its own name, in a tight loop, while PID 1 ends; the harness, reading the host's
@@ -104,13 +104,11 @@ def stamps(tag: str) -> dict[tuple[int, int], int]:
     return found
 
 
-@pytest.mark.parametrize("ending", ["pass", "import os\nos._exit(0)", "raise SystemExit(4)"])
-def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, ending: str) -> None:
-    tag = secrets.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") + secrets.choice("abcdefghjkmnpqrstuvwxyz")
-    body = run_code(server, stamping_run(tag, ending), run_timeout=30)
-    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
-    assert body["run_result"]["stdout"] == "stamping\n", body
-    assert body["run_result"]["return_code"] == (4 if "4" in ending else 0), body
+def new_tag() -> str:
+    return secrets.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") + secrets.choice("abcdefghjkmnpqrstuvwxyz")
+
+
+def assert_nothing_stamps_after(tag: str, arrived: int) -> None:
     for look in range(3):
         late = {thread: stamp for thread, stamp in stamps(tag).items() if stamp > arrived}
         assert not late, f"look {look}: threads of the run stamped after its reply arrived ({arrived}): {late}"
@@ -118,9 +116,31 @@ def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, endi
     wait_until(lambda: not stamps(tag), 10, "every process of the run gone")
 
 
+@pytest.mark.parametrize("ending", ["pass", "import os\nos._exit(0)"])
+def test_no_process_of_a_cells_run_executes_after_its_reply(server: ServerHandle, ending: str) -> None:
+    tag = new_tag()
+    response = requests.post(server.url + "/run_jupyter", json={"cells": [stamping_run(tag, ending), "print('after')"],
+                                                                  "total_timeout": 30}, timeout=60)
+    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
+    assert response.status_code == 200, response.text
+    # os._exit ends the run within its first cell, before the cell's record is sent
+    shown = [cell["stdout"] for cell in response.json()["cells"]]
+    assert shown == (["stamping\n", "after\n"] if ending == "pass" else []), response.json()
+    assert_nothing_stamps_after(tag, arrived)
+
+
+@pytest.mark.parametrize("ending", ["pass", "import os\nos._exit(0)", "raise SystemExit(4)"])
+def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, ending: str) -> None:
+    tag = new_tag()
+    body = run_code(server, stamping_run(tag, ending), run_timeout=30)
+    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
+    assert body["run_result"]["stdout"] == "stamping\n", body
+    assert body["run_result"]["return_code"] == (4 if "4" in ending else 0), body
+    assert_nothing_stamps_after(tag, arrived)
+
+
 def test_a_runs_cpu_time_and_exit_code_are_its_own(server: ServerHandle) -> None:
-    """The CPU the run used (its own and that of a child it waited for) and its exit code, now read
-    as its PID 1 asks to exit rather than from wait4."""
+    """The CPU the run used (its own and that of a child it waited for) and its exit code."""
     code = ("import subprocess, sys, time\n"
             "end = time.process_time() + 0.3\n"
             "while time.process_time() < end:\n"
@@ -134,9 +154,10 @@ def test_a_runs_cpu_time_and_exit_code_are_its_own(server: ServerHandle) -> None
 
 
 def test_the_server_keeps_answering_after_many_early_replies(server: ServerHandle) -> None:
-    """Runs answered at their exit, collected after: nothing piles up (cgroups, networks, children)."""
+    """Cells runs answered at their exit, collected after: nothing piles up (cgroups, networks, children)."""
     for index in range(40):
-        assert run_code(server, f"print({index})")["run_result"]["stdout"] == f"{index}\n"
+        response = requests.post(server.url + "/run_jupyter", json={"cells": [f"print({index})"]}, timeout=60)
+        assert response.json()["cells"][0]["stdout"] == f"{index}\n", response.text
     session = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
     assert session.status_code == 201, session.text
     requests.delete(f"{server.url}/sessions/{session.json()['session_id']}", timeout=30)

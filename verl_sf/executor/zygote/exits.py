@@ -1,15 +1,17 @@
-"""A fast-path run's end, seen as it begins: its PID 1's `exit_group`, held by a seccomp notification.
+"""A cells run's end, seen as it begins: its PID 1's `exit_group`, held by a seccomp notification.
 
-A python or cells run's PID 1 is the forked interpreter that ran the code, so its exit status is
-the verdict, and the kernel reports it (wait4, a pidfd) only once the process has torn down its
-copy-on-write address space and its namespaces.  Instead the child adds a filter that hands its
-`exit_group` calls to a listener, and sends the listener to the zygote before the code runs.  The
-call's argument is the status the kernel would report; the process is blocked in the call, so it
-runs no more code.  The zygote then kills every process of the run and answers; the teardown
-happens after.  A run whose PID 1 dies otherwise (a signal, the last thread's `exit`) is answered
-once the kernel reports it, as before.
+A cells run's PID 1 is the forked interpreter that ran the cells, so its exit status is the
+verdict, and the kernel reports it (wait4, a pidfd) only once the process has torn down its
+copy-on-write address space (IPython's pages its cells wrote) and its namespaces.  Instead the
+child adds a filter that hands its `exit_group` calls to a listener, and sends the listener to the
+zygote before the cells run.  The call's argument is the status the kernel would report; the
+process is blocked in the call, so it runs no more code.  The zygote then kills every process of
+the run and answers; the teardown happens after.  A run whose PID 1 dies otherwise (a signal, the
+last thread's `exit`) is answered once the kernel reports it, as before.
+
+Only cells: for a plain python run the filter's compilation and the descriptor's passing cost
+more CPU than the teardown they take off the reply's path (docs/performance.md).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -54,6 +56,10 @@ def _program() -> Optional[bytes]:
 
 
 PROGRAM = _program()
+# Built in the zygote: in a forked child, making these ctypes objects costs ~0.3 ms of page copies.
+_BUFFER = ctypes.create_string_buffer(PROGRAM or b"", len(PROGRAM or b""))
+_FPROG = ctypes.pointer(_SockFprog(len(_BUFFER) // 8, ctypes.cast(_BUFFER, ctypes.c_char_p)))
+_SECCOMP = SYSCALLS.get(os.uname().machine, (-1,))[0]
 
 
 def hand_over(channel: int) -> None:
@@ -62,10 +68,7 @@ def hand_over(channel: int) -> None:
     (an old kernel, a filter above us refusing the call) the run simply ends as before."""
     if PROGRAM is None:
         return
-    buffer = ctypes.create_string_buffer(PROGRAM, len(PROGRAM))
-    fprog = _SockFprog(len(PROGRAM) // 8, ctypes.cast(buffer, ctypes.c_char_p))
-    listener = libc.syscall(SYSCALLS[os.uname().machine][0], SECCOMP_SET_MODE_FILTER,
-                            SECCOMP_FILTER_FLAG_NEW_LISTENER, ctypes.byref(fprog))
+    listener = libc.syscall(_SECCOMP, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, _FPROG)
     if listener < 0:
         return
     sender = socket.socket(fileno=channel)
@@ -78,18 +81,18 @@ def hand_over(channel: int) -> None:
         os.close(listener)
 
 
-def receive(channel: int) -> Optional[int]:
-    """In the zygote: the listener a run's child sent on its job socket; None once the child closed it."""
+def receive(channel: int) -> int:
+    """In the zygote: the listener a run's child sent on its job socket; -1 if it closed it without."""
     receiver = socket.socket(fileno=channel)
     try:
         _, fds, _, _ = socket.recv_fds(receiver, 1, 1)
     except OSError:
-        return None
+        return -1
     finally:
         receiver.detach()
     for fd in fds:
         os.set_inheritable(fd, False)  # recv_fds drops MSG_CMSG_CLOEXEC
-    return fds[0] if fds else None
+    return fds[0] if fds else -1
 
 
 def take(listener: int) -> Optional[tuple[int, int, int]]:

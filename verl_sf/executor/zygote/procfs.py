@@ -54,6 +54,9 @@ def kill_all(pid: int) -> None:
             current = stack.pop()
             if current not in killed:
                 with contextlib.suppress(OSError):
+                    # Its exit then runs beside the zygote rather than in its place (a woken task of
+                    # equal weight takes the waker's CPU: ~0.5 ms of teardown per run, measured).
+                    os.setpriority(os.PRIO_PROCESS, current, 19)
                     os.kill(current, signal.SIGKILL)
                 killed.add(current)
                 fresh = True

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from . import exits
 from .job import Job, Zygote
 from .messages import Reply, RunHead, StageResult
+from .wire import readable
 
 
 class Run(Job):
@@ -25,32 +26,38 @@ class Run(Job):
 
     def start(self, zygote: Zygote) -> None:
         super().start(zygote)
-        if self.job_w >= 0:  # what comes back on it: a fast-path child's exit listener, then its end
+        if self.job_w < 0:
+            return
+        if zygote.cfg["ipython"] and not self.head["exec"]:  # a cells run's child sends its exit listener on it
             zygote.watch(self, (self.job_w,))
+        else:
+            os.close(self.job_w)  # a run reads its job to the end
+            self.job_w = -1
 
     def on_event(self, zygote: Zygote, fd: int) -> None:
         if fd == self.job_w:
-            listener = exits.receive(fd)
-            if listener is None:
-                zygote.unwatch(fd)
-                os.close(fd)
-                self.job_w = -1
-            elif self.listener < 0:
-                self.listener = listener
-                zygote.watch(self, (listener,))
-            else:
-                os.close(listener)
+            self.listener = exits.receive(fd)  # nothing else comes on it: it is done with either way
+            zygote.unwatch(fd)
+            os.close(fd)
+            self.job_w = -1
+            if self.listener >= 0:
+                zygote.watch(self, (self.listener,))
+                if readable(self.listener):  # a short run may be asking to exit already
+                    self.on_exit_call(zygote)
         elif fd == self.listener:
-            notice = exits.take(fd)
-            if notice is None:
-                return
-            notice_id, pid, code = notice
-            if pid == self.pid and self.alive and not self.exited:
-                self.end_at_exit(zygote, code)
-            else:
-                exits.let_go(fd, notice_id)  # any other process of the run, exiting
+            self.on_exit_call(zygote)
         else:
             super().on_event(zygote, fd)
+
+    def on_exit_call(self, zygote: Zygote) -> None:
+        notice = exits.take(self.listener)
+        if notice is None:
+            return
+        notice_id, pid, code = notice
+        if pid == self.pid and self.alive and not self.exited:
+            self.end_at_exit(zygote, code)
+        else:
+            exits.let_go(self.listener, notice_id)  # any other process of the run, exiting
 
     def on_record(self, zygote: Zygote, record: dict[str, Any]) -> None:
         kind = record.get("kind")

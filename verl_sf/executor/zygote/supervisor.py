@@ -181,6 +181,8 @@ class Zygote:
     def _shutdown(self) -> None:
         for job in self.jobs():
             job.kill(self, "the server shut down")
+        if not self.isolated:
+            self.reap_orphans()  # no PID namespace ends what runs answered already left dying here
         for ready in (ready for kind in self.ready.values() for ready in kind):
             for fd in ready[1:5]:
                 os.close(fd)
