@@ -139,6 +139,70 @@ def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, endi
     assert_nothing_stamps_after(tag, arrived)
 
 
+def test_no_process_of_a_timed_out_run_executes_after_its_reply(server: ServerHandle) -> None:
+    """The zygote's own kill (here at run_timeout) is answered once every process is killed."""
+    tag = new_tag()
+    body = run_code(server, stamping_run(tag, "import time\ntime.sleep(60)"), run_timeout=2)
+    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
+    assert body["run_result"]["status"] == "TimeLimitExceeded" and body["run_result"]["stdout"] == "stamping\n", body
+    assert_nothing_stamps_after(tag, arrived)
+
+
+STAMPING_CPP = r"""
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+#include <cstdio>
+static void stamp() {
+    char name[16];
+    for (;;) {
+        timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        unsigned long long micros = (now.tv_sec * 1000000ULL + now.tv_nsec / 1000) % 10000000000000ULL;
+        snprintf(name, sizeof name, "TAG%013llu", micros);
+        prctl(PR_SET_NAME, name);
+    }
+}
+int main() {
+    int ready[2];
+    if (pipe(ready) != 0) return 2;
+    for (int kind = 0; kind < 3; kind++) {
+        if (fork() == 0) {
+            if (kind > 0) setsid();
+            if (kind == 2 && fork() != 0) _exit(0);  // a daemon: double-forked, its parent gone
+            if (write(ready[1], "x", 1) != 1) _exit(1);
+            stamp();
+        }
+    }
+    char got[3];
+    for (int seen = 0; seen < 3;) {
+        ssize_t count = read(ready[0], got, 3 - seen);
+        if (count > 0) seen += count;
+    }
+    puts("stamping");
+    return 3;
+}
+"""
+
+
+def test_no_process_of_an_exec_run_executes_after_its_reply(server: ServerHandle) -> None:
+    """An exec run is answered on its PID 1's record of the program's status (PID 1 runs no user
+    code), every process of the run killed first."""
+    tag = new_tag()
+    body = run_code(server, STAMPING_CPP.replace("TAG", tag), language="cpp", compile_timeout=60, run_timeout=30)
+    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
+    assert body["run_result"]["stdout"] == "stamping\n" and body["run_result"]["return_code"] == 3, body
+    assert_nothing_stamps_after(tag, arrived)
+
+
+def test_an_exec_runs_cpu_time_is_its_programs(server: ServerHandle) -> None:
+    code = ("#include <ctime>\nint main() { volatile unsigned long n = 0; clock_t end = clock() + CLOCKS_PER_SEC / 3;\n"
+            "while (clock() < end) n++; return 5; }\n")
+    result = run_code(server, code, language="cpp", compile_timeout=60, run_timeout=30)["run_result"]
+    assert result["return_code"] == 5, result
+    assert 0.3 <= result["cpu_time"] <= result["execution_time"] + 0.05, result
+
+
 def test_a_runs_cpu_time_and_exit_code_are_its_own(server: ServerHandle) -> None:
     """The CPU the run used (its own and that of a child it waited for) and its exit code."""
     code = ("import subprocess, sys, time\n"

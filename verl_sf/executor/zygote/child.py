@@ -139,13 +139,14 @@ class Child:
         if mode == "jupyter":  # PID 1 runs the cells: its exit_group is the verdict, held for the zygote
             exits.hand_over(JOB_FD)
         os.close(JOB_FD)
+        children_cpu = None
         if mode == "exec":
-            code = self._exec_stages(job)
+            code, children_cpu = self._exec_stages(job)
         elif mode == "jupyter":
             code = run_cells(job["cells"], job.get("cell_timeout") or 0, job["output_limit"], namespace)
         else:
             code = run_python(job["code"], namespace)
-        _report_done(code, job.get("fetch_files"), self._roots(), self.cfg["fetch_limit"])
+        _report_done(code, job.get("fetch_files"), self._roots(), self.cfg["fetch_limit"], children_cpu)
         os._exit(code & 0xFF)
 
     def _mounts(self) -> None:
@@ -226,23 +227,21 @@ class Child:
         for which, value in limits.items():
             resource.setrlimit(which, (value, value))
 
-    def _exec_stages(self, job: RunBody) -> int:
-        """The compile stage, if any, with its output captured apart; then the program.  This PID 1
-        runs no user code and is made undumpable: the program cannot open its fd 3 through /proc
-        nor trace it, so the records it writes are the verdict."""
+    def _exec_stages(self, job: RunBody) -> tuple[int, float]:
+        """The compile stage, if any, with its output captured apart; then the program.  Returns the
+        status and the CPU seconds of the last stage run.  This PID 1 runs no user code and is made undumpable: the
+        program cannot open its fd 3 through /proc nor trace it, so the records it writes are the verdict."""
         linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+        compile_cpu = 0.0
         if job.get("compile_argv"):
             captures = [os.memfd_create("compile-stdout"), os.memfd_create("compile-stderr")]
-            start = os.times()
-            code = _exec_as_child(job["compile_argv"], captures)
-            used = os.times()
+            code, compile_cpu = _exec_as_child(job["compile_argv"], captures)
             (out, out_cut), (err, err_cut) = (_read_capped(fd, job["output_limit"]) for fd in captures)
-            cpu = (used.children_user + used.children_system) - (start.children_user + start.children_system)
-            record: CompiledRecord = {"kind": "compiled", "return_code": code, "cpu_time": cpu, "stdout": out,
-                                      "stderr": err, "truncated": out_cut or err_cut}
+            record: CompiledRecord = {"kind": "compiled", "return_code": code, "cpu_time": compile_cpu,
+                                      "stdout": out, "stderr": err, "truncated": out_cut or err_cut}
             report(record)
             if code != 0:
-                return code
+                return code, compile_cpu
         return _exec_as_child(job["argv"], None)
 
     def _roots(self) -> list[str]:
@@ -285,9 +284,10 @@ def _read_job() -> RunBody:
     return job
 
 
-def _exec_as_child(argv: list[str], captures: Optional[list[int]]) -> int:
+def _exec_as_child(argv: list[str], captures: Optional[list[int]]) -> tuple[int, float]:
     """Run a program below us, so it is not PID 1: the kernel shields PID 1 from its own
-    signals, which would turn abort() into a crash and ignore `kill $$`."""
+    signals, which would turn abort() into a crash and ignore `kill $$`.  Returns its status and
+    the CPU seconds it and what it waited for used."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -301,8 +301,8 @@ def _exec_as_child(argv: list[str], captures: Optional[list[int]]) -> int:
         except BaseException as exc:
             os.write(2, f"verl-sf: cannot execute {argv[0]}: {exc}\n".encode())
         os._exit(127)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    _, status, usage = os.wait4(pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
 def _read_capped(fd: int, limit: int) -> tuple[str, bool]:
@@ -315,14 +315,17 @@ def _read_capped(fd: int, limit: int) -> tuple[str, bool]:
     return text, size > limit
 
 
-def _report_done(code: int, fetch_files: Optional[list[str]], roots: list[str], fetch_limit: int) -> None:
-    """Close our stdio, then report the run's files (and, for an exec run, the program's status)."""
+def _report_done(code: int, fetch_files: Optional[list[str]], roots: list[str], fetch_limit: int,
+                 children_cpu: Optional[float] = None) -> None:
+    """Close our stdio, then report the run's files (and, for an exec run, the program's status and
+    CPU seconds: `children_cpu`)."""
     times = os.times()
     for fd in (0, 1, 2):
         with contextlib.suppress(OSError):
             os.close(fd)
-    record: DoneRecord = {"kind": "done", "return_code": code,
-                          "cpu_time": times.user + times.system + times.children_user + times.children_system}
+    cpu = (children_cpu if children_cpu is not None
+           else times.user + times.system + times.children_user + times.children_system)
+    record: DoneRecord = {"kind": "done", "return_code": code, "cpu_time": cpu}
     if fetch_files is not None:
         record["files"] = fetch(fetch_files, roots, fetch_limit)
     report(record)

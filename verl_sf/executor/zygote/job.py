@@ -308,13 +308,16 @@ class Job:
         self.drain(zygote)
         self.on_exit(zygote)
 
-    def end_at_exit(self, zygote: Zygote, code: int) -> None:
-        """PID 1 is held in exit_group(code) (exits.py): once every process of the job is killed none
-        runs code again, so answer now; the kernel's teardown and the collection come after (retire)."""
-        self.cpu_used = procfs.cpu_time(self.pid)
+    def end_now(self, zygote: Zygote, status: int) -> None:
+        """Answer with PID 1's wait status known before the kernel reports it: once every process
+        of the job is killed none runs code again; the teardown and the collection come after (retire)."""
+        if self.cpu_used is None:
+            self.cpu_used = procfs.cpu_time(self.pid)
         procfs.kill_all(self.pid)
+        if not zygote.isolated:
+            zygote.reap_orphans()  # what PID 1 left to the zygote if it exited as the walk began
         self.exited = True
-        self.status = code << 8  # the wait status of exit(code)
+        self.status = status
         self.drain(zygote)
         self.on_exit(zygote)
 

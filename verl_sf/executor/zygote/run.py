@@ -1,4 +1,9 @@
-"""A one-shot run: an optional compile stage, then the program, answered once it has ended."""
+"""A one-shot run: an optional compile stage, then the program, answered once it has ended.
+
+A run is answered as soon as its end is known from something it cannot forge, every process of it
+killed first (Job.end_now): its PID 1 held in exit_group (cells, exits.py), the `done` record of an
+exec run's PID 1 (which runs no user code), or the zygote's own kill (a time-out, a cap, a cancel).
+Otherwise, once the kernel reports PID 1 gone."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ class Run(Job):
         super().__init__(zygote, head, body)
         self.head = head
         self.compile_result: Optional[StageResult] = None
+        self.program_done: Optional[float] = None  # an exec run's program ended: its CPU seconds
 
     def register(self, zygote: Zygote) -> None:
         zygote.runs[self.id] = self
@@ -48,6 +54,14 @@ class Run(Job):
             self.on_exit_call(zygote)
         else:
             super().on_event(zygote, fd)
+            if self.program_done is not None and self.alive and not self.exited:
+                self.cpu_used = self.program_done
+                self.end_now(zygote, 0)  # the program's own status is in the record (on_exit)
+
+    def kill(self, zygote: Zygote, reason: str) -> None:
+        super().kill(zygote, reason)
+        if not self.exited:
+            self.end_now(zygote, signal.SIGKILL)  # the wait status of a SIGKILLed process
 
     def on_exit_call(self, zygote: Zygote) -> None:
         notice = exits.take(self.listener)
@@ -55,7 +69,7 @@ class Run(Job):
             return
         notice_id, pid, code = notice
         if pid == self.pid and self.alive and not self.exited:
-            self.end_at_exit(zygote, code)
+            self.end_now(zygote, code << 8)  # the wait status of exit(code)
         else:
             exits.let_go(self.listener, notice_id)  # any other process of the run, exiting
 
@@ -69,10 +83,12 @@ class Run(Job):
             self.begin_stage(self.limits["timeout"], fresh_output=False)  # the program may have written already
         elif kind in ("cell", "done"):
             self.records.append(record)
+            if kind == "done" and self.head["exec"] and isinstance(record.get("cpu_time"), (int, float)):
+                self.program_done = float(record["cpu_time"])  # answered after this read (on_event)
 
     def on_tick(self, zygote: Zygote, now: float) -> None:
         if self.past_deadline(now):
-            self.kill(zygote, "timed out")  # answered once the kernel has ended it
+            self.kill(zygote, "timed out")
 
     def on_exit(self, zygote: Zygote) -> None:
         if self.id not in zygote.runs:

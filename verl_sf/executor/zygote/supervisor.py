@@ -176,7 +176,8 @@ class Zygote:
                 interrupted.interrupt(time.monotonic())
 
     def reply(self, reply: Union[Reply, dict[str, Any]]) -> None:
-        write_all(self.rep_fd, dumps(reply) + b"\n")
+        with contextlib.suppress(BrokenPipeError):  # the server is gone: nobody to tell (it shuts us down)
+            write_all(self.rep_fd, dumps(reply) + b"\n")
 
     def _shutdown(self) -> None:
         for job in self.jobs():
