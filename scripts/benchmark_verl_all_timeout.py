@@ -52,16 +52,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cases", type=int, default=100, help="cases per round (verl's test: 100)")
+    parser.add_argument("--timeout", type=int, default=10, help="run_timeout per case (verl's test: 10 s)")
     parser.add_argument("--checkout", help="run the server from this checkout's verl_sf (a baseline)")
     parser.add_argument("--url", help="a running server instead of one started here")
     parser.add_argument("--output", help="also write the rounds as JSON here")
     return parser.parse_args(argv)
 
 
-def one_round(url: str, cases: int) -> dict[str, Any]:
+def one_round(url: str, cases: int, timeout: int) -> dict[str, Any]:
     in_outs = {"inputs": ["324 384429"] * cases, "outputs": [f"output_{i}\n" for i in range(cases)]}
     started = time.monotonic()
-    results, metadata = check_correctness(url + "/run_code", in_outs, KNIGHT_MOVES, timeout=10,
+    results, metadata = check_correctness(url + "/run_code", in_outs, KNIGHT_MOVES, timeout=timeout,
                                           concurrent_semaphore=threading.Semaphore(THREADS))
     duration = time.monotonic() - started
     api_errors = [m for m in metadata if m.get("api_request_error")]
@@ -81,7 +82,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rounds = []
     try:
         for index in range(args.rounds):
-            rounds.append(one_round(url, args.cases))
+            rounds.append(one_round(url, args.cases, args.timeout))
             print(f"round {index + 1}: {json.dumps(rounds[-1])}", flush=True)
     finally:
         if process is not None:

@@ -13,7 +13,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_verl_all_t
 
 def test_every_case_is_a_time_out_or_a_run_error_never_an_api_error(tmp_path: Path) -> None:
     output = tmp_path / "all-timeout.json"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "1", "--cases", "6", "--output", str(output)],
+    result = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "1", "--cases", "6", "--timeout", "2",
+                             "--output", str(output)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     (only,) = json.loads(output.read_text())["rounds"]
