@@ -16,8 +16,16 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+from e2b_code_interpreter import Sandbox
 
-from tests.server_fixtures import CONTAINER_MODES, SERVER_MODES, ServerHandle, run_code, server_in_mode
+from tests.server_fixtures import (
+    CONTAINER_MODES,
+    SERVER_MODES,
+    ServerHandle,
+    e2b_environment,
+    run_code,
+    server_in_mode,
+)
 from tests.waiting import wait_until
 
 DIGITS = 13  # a name holds 15 bytes: a 2-byte tag, then microseconds modulo 10**13 (115 days)
@@ -204,6 +212,32 @@ def test_no_process_of_an_exec_run_executes_after_its_reply(server: ServerHandle
     assert result["stdout"] == "stamping\n" and result["return_code"] == 3, body
     # The program's own CPU (not its compile stage's, not what its stampers burn beside it).
     assert 0.3 <= result["cpu_time"] <= result["execution_time"] + 0.05, result
+    assert_nothing_stamps_after(tag, arrived)
+
+
+def test_no_process_of_a_session_executes_after_its_delete(server: ServerHandle) -> None:
+    """DELETE /sessions answers once every process of the session is killed (its teardown after)."""
+    tag = new_tag()
+    created = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60).json()
+    body = run_code(server, stamping_run(tag, "pass"), session_id=created["session_id"], run_timeout=30)
+    assert body["run_result"]["stdout"] == "stamping\n", body
+    ended = requests.delete(f"{server.url}/sessions/{created['session_id']}", timeout=30)
+    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
+    assert ended.status_code == 200 and ended.json()["ended"], ended.text
+    assert_nothing_stamps_after(tag, arrived)
+
+
+def test_no_process_of_an_e2b_sandbox_executes_after_its_kill(server: ServerHandle) -> None:
+    """The E2B SDK's `kill()` returns once every process of the sandbox is killed."""
+    tag = new_tag()
+    with e2b_environment(server, "e2b_" + "5" * 40):
+        box = Sandbox.create(timeout=120)
+        try:
+            execution = box.run_code(stamping_run(tag, "pass"))
+            assert execution.error is None and "".join(execution.logs.stdout) == "stamping\n", execution
+        finally:
+            box.kill()
+        arrived = time.monotonic_ns() // 1000 % 10**DIGITS
     assert_nothing_stamps_after(tag, arrived)
 
 

@@ -18,7 +18,7 @@ from pydantic import Field, field_validator
 from verl_sf.backends.base import BackendConfigBase, SandboxUnavailable
 from verl_sf.backends.sessions import ServerSessionBackend
 from verl_sf.errors import SessionGone, SnapshotGone
-from verl_sf.executor import Executor, ExecutorConfig, IsolationUnavailable, Overloaded
+from verl_sf.executor import Executor, ExecutorConfig, IsolationUnavailable, Overloaded, closed
 from verl_sf.executor.config import CONFIG_ALIASES
 from verl_sf.models import (
     RunCodeRequest,
@@ -90,7 +90,7 @@ class LocalSandboxBackend(ServerSessionBackend):
         if self._executor is None:
             return
         with contextlib.suppress(SessionGone):  # already gone, which is what was asked
-            self._executor.end_session(session_id)
+            await closed(self._executor.end_session(session_id))
 
     async def _fork_session(self, session_id: str, request: SessionForkRequest) -> list[str]:
         executor = await self._ready()
@@ -105,7 +105,7 @@ class LocalSandboxBackend(ServerSessionBackend):
         if self._executor is None:
             return
         with contextlib.suppress(SnapshotGone):  # already gone, which is what was asked
-            self._executor.delete_snapshot(snapshot_id)
+            await closed(self._executor.delete_snapshot(snapshot_id))
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         executor = await self._ready()

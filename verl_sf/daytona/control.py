@@ -21,7 +21,7 @@ from verl_sf.daytona.sandboxes import (
 )
 from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, http_error, json_body, sandbox_dto, unavailable
 from verl_sf.e2b.sandboxes import GuestError, SandboxGone
-from verl_sf.executor import Overloaded
+from verl_sf.executor import Overloaded, closed
 from verl_sf.pages import BadCursor, page
 from verl_sf.tenancy import key_accepted, owner_of
 
@@ -201,7 +201,7 @@ class ControlPlane:
 
     async def delete(self, request: web.Request) -> web.Response:
         sandbox = self._find(request)
-        self.sandboxes.delete(sandbox)
+        await closed(self.sandboxes.delete(sandbox))
         return self._dto(request, sandbox, state="destroyed")
 
     async def toolbox_proxy_url(self, request: web.Request) -> web.Response:
@@ -220,7 +220,7 @@ class ControlPlane:
 
     async def stop(self, request: web.Request) -> web.Response:
         sandbox = self._find(request)
-        self.sandboxes.stop(sandbox)
+        await closed(self.sandboxes.stop(sandbox))
         if sandbox.spec.auto_delete_min == 0:  # an ephemeral sandbox goes as it stops
             self.sandboxes.delete(sandbox)
             return self._dto(request, sandbox, state="destroyed")

@@ -24,7 +24,7 @@ from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.e2b.sandboxes import Sandboxes as Boxes
 from verl_sf.e2b.sandboxes import SandboxGone
 from verl_sf.errors import CapacityError, ConflictError, NotFoundError
-from verl_sf.executor import Executor
+from verl_sf.executor import Closing, Executor, Reply, closed_now
 from verl_sf.tenancy import Owner, owns
 
 LANGUAGE_LABEL = "code-toolbox-language"  # the SDK's CODE_TOOLBOX_LANGUAGE_LABEL
@@ -203,11 +203,13 @@ class DaytonaSandboxes:
     def owned(self, api_key: str) -> list[DaytonaSandbox]:
         return sorted((s for s in self.all.values() if owns(s.owner, api_key)), key=lambda s: s.created_at)
 
-    def stop(self, sandbox: DaytonaSandbox, reason: str = "it was stopped") -> None:
+    def stop(self, sandbox: DaytonaSandbox, reason: str = "it was stopped") -> Closing[Reply]:
+        """Stop a sandbox now; the future is done once every process of its box is killed."""
         box, sandbox.box = sandbox.box, None
+        ended = closed_now()
         if box is not None:
             with contextlib.suppress(SandboxGone):
-                self.boxes.kill(box.id, f"its Daytona sandbox stopped: {reason}")
+                ended = self.boxes.kill(box.id, f"its Daytona sandbox stopped: {reason}")
         for shell in sandbox.shells.values():
             for command in shell.commands.values():
                 if command.task is not None:
@@ -218,6 +220,7 @@ class DaytonaSandboxes:
         sandbox.state = State.stopped
         sandbox.stop_reason = reason
         sandbox.updated_at = time.time()
+        return ended
 
     async def start_again(self, sandbox: DaytonaSandbox) -> None:
         if sandbox.state is State.started and self._box_gone(sandbox) is None:
@@ -228,10 +231,11 @@ class DaytonaSandboxes:
         sandbox.updated_at = time.time()
         sandbox.touch()
 
-    def delete(self, sandbox: DaytonaSandbox) -> None:
-        self.stop(sandbox, "it was deleted")
+    def delete(self, sandbox: DaytonaSandbox) -> Closing[Reply]:
+        ended = self.stop(sandbox, "it was deleted")
         if self.all.pop(sandbox.id, None) is not None:
             self._names[sandbox.owner].discard(sandbox.spec.name)
+        return ended
 
     def refresh(self, sandbox: DaytonaSandbox) -> None:
         """A started sandbox whose box has ended (evicted, past the server's lifetime) is stopped, saying why."""

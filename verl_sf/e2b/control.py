@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
-from verl_sf.executor import Overloaded
+from verl_sf.executor import Overloaded, closed
 from verl_sf.pages import BadCursor, page
 from verl_sf.tenancy import key_accepted, owner_of
 from verl_sf.validation import first_error
@@ -207,7 +207,7 @@ class ControlPlane:
         sandbox = self._sandbox(request)
         if isinstance(sandbox, web.Response):
             return sandbox
-        self.sandboxes.kill(sandbox.id)
+        await closed(self.sandboxes.kill(sandbox.id))
         return web.Response(status=204)
 
     async def set_timeout(self, request: web.Request) -> web.Response:

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import binascii
 import collections
-import contextlib
 import dataclasses
 import json
 import logging
@@ -23,7 +22,7 @@ from typing import Any, Optional, TypeVar, Union
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.errors import CapacityError, NotFoundError, SessionGone, VerlSfError
-from verl_sf.executor import Executor
+from verl_sf.executor import Closing, Executor, Reply, closed_now
 from verl_sf.models import (
     MAX_TIMEOUT_S,
     RunCodeRequest,
@@ -229,11 +228,14 @@ class Sandboxes:
         self._prune()
         return [sandbox for sandbox in self.live.values() if owns(sandbox.owner, api_key)]
 
-    def kill(self, sandbox_id: str, reason: str = "it was killed") -> None:
+    def kill(self, sandbox_id: str, reason: str = "it was killed") -> Closing[Reply]:
+        """End a sandbox now; the future is done once every process of it is killed (`closed` waits)."""
         sandbox = self.get(sandbox_id)
         self._forget(sandbox, reason)
-        with contextlib.suppress(SessionGone):  # its session ended already
-            self.executor.end_session(sandbox.session_id)
+        try:
+            return self.executor.end_session(sandbox.session_id)
+        except SessionGone:  # its session ended already
+            return closed_now()
 
     def set_timeout(self, sandbox: Sandbox, timeout_s: float) -> None:
         sandbox.end_at = time.time() + timeout_s

@@ -31,7 +31,7 @@ from verl_sf.executor.session_table import SessionRecord, SessionTable
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.snapshot_table import Snapshot, SnapshotTable
 from verl_sf.executor.zygote.messages import Reply, SessionCallBody, SessionCallHead
-from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, encode_body
+from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, closed_now, encode_body
 from verl_sf.models import (
     CommandRunResult,
     CommandRunStatus,
@@ -434,17 +434,18 @@ class Executor:
         except (OSError, ValueError):
             return None
 
-    def end_session(self, session_id: str) -> None:
-        self._end(self._table.get(session_id), "ended by DELETE /sessions")
+    def end_session(self, session_id: str) -> asyncio.Future[Reply]:
+        """End a session now; the future is done once every process of it is killed (`closed` waits for it)."""
+        return self._end(self._table.get(session_id), "ended by DELETE /sessions")
 
     def interrupt_session(self, session_id: str) -> None:
         """Interrupt the session's call in progress, if any, as at its time-out (its state is kept)."""
         session = self._table.get(session_id)
         session.zygote.interrupt_session(session.open_id)
 
-    def _end(self, session: SessionRecord, reason: str) -> None:
+    def _end(self, session: SessionRecord, reason: str) -> asyncio.Future[Reply]:
         self._table.forget(session, reason)
-        session.zygote.close_session(session.open_id)
+        return session.zygote.close_session(session.open_id)
 
     def _session_died(self, open_id: int, reason: str) -> None:
         session = self._table.by_open_id(open_id)
@@ -512,12 +513,14 @@ class Executor:
     def snapshots(self) -> list[SnapshotInfo]:
         return [self.snapshot_info(snapshot_id) for snapshot_id in list(self._snapshots.live)]
 
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        self._drop_snapshot(self._snapshots.get(snapshot_id), "deleted by DELETE /snapshots")
+    def delete_snapshot(self, snapshot_id: str) -> asyncio.Future[Reply]:
+        """Drop a snapshot now; the future is done once every process of it is killed."""
+        return self._drop_snapshot(self._snapshots.get(snapshot_id), "deleted by DELETE /snapshots")
 
-    def _drop_snapshot(self, snapshot: Snapshot, reason: str) -> None:
+    def _drop_snapshot(self, snapshot: Snapshot, reason: str) -> asyncio.Future[Reply]:
         if self._snapshots.forget(snapshot, reason):
-            snapshot.zygote.close_session(snapshot.open_id)
+            return snapshot.zygote.close_session(snapshot.open_id)
+        return closed_now()
 
     async def _start_from(self, request: SessionCreateRequest) -> SessionInfo:
         assert request.from_snapshot is not None

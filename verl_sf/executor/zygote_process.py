@@ -32,6 +32,8 @@ from verl_sf.executor.zygote.messages import (
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
 PARSE_IN_THREAD_BYTES = 1 << 20  # replies this large are parsed off the event loop
+CLOSE_WAIT = 10.0  # seconds a session's end waits for the zygote to have killed it
+Closing = asyncio.Future  # a session's end: done once every process of it is killed
 
 
 class SandboxCrashed(VerlSfError, RuntimeError):
@@ -162,17 +164,25 @@ class ZygoteProcess:
         self.sessions.update(copy["id"] for copy in reply.get("sessions", []))
         return reply
 
-    def close_session(self, open_id: int) -> None:
-        if open_id in self.sessions:
-            self.sessions.discard(open_id)
-            self.send({"op": "close", "id": next_id(), "session": open_id})
+    def close_session(self, open_id: int) -> Closing[Reply]:
+        """End a session; the future is done once every process of it is killed (its teardown comes
+        after), or at once if there is nothing to end here."""
+        if open_id not in self.sessions or self.process is None or self.process.returncode is not None:
+            return closed_now()
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.sessions.discard(open_id)
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())  # a crash here is no one's error
+        job_id = next_id()
+        self.pending[job_id] = future
+        self._write({"op": "close", "id": job_id, "session": open_id}, b"")
+        return future
 
     def interrupt_session(self, open_id: int) -> None:
         if open_id in self.sessions:
             self.send({"op": "interrupt", "id": next_id(), "session": open_id})
 
     def send(self, head: Head) -> None:
-        """A request that has no reply (cancel, close)."""
+        """A request that has no reply (cancel, interrupt)."""
         if self.process is not None and self.process.returncode is None:
             self._write(head, b"")
 
@@ -195,3 +205,17 @@ class ZygoteProcess:
 def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:
     """A body as one line of JSON (json.dumps escapes every newline and tab)."""
     return json.dumps(body).encode()
+
+
+def closed_now() -> Closing[Reply]:
+    """What `close_session` answers where there is nothing left to kill."""
+    future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    future.set_result({})
+    return future
+
+
+async def closed(future: Closing[Reply], timeout: float = CLOSE_WAIT) -> None:
+    """Wait for a close to have killed every process of its session (a crashed sandbox took them with
+    it; past `timeout` the caller goes on without the answer)."""
+    with contextlib.suppress(SandboxCrashed, asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(future), timeout)

@@ -21,7 +21,7 @@ from verl_sf import __version__
 from verl_sf.daytona import DAYTONA_SANDBOXES_KEY, DaytonaConfig, install_daytona
 from verl_sf.e2b import SANDBOXES_KEY, E2BConfig, install_e2b
 from verl_sf.errors import SessionGone
-from verl_sf.executor import Executor, ExecutorConfig
+from verl_sf.executor import Executor, ExecutorConfig, closed
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.fleet import FleetMember, FleetRouting
@@ -115,7 +115,7 @@ async def get_session(request: web.Request) -> web.Response:
 
 async def delete_session(request: web.Request) -> web.Response:
     try:
-        get_executor(request).end_session(request.match_info["session_id"])
+        await closed(get_executor(request).end_session(request.match_info["session_id"]))
     except SessionGone as exc:
         return refuse(request, exc)
     return web.json_response({"session_id": request.match_info["session_id"], "ended": True})

@@ -10,6 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from verl_sf.errors import SnapshotGone
+from verl_sf.executor import closed
 from verl_sf.models import SessionForkRequest, SnapshotList
 from verl_sf.server.rejections import REFUSALS, refuse
 from verl_sf.server.requests import get_executor, parse
@@ -51,7 +52,7 @@ async def get_snapshot(request: web.Request) -> web.Response:
 async def delete_snapshot(request: web.Request) -> web.Response:
     snapshot_id = request.match_info["snapshot_id"]
     try:
-        get_executor(request).delete_snapshot(snapshot_id)
+        await closed(get_executor(request).delete_snapshot(snapshot_id))
     except SnapshotGone as exc:
         return refuse(request, exc)
     return web.json_response({"snapshot_id": snapshot_id, "deleted": True})

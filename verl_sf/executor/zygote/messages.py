@@ -220,6 +220,7 @@ class Reply(StageResult, total=False):
     group: Optional[str]  # a new session's cgroup, below the sandbox's (its memory use is read there)
     sessions: list[ForkedSession]  # a fork's copies
     busy: bool  # a fork refused for the session's state (a call, threads, background processes), not a fault
+    closed: bool  # a close's answer: every process of the session is killed
 
 
 ZYGOTE_LEAF = "zygote"

@@ -207,6 +207,7 @@ class SessionJob(Job):
             self._end_rest(zygote)
         else:
             super().kill(zygote, reason)
+            procfs.kill_all(self.pid)  # all of it now, not when its PID 1's exit ends its namespace
 
     def _end_rest(self, zygote: Zygote) -> None:
         """The interpreter and everything of the session's own ends; PID 1 lives on while forks do

@@ -170,6 +170,7 @@ class Zygote:
             closed = self.sessions.get(head["session"])
             if closed is not None:
                 closed.kill(self, "closed")
+            self.reply({"id": head["id"], "closed": True})  # every process of it killed: none runs code again
         elif head["op"] == "interrupt":
             interrupted = self.sessions.get(head["session"])
             if interrupted is not None:
