@@ -174,6 +174,17 @@ def test_jupyter_cell_timeout_and_total_timeout_are_enforced(sf_server: ServerHa
     assert body["cells"][2]["error"][0]["ename"] == "TimeoutError"
 
 
+def test_a_copy_a_cell_forks_runs_no_further_cells_of_the_kernel(sf_server: ServerHandle) -> None:
+    """One result per cell sent, each the kernel's own: a forked copy ends as its cell does (red team 2026-11-27)."""
+    cells = ["import os, time\npid = os.fork()\nprint('forked', bool(pid))\nif pid: os.waitpid(pid, 0)",
+             "print('cell2 from', 'kernel' if pid else 'copy')", "print('cell3 from', 'kernel' if pid else 'copy')"]
+    body = requests.post(sf_server.url + "/run_jupyter", json={"cells": cells}, timeout=60).json()
+    assert body["status"] == "Success", body
+    shown = [cell["stdout"] for cell in body["cells"]]
+    assert len(shown) == 3 and sorted(shown[0].splitlines()) == ["forked False", "forked True"], shown
+    assert shown[1:] == ["cell2 from kernel\n", "cell3 from kernel\n"], shown
+
+
 def test_jupyter_files_round_trip(sf_server: ServerHandle) -> None:
     body = requests.post(sf_server.url + "/run_jupyter", json={
         "cells": ["t = open('in.txt').read()", "open('out.txt', 'w').write(t * 2)"],

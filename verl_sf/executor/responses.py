@@ -75,7 +75,8 @@ def jupyter_response(reply: Reply, n_cells: int, timeout: float, context: Respon
                                   executor_pod_name=context.pod_name, queue_wait=context.queue_wait,
                                   session_id=context.session_id)
     driver = command_result(reply, context)
-    cells = [CellRunResult(**cell) for cell in reply.get("cells", [])]
+    # One per cell sent, at most: more can only come from the run's own code (a forked copy writing records).
+    cells = [CellRunResult(**cell) for cell in reply.get("cells", [])[:n_cells]]
     if driver.status == CommandRunStatus.TimeLimitExceeded:
         message = f"total_timeout of {timeout:g} s exceeded after {len(cells)} of {n_cells} cells"
         cells += [CellRunResult(error=[{"ename": "TimeoutError", "evalue": message, "traceback": []}])

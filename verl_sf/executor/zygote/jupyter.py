@@ -53,6 +53,7 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
 
     signal.signal(signal.SIGALRM, _alarm)
     room = [output_limit, output_limit]  # what is left of each stream's limit, over all cells
+    driver = os.getpid()
     try:
         shell: Optional[Any] = ipython_shell.shell_for(namespace)
         missing = ""
@@ -73,6 +74,8 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
                                       "traceback": user_traceback(exc)})
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if os.getpid() != driver:  # a copy the cell forked, back in the driver: the cells are the kernel's
+            os._exit(0)
         texts = []
         cut = False
         for which, (stream, fd) in enumerate(((sys.stdout, captures[0]), (sys.stderr, captures[1]))):
