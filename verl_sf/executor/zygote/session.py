@@ -68,7 +68,8 @@ class SessionJob(Job):
     def background(self) -> list[int]:
         """The session's processes beside its interpreter (its own, root's, or orphans PID 1 took in)."""
         own = (self.interpreter, self.root_helper)
-        return [*procfs.children(self.interpreter), *procfs.children(self.root_helper),
+        rooted = procfs.children(self.root_helper) if self.root_helper > 0 else []
+        return [*procfs.children(self.interpreter), *rooted,
                 *(pid for pid in procfs.children(self.pid) if pid not in own and pid not in self.fork_inits)]
 
     def register(self, zygote: Zygote) -> None:
