@@ -27,7 +27,7 @@ def test_gpu_runs_take_the_gpus_sandbox_and_slot(monkeypatch: pytest.MonkeyPatch
     async def scenario() -> None:
         config = ExecutorConfig(gpus="all", sandboxes=1, preload=())
         async with executor_module.Executor(config) as executor:
-            assert "python_gpu" in executor.languages()
+            assert "python_gpu" in executor.status().languages
             shown = await executor.run_code(RunCodeRequest(code=SHOW, language="python_gpu"))
             assert shown.run_result is not None and shown.run_result.stdout.split() == [STAND_IN.uuid, "PCI_BUS_ID",
                                                                                          "True"]
@@ -36,7 +36,7 @@ def test_gpu_runs_take_the_gpus_sandbox_and_slot(monkeypatch: pytest.MonkeyPatch
             assert plain.run_result is not None and plain.run_result.stdout == "False\n"  # CPU runs: no GPU named
             hog = asyncio.ensure_future(executor.run_code(RunCodeRequest(code="while True: pass", language="python_gpu",
                                                                          run_timeout=2)))
-            while executor.gpus_status()["free_slots"] != {"0": 0}:
+            while executor.status().gpus["free_slots"] != {"0": 0}:
                 await asyncio.sleep(0.01)
             started = time.monotonic()
             refused = await executor.run_code(RunCodeRequest(code="print(1)", language="python_gpu", run_timeout=0.5))
@@ -45,7 +45,7 @@ def test_gpu_runs_take_the_gpus_sandbox_and_slot(monkeypatch: pytest.MonkeyPatch
             assert 0.5 <= time.monotonic() - started < 2.0
             killed = await hog
             assert killed.run_result is not None and killed.run_result.status == "TimeLimitExceeded"
-            assert executor.gpus_status() == {"gpus": [0], "runs_per_gpu": 1, "free_slots": {"0": 1}, "waiting": 0}
+            assert executor.status().gpus == {"gpus": [0], "runs_per_gpu": 1, "free_slots": {"0": 1}, "waiting": 0}
             after = await executor.run_code(RunCodeRequest(code="print(2)", language="python_gpu", run_timeout=1))
             assert after.status == "Success" and after.run_result is not None and after.run_result.stdout == "2\n"
 

@@ -30,6 +30,7 @@ from verl_sf.executor.sandbox import SandboxLauncher
 from verl_sf.executor.session_table import SessionRecord, SessionTable
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.snapshot_table import Snapshot, SnapshotTable
+from verl_sf.executor.status import ExecutorStats, ExecutorStatus
 from verl_sf.executor.zygote.messages import Reply, SessionCallBody, SessionCallHead
 from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, closed_now, encode_body
 from verl_sf.models import (
@@ -50,7 +51,7 @@ from verl_sf.models import (
 log = logging.getLogger(__name__)
 STDLIB, FULL = "stdlib", "full"  # interpreter flavors beside one per preloaded library
 
-__all__ = ["Executor", "ExecutorStats", "ForkFailed", "InvalidRequest", "Overloaded"]
+__all__ = ["Executor", "ExecutorStats", "ExecutorStatus", "ForkFailed", "InvalidRequest", "Overloaded"]
 # A fork's first call, when the request asks its random generators reseeded (they otherwise
 # draw what the parent would have drawn next, as after fork(2)).
 RESEED = {"python": "import random as _r, sys as _s\n_r.seed()\nif 'numpy' in _s.modules:\n"
@@ -65,17 +66,6 @@ def gpu_flavor(index: int) -> str:
 # far alone, so the copies do not write (and so copy) every page of them on their first collection.
 FREEZE = "import gc as _gc\n_gc.freeze()\ndel _gc\n"
 
-
-
-@dataclasses.dataclass
-class ExecutorStats:
-    in_flight: int = 0
-    rejected: int = 0
-    cancelled: int = 0
-    cpu_starved: int = 0
-    sessions_created: int = 0
-    sessions_expired: int = 0
-    sessions_killed: int = 0
 
 
 class Executor:
@@ -138,7 +128,7 @@ class Executor:
                 launcher = SandboxLauncher(self.config, self.toolchains, extra_etc, self.rung, gpu=view)
                 self._gpu_launchers.append(launcher)
                 self._zygotes[gpu_flavor(view.index)] = [self._zygote(STDLIB, 0, launcher, gpu_flavor(view.index))]
-        heavy = self.preloaded()
+        heavy = self._preloaded()
         if self.config.fast_path and heavy:
             self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, heavy)) + r")\b")
         for flavor in [STDLIB, *heavy, *([FULL] if len(heavy) > 1 else [])]:
@@ -199,45 +189,36 @@ class Executor:
         where the sandbox has user namespaces (zygote/root.py)."""
         return self.rung.offers_root
 
-    def languages(self) -> list[str]:
-        return self.toolchains.available_languages() if self.toolchains else []
+    def status(self) -> ExecutorStatus:
+        """A snapshot of what the executor holds and how it isolates (status.py)."""
+        config, toolchains, gpu_slots = self.config, self.toolchains, self.gpu_slots
+        running = {flavor: sum(1 for z in group if z.process is not None and z.process.returncode is None)
+                   for flavor, group in self._zygotes.items()}  # heavy flavors start on first use
+        gpus: dict[str, object] = {"gpus": []}
+        if gpu_slots is not None:
+            gpus = {"gpus": gpu_slots.indices, "runs_per_gpu": gpu_slots.per_gpu,
+                    "free_slots": {str(i): gpu_slots.free[i] for i in gpu_slots.indices}, "waiting": gpu_slots.waiting}
+        cgroups = "off" if self.cgroups is None else "on" if self.cgroups.available else self.cgroups.reason
+        limits = self.rung.limits(self.cgroups is not None and self.cgroups.available)
+        if self.rung.confined:
+            assert self._launcher is not None
+            limits.update(self._launcher.uid_status())
+        return ExecutorStatus(
+            faults={z.name: z.fault for group in self._zygotes.values() for z in group if z.fault},
+            isolation=self.isolation, cgroups=cgroups, fast_path=config.fast_path, preloaded=self._preloaded(),
+            warm_interpreters={flavor: count for flavor, count in running.items() if count},
+            languages=toolchains.available_languages() if toolchains else [],
+            missing_languages=toolchains.missing_summary() if toolchains else {}, limits=limits,
+            slots=config.slots, sandboxes=config.sandboxes, in_flight=self.stats.in_flight, queued=self.slots.waiting,
+            gpus=gpus, max_in_flight=config.max_in_flight, sessions=len(self.sessions),
+            max_sessions=config.max_sessions, snapshots=len(self._snapshots.live), max_snapshots=config.max_snapshots,
+            counts=dataclasses.replace(self.stats))
 
-    def preloaded(self) -> list[str]:
+    def _preloaded(self) -> list[str]:
         """The heavy libraries served from warm interpreters (those the runtime has)."""
         if self.toolchains is None:
             return []
         return [name for name in self.config.preload if name in self.toolchains.importable]
-
-    def warm_interpreters(self) -> dict[str, int]:
-        """Running warm interpreters by flavor (heavy ones start on first use)."""
-        running = {flavor: sum(1 for z in group if z.process is not None and z.process.returncode is None)
-                   for flavor, group in self._zygotes.items()}
-        return {flavor: count for flavor, count in running.items() if count}
-
-    def faults(self) -> dict[str, str]:
-        """Sandboxes whose last reply reader failed, by name, with why."""
-        return {z.name: z.fault for group in self._zygotes.values() for z in group if z.fault}
-
-    def gpus_status(self) -> dict[str, object]:
-        """The GPUs runs get (--gpus), free slots per GPU and runs waiting for one."""
-        if self.gpu_slots is None:
-            return {"gpus": []}
-        return {"gpus": self.gpu_slots.indices, "runs_per_gpu": self.gpu_slots.per_gpu,
-                "free_slots": {str(i): self.gpu_slots.free[i] for i in self.gpu_slots.indices},
-                "waiting": self.gpu_slots.waiting}
-
-    def cgroups_status(self) -> str:
-        if self.cgroups is None:
-            return "off"
-        return "on" if self.cgroups.available else self.cgroups.reason
-
-    def limits_status(self) -> dict[str, str]:
-        """How each cap is enforced here, for /health: nothing is silently missing."""
-        status = self.rung.limits(self.cgroups is not None and self.cgroups.available)
-        if self.rung.confined:
-            assert self._launcher is not None
-            status.update(self._launcher.uid_status())
-        return status
 
     # ---- admission -------------------------------------------------------------------------
     def _admit(self, memory_mb: int, caller: Optional[SessionRecord] = None) -> None:

@@ -135,30 +135,13 @@ async def ping(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    executor = get_executor(request)
-    faults = executor.faults()  # a sandbox whose reader failed is not ok until it answers again
+    status = get_executor(request).status()
+    faults = status.faults  # a sandbox whose reader failed is not ok until it answers again
     return web.json_response(status=503 if faults else 200, data={
         "status": "unhealthy" if faults else "ok",
         "faults": faults,
         "version": __version__,
-        "isolation": executor.isolation,
-        "cgroups": executor.cgroups_status(),
-        "fast_path": executor.config.fast_path,
-        "preloaded": executor.preloaded(),
-        "warm_interpreters": executor.warm_interpreters(),
-        "languages": executor.languages(),
-        "missing_languages": executor.toolchains.missing_summary() if executor.toolchains else {},
-        "limits": executor.limits_status(),
-        "slots": executor.config.slots,
-        "sandboxes": executor.config.sandboxes,
-        "in_flight": executor.stats.in_flight,
-        "queued": executor.slots.waiting,
-        "gpus": executor.gpus_status(),
-        "max_in_flight": executor.config.max_in_flight,
-        "sessions": len(executor.sessions),
-        "max_sessions": executor.config.max_sessions,
-        "snapshots": len(executor.snapshots()),
-        "max_snapshots": executor.config.max_snapshots,
+        **status.health(),
         "connections": request.app[CONNECTIONS_KEY].open,
         "max_connections": request.app[CONNECTIONS_KEY].maximum,
     })

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Optional
+from typing import Optional, Union
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from verl_sf.executor import Executor
+from verl_sf.executor.status import ExecutorStatus
 from verl_sf.models import RunStatus
 from verl_sf.server.connections import ConnectionLimit
 
@@ -30,31 +31,7 @@ class ServerMetrics:
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rejections = Counter("verl_sf_rejections", "Requests refused before running, by reason",
                                   ["reason"], registry=self.registry)
-        gauges = {
-            "verl_sf_runs_in_flight": ("Runs admitted and not yet answered", lambda: executor.stats.in_flight),
-            "verl_sf_queue_depth": ("Runs waiting for a CPU slot", lambda: executor.slots.waiting),
-            "verl_sf_slots": ("CPU slots: runs in their first CPU slice at once", lambda: executor.config.slots),
-            "verl_sf_sessions_live": ("Live sessions", lambda: len(executor.sessions)),
-            "verl_sf_connections_open": ("Open client connections", lambda: connections.open),
-        }
-        for name, (doc, read) in gauges.items():
-            Gauge(name, doc, registry=self.registry).set_function(read)
-        counters = {
-            "verl_sf_runs_cancelled": ("Runs dropped because their client went away", lambda: executor.stats.cancelled),
-            "verl_sf_cpu_starved_timeouts": ("Time-outs in which the run mostly waited for a CPU",
-                                             lambda: executor.stats.cpu_starved),
-            "verl_sf_sessions_created": ("Sessions created", lambda: executor.stats.sessions_created),
-            "verl_sf_sessions_expired": ("Sessions ended by idle TTL or maximum lifetime",
-                                         lambda: executor.stats.sessions_expired),
-            "verl_sf_sessions_killed": ("Sessions that died (memory, exit, time-out kill)",
-                                        lambda: executor.stats.sessions_killed),
-            "verl_sf_connections_evicted": ("Waiting connections closed at --max-connections to let a new one in",
-                                            lambda: connections.evicted),
-            "verl_sf_connections_refused": ("New connections answered 503: every open one was busy",
-                                            lambda: connections.refused),
-        }
-        for name, (doc, read) in counters.items():
-            _FunctionCounter(name, doc, read, self.registry)
+        self.registry.register(_StatusCollector(executor, connections))
 
     def record_run(self, endpoint: str, language: str, status: RunStatus, queue_wait: Optional[float],
                    seconds: float) -> None:
@@ -68,12 +45,40 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class _FunctionCounter(Collector):
-    """A counter whose value the executor keeps (exposed as `<name>_total`, as Prometheus counters are)."""
+GAUGES: dict[str, tuple[str, Callable[[ExecutorStatus, ConnectionLimit], float]]] = {
+    "verl_sf_runs_in_flight": ("Runs admitted and not yet answered", lambda status, _: status.in_flight),
+    "verl_sf_queue_depth": ("Runs waiting for a CPU slot", lambda status, _: status.queued),
+    "verl_sf_slots": ("CPU slots: runs in their first CPU slice at once", lambda status, _: status.slots),
+    "verl_sf_sessions_live": ("Live sessions", lambda status, _: status.sessions),
+    "verl_sf_connections_open": ("Open client connections", lambda _, connections: connections.open),
+}
+COUNTERS: dict[str, tuple[str, Callable[[ExecutorStatus, ConnectionLimit], float]]] = {
+    "verl_sf_runs_cancelled": ("Runs dropped because their client went away",
+                               lambda status, _: status.counts.cancelled),
+    "verl_sf_cpu_starved_timeouts": ("Time-outs in which the run mostly waited for a CPU",
+                                     lambda status, _: status.counts.cpu_starved),
+    "verl_sf_sessions_created": ("Sessions created", lambda status, _: status.counts.sessions_created),
+    "verl_sf_sessions_expired": ("Sessions ended by idle TTL or maximum lifetime",
+                                 lambda status, _: status.counts.sessions_expired),
+    "verl_sf_sessions_killed": ("Sessions that died (memory, exit, time-out kill)",
+                                lambda status, _: status.counts.sessions_killed),
+    "verl_sf_connections_evicted": ("Waiting connections closed at --max-connections to let a new one in",
+                                    lambda _, connections: connections.evicted),
+    "verl_sf_connections_refused": ("New connections answered 503: every open one was busy",
+                                    lambda _, connections: connections.refused),
+}
 
-    def __init__(self, name: str, documentation: str, read: Callable[[], float], registry: CollectorRegistry):
-        self._name, self._documentation, self._read = name, documentation, read
-        registry.register(self)
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily(self._name, self._documentation, value=self._read())
+class _StatusCollector(Collector):
+    """The executor's gauges and counters, from one status snapshot per scrape (counters are exposed
+    as `<name>_total`, as Prometheus counters are)."""
+
+    def __init__(self, executor: Executor, connections: ConnectionLimit):
+        self._executor, self._connections = executor, connections
+
+    def collect(self) -> Iterator[Union[GaugeMetricFamily, CounterMetricFamily]]:
+        status = self._executor.status()
+        for name, (documentation, read) in GAUGES.items():
+            yield GaugeMetricFamily(name, documentation, value=read(status, self._connections))
+        for name, (documentation, read) in COUNTERS.items():
+            yield CounterMetricFamily(name, documentation, value=read(status, self._connections))
