@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Union
+
+from verl_sf.models import RunCodeResponse, RunJupyterResponse
 
 
 @dataclasses.dataclass
@@ -17,6 +20,11 @@ class ExecutorStats:
     sessions_created: int = 0
     sessions_expired: int = 0
     sessions_killed: int = 0
+
+    def count(self, response: Union[RunCodeResponse, RunJupyterResponse]) -> None:
+        """Count what a response says of its runs (now: whether they were starved of CPU)."""
+        results = [getattr(response, "run_result", None), getattr(response, "driver", None)]
+        self.cpu_starved += sum(1 for result in results if result is not None and result.cpu_starved)
 
 
 @dataclasses.dataclass(frozen=True)
