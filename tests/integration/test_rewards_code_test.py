@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from verl_sf.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus
-from verl_sf.rewards import CodeTaskError, CodeTestReward, Outcome
+from verl_sf.rewards import CodeTaskError, CodeTestReward, Outcome, sandbox_harness
 from verl_sf.rewards.code_harness import (
     Candidate,
     CodeTask,
@@ -77,8 +77,23 @@ def test_bad_tasks_are_typed_errors_naming_the_task_and_field(spec: object, mess
 
 
 def _run(harness: str) -> str:
-    """The harness is our own trusted code around a hand-written body: plain python runs it here."""
-    return subprocess.run([sys.executable, "-c", harness], capture_output=True, text=True, timeout=60).stdout
+    """The harness is our own trusted code around a hand-written body: plain python runs it here, without
+    site-packages and away from this checkout, so the standard library is all it has, as in the sandbox."""
+    return subprocess.run([sys.executable, "-S", "-c", harness], capture_output=True, text=True, timeout=60,
+                          cwd="/").stdout
+
+
+def test_the_shipped_harness_is_its_parts_in_one_namespace() -> None:
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(sandbox_harness.source(), "verl_sf_harness.py", "exec"), namespace)
+    for part in sandbox_harness.PARTS:
+        assert {name for name in vars(part) if not name.startswith("__")} <= namespace.keys(), part.__name__
+
+
+def test_a_harness_part_imports_only_the_parts_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox_harness, "PARTS", sandbox_harness.PARTS[::-1])
+    with pytest.raises(RuntimeError, match="names of earlier parts"):
+        sandbox_harness.source()
 
 
 def _reference(task: CodeTask) -> TaskReference:

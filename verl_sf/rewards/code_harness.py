@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import importlib.util
-import inspect
 import itertools
 import json
 import marshal
@@ -121,7 +120,7 @@ class Candidate:
 
 # ---- the two runs: their code, and what they print ------------------------------------------------------------------
 
-HARNESS_SOURCE = inspect.getsource(sandbox_harness)
+HARNESS_SOURCE = sandbox_harness.source()
 
 
 def _shipped(source: str) -> str:
