@@ -23,6 +23,7 @@ from typing import Any, Optional, TypeVar, Union
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.errors import CapacityError, NotFoundError, SessionGone, VerlSfError
 from verl_sf.executor import Closing, Executor, Reply, closed_now
+from verl_sf.executor.live_table import LiveTable
 from verl_sf.models import (
     MAX_TIMEOUT_S,
     RunCodeRequest,
@@ -132,10 +133,10 @@ class Sandboxes:
     def __init__(self, executor: Executor, config: E2BConfig):
         self.executor = executor
         self.config = config
-        self.live: dict[str, Sandbox] = {}
+        self.table: LiveTable[str, Sandbox, Ended] = LiveTable(lambda sandbox: sandbox.id, ENDED_KEPT)
+        """The live sandboxes by id, and what is kept of ended ones."""
         self._opening: collections.Counter[Optional[Owner]] = collections.Counter()
         """Sandboxes starting (their session on the way), by owner."""
-        self._ended: collections.OrderedDict[str, Ended] = collections.OrderedDict()
         self._reaper: Optional[asyncio.Task[None]] = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -145,16 +146,18 @@ class Sandboxes:
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
-        for sandbox in list(self.live.values()):
+        for sandbox in list(self.table.live.values()):
             self.kill(sandbox.id, "the server stopped")
 
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(self.config.reap_interval_s)
-            now = time.time()
-            for sandbox in list(self.live.values()):
-                if sandbox.end_at <= now:
-                    self.kill(sandbox.id, "it reached its timeout")
+            self.reap(time.time())
+
+    def reap(self, now: float) -> None:
+        """Kill the sandboxes past their timeout (Unix time `now`)."""
+        for sandbox, reason in self.table.due(lambda s: "it reached its timeout" if s.end_at <= now else None):
+            self.kill(sandbox.id, reason)
 
     @property
     def max_timeout_s(self) -> float:
@@ -167,12 +170,12 @@ class Sandboxes:
         """A new sandbox of `owner` (verl_sf.tenancy; None: of no API key, so no key lists or reaches it);
         `home_alias` is the home its files calls show for the session's (None: the real path)."""
         self._prune()
-        if len(self.live) + sum(self._opening.values()) >= self.config.max_sandboxes:
+        if len(self.table) + sum(self._opening.values()) >= self.config.max_sandboxes:
             raise TooManySandboxes(f"{self.config.max_sandboxes} sandboxes are running or starting, the server's cap "
                                    f"(max_sandboxes); kill some or wait for their timeout")
         per_key = self.config.max_sandboxes_per_key
         if owner is not None and per_key is not None and \
-                sum(s.owner == owner for s in self.live.values()) + self._opening[owner] >= per_key:
+                sum(s.owner == owner for s in self.table.live.values()) + self._opening[owner] >= per_key:
             raise TooManySandboxes(f"this key has {per_key} sandboxes running or starting, the server's cap per key "
                                    f"(max_sandboxes_per_key); kill some or wait for their timeout")
         self._opening[owner] += 1  # a place is taken from the first await on: a burst cannot pass the caps
@@ -190,7 +193,7 @@ class Sandboxes:
                           metadata=metadata,
                           started_at=now, end_at=now + timeout_s, default_context=secrets.token_hex(16))
         sandbox.contexts[sandbox.default_context] = Context(sandbox.default_context, "python", "/home/user")
-        self.live[sandbox.id] = sandbox
+        self.table.add(sandbox)
         try:
             setup = {"envs": envs, "default_context": sandbox.default_context, "home_alias": home_alias}
             await self.call_python(sandbox, call_code("setup", setup), 30.0)
@@ -201,10 +204,10 @@ class Sandboxes:
 
     def record(self, sandbox_id: str) -> Union[Sandbox, Ended, None]:
         """The live sandbox by that id, what is kept of an ended one, or None; the same lookups whichever."""
-        sandbox = self.live.get(sandbox_id)
+        sandbox = self.table.live.get(sandbox_id)
         if sandbox is not None and sandbox.session_id not in self.executor.sessions:
             self._forget(sandbox, "its session ended")
-        return self.live.get(sandbox_id) or self._ended.get(sandbox_id)
+        return self.table.live.get(sandbox_id) or self.table.ended(sandbox_id)
 
     def get(self, sandbox_id: str) -> Sandbox:
         record = self.record(sandbox_id)
@@ -220,13 +223,13 @@ class Sandboxes:
         return self.get(sandbox_id)
 
     def end_reason(self, sandbox_id: str) -> Optional[str]:
-        ended = self._ended.get(sandbox_id)
+        ended = self.table.ended(sandbox_id)
         return ended.reason if ended is not None else None
 
     def listing(self, api_key: str) -> list[Sandbox]:
         """`api_key`'s live sandboxes."""
         self._prune()
-        return [sandbox for sandbox in self.live.values() if owns(sandbox.owner, api_key)]
+        return [sandbox for sandbox in self.table.live.values() if owns(sandbox.owner, api_key)]
 
     def kill(self, sandbox_id: str, reason: str = "it was killed") -> Closing[Reply]:
         """End a sandbox now; the future is done once every process of it is killed (`closed` waits)."""
@@ -245,16 +248,12 @@ class Sandboxes:
         sandbox.end_at = max(sandbox.end_at, time.time() + timeout_s)
 
     def _forget(self, sandbox: Sandbox, reason: str) -> None:
-        if self.live.pop(sandbox.id, None) is None:
-            return
-        self._ended[sandbox.id] = Ended(reason, sandbox.owner, sandbox.access_token, sandbox.traffic_token)
-        while len(self._ended) > ENDED_KEPT:
-            self._ended.popitem(last=False)
+        self.table.forget(sandbox, Ended(reason, sandbox.owner, sandbox.access_token, sandbox.traffic_token))
 
     def _prune(self) -> None:
-        for sandbox in list(self.live.values()):
-            if sandbox.session_id not in self.executor.sessions:
-                self._forget(sandbox, "its session ended")
+        sessions = self.executor.sessions
+        for sandbox, reason in self.table.due(lambda s: None if s.session_id in sessions else "its session ended"):
+            self._forget(sandbox, reason)
 
     # ---- calls into the sandbox ----------------------------------------------------------------
     async def call(self, sandbox: Sandbox, operation: str, args: dict[str, Any], timeout_s: float = 60.0) -> Any:

@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from verl_sf.errors import SessionGone
-from verl_sf.executor.live_table import LiveTable
+from verl_sf.executor.live_table import ZygoteTable
 from verl_sf.executor.zygote_process import ZygoteProcess
 
 ENDED_SESSIONS_KEPT = 100_000  # ended sessions whose reason a late call can still be told
@@ -37,7 +37,7 @@ class SessionRecord:
     busy: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
-class SessionTable(LiveTable[SessionRecord]):
+class SessionTable(ZygoteTable[SessionRecord]):
     def __init__(self) -> None:
         super().__init__(secrets.token_hex(3), ENDED_SESSIONS_KEPT)
         self.opening = 0  # sessions being created: they count against the cap already
@@ -49,7 +49,7 @@ class SessionTable(LiveTable[SessionRecord]):
         session = self.live.get(session_id)
         if session is not None:
             return session
-        reason = self.ended_reason(session_id)
+        reason = self.ended(session_id)
         if reason is None:
             if not session_id.startswith(self.boot_tag + "-") and _SESSION_ID.fullmatch(session_id):
                 reason = "the server restarted since it was created: sessions do not survive a restart"
@@ -62,12 +62,13 @@ class SessionTable(LiveTable[SessionRecord]):
         return sorted((s for s in self.live.values() if not s.busy.locked()), key=lambda s: s.idle_since)
 
     def expired(self, now: float, max_lifetime_s: float) -> list[tuple[SessionRecord, str]]:
-        """Idle sessions past their idle TTL or the maximum lifetime, with why."""
-        due = []
-        for session in self.idle():
+        """Idle sessions past their idle TTL or the maximum lifetime, with why, the longest idle first."""
+        def why(session: SessionRecord) -> Optional[str]:
+            if session.busy.locked():
+                return None
             if now - session.idle_since > session.idle_ttl_s:
-                due.append((session, f"expired: idle for {now - session.idle_since:.0f} s "
-                                     f"(idle_ttl_s={session.idle_ttl_s:g})"))
-            elif now - session.created_at > max_lifetime_s:
-                due.append((session, f"expired: reached the maximum lifetime of {max_lifetime_s:g} s"))
-        return due
+                return f"expired: idle for {now - session.idle_since:.0f} s (idle_ttl_s={session.idle_ttl_s:g})"
+            if now - session.created_at > max_lifetime_s:
+                return f"expired: reached the maximum lifetime of {max_lifetime_s:g} s"
+            return None
+        return sorted(self.due(why), key=lambda found: found[0].idle_since)

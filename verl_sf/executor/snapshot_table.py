@@ -9,7 +9,7 @@ import secrets
 import time
 
 from verl_sf.errors import SnapshotGone
-from verl_sf.executor.live_table import LiveTable
+from verl_sf.executor.live_table import ZygoteTable
 from verl_sf.executor.zygote_process import ZygoteProcess
 
 ENDED_SNAPSHOTS_KEPT = 10_000  # deleted snapshots whose reason a late request can still be told
@@ -29,7 +29,7 @@ class Snapshot:
     starting: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # starts from it, one at a time
 
 
-class SnapshotTable(LiveTable[Snapshot]):
+class SnapshotTable(ZygoteTable[Snapshot]):
     def __init__(self, boot_tag: str) -> None:
         super().__init__(boot_tag, ENDED_SNAPSHOTS_KEPT)
 
@@ -40,11 +40,12 @@ class SnapshotTable(LiveTable[Snapshot]):
         snapshot = self.live.get(snapshot_id)
         if snapshot is not None:
             return snapshot
-        reason = self.ended_reason(snapshot_id)
+        reason = self.ended(snapshot_id)
         if reason is None:
             restarted = snapshot_id.startswith("snap-") and not snapshot_id.startswith(f"snap-{self.boot_tag}-")
             reason = "the server restarted since it was taken" if restarted else "no such snapshot"
         raise SnapshotGone(snapshot_id, reason)
 
     def expired(self, now: float) -> list[Snapshot]:
-        return [snapshot for snapshot in self.live.values() if now >= snapshot.expires_at]
+        """Snapshots past their TTL."""
+        return [snapshot for snapshot, _ in self.due(lambda s: "expired" if now >= s.expires_at else None)]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import collections
 import dataclasses
 import time
 from typing import Optional
 
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor
+from verl_sf.executor.live_table import LiveTable
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.verl_tool.config import VerlToolConfig
 from verl_sf.verl_tool.programs import build_program
@@ -29,6 +29,7 @@ from verl_sf.verl_tool.sessions import ExecutorSessions, SessionCall
 class Trajectory:
     """What the server keeps of one trajectory between its turns."""
 
+    key: TrajectoryKey
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     last_used: float = dataclasses.field(default_factory=time.monotonic)
     earlier_code: list[str] = dataclasses.field(default_factory=list)
@@ -47,19 +48,19 @@ class Turn:
 
 
 class Trajectories(abc.ABC):
-    """The live trajectories by key (namespace, id), least recently used first, and the keys that expired lately."""
+    """The live trajectories by key (namespace, id), least recently used first, and the keys that expired
+    lately (-> when), remembered for one more TTL to explain a late turn."""
 
     def __init__(self, executor: Executor, config: VerlToolConfig):
         self.executor = executor
         self.config = config
-        self._live: collections.OrderedDict[TrajectoryKey, Trajectory] = collections.OrderedDict()  # LRU first
-        self._expired: collections.OrderedDict[TrajectoryKey, float] = collections.OrderedDict()  # -> when it expired
+        self._table: LiveTable[TrajectoryKey, Trajectory, float] = LiveTable(lambda t: t.key, None)
 
     async def run_turn(self, key: TrajectoryKey, code: str, stdin: Optional[str]) -> Turn:
         while True:
             trajectory, lost_state = self._get(key)
             async with trajectory.lock:
-                if self._live.get(key) is not trajectory:
+                if self._table.live.get(key) is not trajectory:
                     continue  # it finished while this turn waited: the turn starts a new one
                 try:
                     return await self._run(trajectory, code, stdin, lost_state)
@@ -68,39 +69,35 @@ class Trajectories(abc.ABC):
 
     async def end(self, key: TrajectoryKey) -> None:
         """The finish signal: the trajectory's state goes (after a turn of it that is running)."""
-        self._expired.pop(key, None)  # a later turn with this id starts a new trajectory
-        trajectory = self._live.get(key)
+        self._table.drop_ended(key)  # a later turn with this id starts a new trajectory
+        trajectory = self._table.live.get(key)
         if trajectory is None:
             return
         async with trajectory.lock:
-            if self._live.get(key) is trajectory:
-                del self._live[key]
+            if self._table.live.get(key) is trajectory:
+                self._table.remove(trajectory)
                 self._release(trajectory)
 
     def _get(self, key: TrajectoryKey) -> tuple[Trajectory, Optional[str]]:
         self._expire(time.monotonic())
-        trajectory = self._live.get(key)
+        trajectory = self._table.live.get(key)
         if trajectory is not None:
-            self._live.move_to_end(key)
+            self._table.touch(trajectory)
             return trajectory, None
-        trajectory = self._live[key] = Trajectory()
-        if self._expired.pop(key, None) is None:
+        trajectory = Trajectory(key)
+        self._table.add(trajectory)
+        if self._table.drop_ended(key) is None:
             return trajectory, None
         return trajectory, f"it had been idle for more than {self.config.idle_ttl_s:g} s"
 
     def _expire(self, now: float) -> None:
         ttl = self.config.idle_ttl_s
-        idle = []
-        for key, trajectory in self._live.items():
-            if now - trajectory.last_used <= ttl:
-                break
-            if not trajectory.lock.locked():  # a turn running now keeps its trajectory
-                idle.append(key)
-        for key in idle:
-            self._release(self._live.pop(key))
-            self._expired[key] = now
-        while self._expired and now - next(iter(self._expired.values())) > ttl:
-            self._expired.popitem(last=False)  # remembered for one more TTL, to explain a late turn
+        idle = self._table.due(lambda t: None if t.lock.locked() else "idle",  # a turn running now keeps it
+                               stop=lambda t: now - t.last_used <= ttl)  # least recently used first
+        for trajectory, _ in idle:
+            self._table.forget(trajectory, now)
+            self._release(trajectory)
+        self._table.drop_ended_while(lambda expired_at: now - expired_at > ttl)
 
     def _request(self, code: str, stdin: Optional[str]) -> RunCodeRequest:
         return RunCodeRequest(code=code, language="python", run_timeout=self.config.run_timeout, stdin=stdin)
