@@ -7,14 +7,15 @@ from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.jobs import CLIENT_SLACK_S, hand_over, jupyter_job, limits, run_job
 from verl_sf.executor.languages import PreparedSource
 from verl_sf.executor.responses import ResponseContext, jupyter_response, note_session_end, run_response
-from verl_sf.executor.zygote.messages import Reply
+from verl_sf.executor.zygote.messages import CallReply, RunReply
 from verl_sf.models import CommandRunStatus, RunCodeRequest, RunJupyterRequest, RunStatus
 
 CONTEXT = ResponseContext(pod_name="pod", runs_memory_mb=8000, memory_mb=256, queue_wait=0.25, session_id="s1")
 
 
 def test_a_finished_run_is_a_success_with_its_output() -> None:
-    reply: Reply = {"status": "Finished", "return_code": 0, "stdout": "42\n", "stderr": "", "execution_time": 0.01}
+    reply: RunReply = {"kind": "run", "id": 1, "status": "Finished", "return_code": 0, "stdout": "42\n", "stderr": "",
+                       "execution_time": 0.01}
     response = run_response(reply, compiled=False, context=CONTEXT)
     assert response.status == RunStatus.Success and response.message == ""
     assert response.run_result is not None and response.run_result.stdout == "42\n"
@@ -22,15 +23,15 @@ def test_a_finished_run_is_a_success_with_its_output() -> None:
 
 
 def test_a_reply_the_zygote_could_not_make_is_a_sandbox_error_never_the_code_s() -> None:
-    response = run_response({"error": "could not fork"}, compiled=False, context=CONTEXT)
+    response = run_response({"kind": "failed", "id": 1, "error": "could not fork"}, compiled=False, context=CONTEXT)
     assert response.status == RunStatus.SandboxError and response.message == "could not fork"
     assert response.run_result is None
 
 
 def test_memory_kills_name_whose_cap_it_was() -> None:
-    own: Reply = {"status": "Finished", "return_code": -9, "stderr": "", "memory_exceeded": True,
-                  "memory_scope": "run"}
-    shared: Reply = {**own, "memory_scope": "shared"}
+    own: RunReply = {"kind": "run", "id": 1, "status": "Finished", "return_code": -9, "stderr": "",
+                     "memory_exceeded": True, "memory_scope": "own"}
+    shared: RunReply = {**own, "memory_scope": "shared"}
     own_result = run_response(own, compiled=False, context=CONTEXT).run_result
     shared_result = run_response(shared, compiled=False, context=CONTEXT).run_result
     assert own_result is not None and "memory limit of 256 MB exceeded" in own_result.stderr
@@ -38,22 +39,23 @@ def test_memory_kills_name_whose_cap_it_was() -> None:
 
 
 def test_a_failed_compile_runs_nothing_and_says_so() -> None:
-    reply: Reply = {"compile": {"status": "Finished", "return_code": 1, "stderr": "error: x"}}
+    reply: RunReply = {"kind": "run", "id": 1, "compile": {"status": "Finished", "return_code": 1, "stderr": "error: x"}}
     response = run_response(reply, compiled=True, context=CONTEXT)
     assert response.status == RunStatus.Failed and response.message == "compilation failed"
     assert response.run_result is None and response.compile_result is not None
 
 
 def test_a_starved_time_out_is_scored_as_a_time_out_and_says_the_server_was_to_blame() -> None:
-    reply: Reply = {"status": "TimeLimitExceeded", "return_code": None, "cpu_starved": True}
+    reply: RunReply = {"kind": "run", "id": 1, "status": "TimeLimitExceeded", "return_code": None, "cpu_starved": True}
     response = run_response(reply, compiled=False, context=CONTEXT)
     assert response.status == RunStatus.Failed and "waited for a CPU" in response.message
     assert response.run_result is not None and response.run_result.status == CommandRunStatus.TimeLimitExceeded
 
 
 def test_cells_past_the_total_timeout_each_get_a_timeout_error() -> None:
-    reply: Reply = {"status": "TimeLimitExceeded", "return_code": None,
-                    "cells": [{"stdout": "1\n", "stderr": "", "display": [], "error": []}]}
+    reply: RunReply = {"kind": "run", "id": 1, "status": "TimeLimitExceeded", "return_code": None,
+                       "cells": [{"kind": "cell", "stdout": "1\n", "stderr": "", "display": [], "error": [],
+                                  "truncated": False}]}
     response = jupyter_response(reply, n_cells=3, timeout=2.0, context=CONTEXT)
     assert response.status == RunStatus.Failed and "after 1 of 3 cells" in response.message
     assert [cell.error[0]["ename"] if cell.error else None for cell in response.cells] == \
@@ -61,12 +63,21 @@ def test_cells_past_the_total_timeout_each_get_a_timeout_error() -> None:
 
 
 def test_a_session_call_says_when_its_session_ended() -> None:
-    ended = note_session_end(run_response({"status": "Finished", "return_code": 0}, False, CONTEXT),
-                             {"session_alive": False, "session_end": "killed for memory"})
+    ended_call: CallReply = {"kind": "call", "id": 1, "status": "Finished", "return_code": 0, "session_alive": False,
+                             "session_end": "killed for memory"}
+    ended = note_session_end(run_response(ended_call, False, CONTEXT), ended_call)
     assert ended.session_alive is False and ended.message == "the session ended: killed for memory"
-    lives = note_session_end(run_response({"status": "TimeLimitExceeded", "return_code": None}, False, CONTEXT),
-                             {"session_alive": True, "status": "TimeLimitExceeded"})
+    interrupted: CallReply = {"kind": "call", "id": 1, "status": "TimeLimitExceeded", "return_code": None,
+                              "session_alive": True}
+    lives = note_session_end(run_response(interrupted, False, CONTEXT), interrupted)
     assert lives.session_alive and lives.message.endswith("the call was interrupted and the session lives on")
+
+
+def test_a_session_call_the_sandbox_failed_is_a_sandbox_error_that_ends_the_session() -> None:
+    failed = note_session_end(run_response({"kind": "failed", "id": 1, "error": "zygote error"}, False, CONTEXT),
+                              {"kind": "failed", "id": 1, "error": "zygote error"})
+    assert failed.status == RunStatus.SandboxError and failed.session_alive is False
+    assert failed.message == "zygote error; the session ended: the sandbox failed the call, so the session was closed"
 
 
 def test_a_job_s_hard_limit_leaves_the_reply_time_before_the_client_gives_up() -> None:

@@ -24,7 +24,7 @@ from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.e2b.sandboxes import Sandboxes as Boxes
 from verl_sf.e2b.sandboxes import SandboxGone
 from verl_sf.errors import CapacityError, ConflictError, NotFoundError
-from verl_sf.executor import Closing, Executor, Reply, closed_now
+from verl_sf.executor import Closed, Closing, Executor, closed_now
 from verl_sf.tenancy import Owner, owns
 
 LANGUAGE_LABEL = "code-toolbox-language"  # the SDK's CODE_TOOLBOX_LANGUAGE_LABEL
@@ -203,7 +203,7 @@ class DaytonaSandboxes:
     def owned(self, api_key: str) -> list[DaytonaSandbox]:
         return sorted((s for s in self.all.values() if owns(s.owner, api_key)), key=lambda s: s.created_at)
 
-    def stop(self, sandbox: DaytonaSandbox, reason: str = "it was stopped") -> Closing[Reply]:
+    def stop(self, sandbox: DaytonaSandbox, reason: str = "it was stopped") -> Closing[Closed]:
         """Stop a sandbox now; the future is done once every process of its box is killed."""
         box, sandbox.box = sandbox.box, None
         ended = closed_now()
@@ -231,7 +231,7 @@ class DaytonaSandboxes:
         sandbox.updated_at = time.time()
         sandbox.touch()
 
-    def delete(self, sandbox: DaytonaSandbox) -> Closing[Reply]:
+    def delete(self, sandbox: DaytonaSandbox) -> Closing[Closed]:
         ended = self.stop(sandbox, "it was deleted")
         if self.all.pop(sandbox.id, None) is not None:
             self._names[sandbox.owner].discard(sandbox.spec.name)

@@ -22,7 +22,7 @@ from typing import Any, Optional, TypeVar, Union
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.errors import CapacityError, NotFoundError, SessionGone, VerlSfError
-from verl_sf.executor import Closing, Executor, Reply, closed_now
+from verl_sf.executor import Closed, Closing, Executor, closed_now
 from verl_sf.executor.live_table import LiveTable
 from verl_sf.models import (
     MAX_TIMEOUT_S,
@@ -231,7 +231,7 @@ class Sandboxes:
         self._prune()
         return [sandbox for sandbox in self.table.live.values() if owns(sandbox.owner, api_key)]
 
-    def kill(self, sandbox_id: str, reason: str = "it was killed") -> Closing[Reply]:
+    def kill(self, sandbox_id: str, reason: str = "it was killed") -> Closing[Closed]:
         """End a sandbox now; the future is done once every process of it is killed (`closed` waits)."""
         sandbox = self.get(sandbox_id)
         self._forget(sandbox, reason)

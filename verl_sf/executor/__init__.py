@@ -3,8 +3,7 @@
 from verl_sf.executor.config import ExecutorConfig, IsolationMode
 from verl_sf.executor.executor import Executor, InvalidRequest, Overloaded
 from verl_sf.executor.rungs import IsolationUnavailable
-from verl_sf.executor.zygote.messages import Reply
-from verl_sf.executor.zygote_process import Closing, closed, closed_now
+from verl_sf.executor.zygote_process import Closed, Closing, closed, closed_now
 
-__all__ = ["Closing", "Executor", "ExecutorConfig", "InvalidRequest", "IsolationMode", "IsolationUnavailable",
-           "Overloaded", "Reply", "closed", "closed_now"]
+__all__ = ["Closed", "Closing", "Executor", "ExecutorConfig", "InvalidRequest", "IsolationMode",
+           "IsolationUnavailable", "Overloaded", "closed", "closed_now"]

@@ -19,14 +19,13 @@ from verl_sf.executor.cgroups import CgroupManager
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.gpu_slots import GpuLease, GpuSlots
 from verl_sf.executor.pool import ZygotePool, gpu_flavor
-from verl_sf.executor.session_table import SessionRecord
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.status import ExecutorStats
-from verl_sf.executor.zygote.messages import Reply
+from verl_sf.executor.zygote.messages import Outcome
 from verl_sf.executor.zygote_process import encode_body
 
-MakeRoom = Callable[[int, int, Optional[SessionRecord]], None]
-"""Evict idle sessions until `need` bytes fit under `cap` bytes, never the caller's own session."""
+MakeRoom = Callable[[int, int], None]
+"""Evict idle sessions until `need` bytes fit in `free` ones (a session in a call is not idle)."""
 
 
 class Admission:
@@ -49,7 +48,7 @@ class Admission:
             return None
         return self.cgroups.memory_usage()
 
-    def admit(self, memory_mb: int, caller: Optional[SessionRecord] = None) -> None:
+    def admit(self, memory_mb: int) -> None:
         """One more run in flight, or `Overloaded`.  Idle sessions' files count against the cap over
         all runs and sessions but belong to no running process, so the kernel would kill a new run for
         them: when the cap is near, idle sessions are evicted first (a run is assumed to need at most
@@ -60,7 +59,7 @@ class Admission:
         used = self.memory_used()
         need = min(memory_mb << 20, cap // 4)
         if used is not None and used + need > cap:
-            self._make_room(cap - used, need, caller)
+            self._make_room(cap - used, need)
         self.stats.in_flight += 1
 
     def reserve_memory(self) -> None:
@@ -71,7 +70,7 @@ class Admission:
                               f"{self.config.runs_memory_mb} MB (--runs-memory-mb)")
 
     async def run(self, pool: ZygotePool, flavor: str, job: jobs.Job, arrived: float,
-                  gpu: bool = False) -> tuple[Reply, float]:
+                  gpu: bool = False) -> tuple[Outcome, float]:
         """Admit, wait for a GPU slot (`gpu`: held until the reply, which comes once the run's
         processes, and so its CUDA context, are gone) and a CPU slot, run, and give the slots back;
         (reply, time spent queued).  NoGpuFree when no GPU slot came free within the run's timeout."""
@@ -87,7 +86,7 @@ class Admission:
                 zygote = await pool.pick(flavor)
                 queue_wait = time.monotonic() - arrived
                 jobs.hand_over(job.head["limits"], queue_wait)
-                reply = await zygote.request(job.head, encode_body(job.body))
+                reply = await zygote.run(job.head, encode_body(job.body))
             finally:
                 lease.release()
         except asyncio.CancelledError:  # its client went away, whether it was queued or running

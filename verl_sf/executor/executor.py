@@ -34,8 +34,7 @@ from verl_sf.executor.session_table import SessionRecord
 from verl_sf.executor.sessions import Sessions
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.status import ExecutorStats, ExecutorStatus
-from verl_sf.executor.zygote.messages import Reply
-from verl_sf.executor.zygote_process import SandboxCrashed
+from verl_sf.executor.zygote_process import Closed, Closing, SandboxCrashed
 from verl_sf.models import (
     CommandRunResult,
     CommandRunStatus,
@@ -65,8 +64,7 @@ class Executor:
         self.rung: rungs.Rung = rungs.Unisolated("not started")  # chosen at start
         self._extra_etc = extra_etc
         self._pool: Optional[ZygotePool] = None
-        self._admission = Admission(self.config, self.stats, lambda free, need, caller:
-                                    self._sessions.make_room(free, need, caller))
+        self._admission = Admission(self.config, self.stats, lambda free, need: self._sessions.make_room(free, need))
         self._sessions = Sessions(self.config, self.stats, self._admission)
         self._forks = Forks(self.config, self._admission, self._sessions)
         self._reaper: Optional[asyncio.Task[None]] = None
@@ -250,7 +248,7 @@ class Executor:
     def session_info(self, session_id: str) -> SessionInfo:
         return self._sessions.info(session_id)
 
-    def end_session(self, session_id: str) -> asyncio.Future[Reply]:
+    def end_session(self, session_id: str) -> Closing[Closed]:
         """End a session now; the future is done once every process of it is killed (`closed` waits for it)."""
         return self._sessions.end_record(self._sessions.table.get(session_id), "ended by DELETE /sessions")
 
@@ -270,6 +268,6 @@ class Executor:
     def snapshots(self) -> list[SnapshotInfo]:
         return [self._forks.info(snapshot_id) for snapshot_id in list(self._forks.snapshots.live)]
 
-    def delete_snapshot(self, snapshot_id: str) -> asyncio.Future[Reply]:
+    def delete_snapshot(self, snapshot_id: str) -> Closing[Closed]:
         """Drop a snapshot now; the future is done once every process of it is killed."""
         return self._forks.drop(self._forks.snapshots.get(snapshot_id), "deleted by DELETE /snapshots")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Optional
+from typing import Optional, Union
 
 from verl_sf.errors import ForkFailed, ForkUnavailable, InvalidRequest, SessionBusy, SessionGone
 from verl_sf.executor import jobs
@@ -15,8 +15,8 @@ from verl_sf.executor.rungs import LANDLOCK_SCOPED_SIGNALS_ABI, Rung, landlock_a
 from verl_sf.executor.session_table import SessionRecord
 from verl_sf.executor.sessions import Sessions
 from verl_sf.executor.snapshot_table import Snapshot, SnapshotTable
-from verl_sf.executor.zygote.messages import Reply
-from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, closed_now
+from verl_sf.executor.zygote.messages import FailedReply, ForkReply
+from verl_sf.executor.zygote_process import Closed, Closing, SandboxCrashed, ZygoteProcess, closed_now
 from verl_sf.models import SessionCreateRequest, SessionForkRequest, SessionForkResponse, SessionInfo, SnapshotInfo
 
 # A fork's first call, when the request asks its random generators reseeded (they otherwise
@@ -95,7 +95,7 @@ class Forks:
                             expires_at=snapshot.expires_at, sessions_started=snapshot.sessions_started,
                             memory_limit_MB=snapshot.memory_mb)
 
-    def drop(self, snapshot: Snapshot, reason: str) -> asyncio.Future[Reply]:
+    def drop(self, snapshot: Snapshot, reason: str) -> Closing[Closed]:
         """Drop a snapshot; the future is done once every process of it is killed."""
         if self.snapshots.forget(snapshot, reason):
             return snapshot.zygote.close_session(snapshot.open_id)
@@ -142,8 +142,9 @@ class Forks:
             try:
                 reply = await asyncio.shield(forking)
             except asyncio.CancelledError:  # its client left: the copies are made all the same, and closed
-                def close_copies(done: asyncio.Future[Reply]) -> None:
-                    for copy in done.result().get("sessions", []):
+                def close_copies(done: asyncio.Future[Union[ForkReply, FailedReply]]) -> None:
+                    forked = done.result()
+                    for copy in forked.get("sessions", []) if forked["kind"] == "fork" else []:
                         zygote.close_session(copy["id"])
                 forking.add_done_callback(close_copies)
                 raise
@@ -151,19 +152,22 @@ class Forks:
             raise SessionGone(name, f"its sandbox crashed: {exc}") from exc
         finally:
             table.opening -= count
-        if reply.get("status") != "Finished":
+        if reply["kind"] == "failed":
+            raise ForkFailed(f"{name!r} could not be forked: {reply['error']}")
+        if reply["status"] != "Finished":
             error = reply.get("error", "the sandbox gave no reason")
             if reply.get("busy"):
                 raise SessionBusy(name, error)
-            if not reply.get("session_alive", True):
+            if not reply["session_alive"]:
                 raise SessionGone(name, error)
             raise ForkFailed(f"{name!r} could not be forked: {error}")
-        return [(copy["id"], copy.get("group")) for copy in reply.get("sessions", [])]
+        return [(copy["id"], copy["group"]) for copy in reply.get("sessions", [])]
 
     async def _reseed(self, sessions: list[SessionRecord]) -> None:
         for session in sessions:
             reply = await self._sessions.quiet_call(session, RESEED[session.language])
-            if reply.get("return_code") != 0:
+            if reply["kind"] == "failed" or reply.get("return_code") != 0:
                 for copy in sessions:
                     self._sessions.end_record(copy, "its random generators could not be reseeded")
-                raise ForkFailed(f"reseeding a fork failed: {reply.get('stderr', '')[-500:]}")
+                why = reply["error"] if reply["kind"] == "failed" else reply.get("stderr", "")
+                raise ForkFailed(f"reseeding a fork failed: {why[-500:]}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, TypeVar, Union
 
-from verl_sf.executor.zygote.messages import Reply, StageResult
+from verl_sf.executor.zygote.messages import Outcome, StageResult
 from verl_sf.models import (
     CellRunResult,
     CommandRunResult,
@@ -42,14 +42,14 @@ def command_result(stage: StageResult, context: ResponseContext) -> CommandRunRe
                             return_code=stage.get("return_code"), stdout=stage.get("stdout", ""), stderr=stderr)
 
 
-def run_response(reply: Reply, compiled: bool, context: ResponseContext) -> RunCodeResponse:
+def run_response(reply: Outcome, compiled: bool, context: ResponseContext) -> RunCodeResponse:
     """`compiled`: the language has a compile stage, whose result the reply carries apart."""
-    if reply.get("error") and "status" not in reply:
+    if reply["kind"] == "failed":
         return RunCodeResponse(status=RunStatus.SandboxError, message=reply["error"],
                                executor_pod_name=context.pod_name, queue_wait=context.queue_wait,
                                session_id=context.session_id)
     compile_result = run_result = None
-    if compiled and "compile" in reply:
+    if compiled and reply["kind"] == "run" and "compile" in reply:
         compile_result = command_result(reply["compile"], context)
         if compile_result.return_code == 0:
             run_result = command_result(reply, context)
@@ -69,8 +69,8 @@ def run_response(reply: Reply, compiled: bool, context: ResponseContext) -> RunC
                            session_id=context.session_id)
 
 
-def jupyter_response(reply: Reply, n_cells: int, timeout: float, context: ResponseContext) -> RunJupyterResponse:
-    if reply.get("error") and "status" not in reply:
+def jupyter_response(reply: Outcome, n_cells: int, timeout: float, context: ResponseContext) -> RunJupyterResponse:
+    if reply["kind"] == "failed":
         return RunJupyterResponse(status=RunStatus.SandboxError, message=reply["error"],
                                   executor_pod_name=context.pod_name, queue_wait=context.queue_wait,
                                   session_id=context.session_id)
@@ -93,14 +93,16 @@ def jupyter_response(reply: Reply, n_cells: int, timeout: float, context: Respon
                               session_id=context.session_id)
 
 
+FAILED_CALL = "the sandbox failed the call, so the session was closed"
 Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
 
 
-def note_session_end(response: Response, reply: Reply) -> Response:
+def note_session_end(response: Response, reply: Outcome) -> Response:
     """A call that ended its session says so (killed at its time-out, for memory, by exit)."""
-    response.session_alive = bool(reply.get("session_alive"))
-    if not reply.get("session_alive"):
-        note = f"the session ended: {reply.get('session_end', 'its interpreter exited')}"
+    response.session_alive = reply["kind"] == "call" and reply["session_alive"]
+    if not response.session_alive:
+        why = reply.get("session_end", "its interpreter exited") if reply["kind"] == "call" else FAILED_CALL
+        note = f"the session ended: {why}"
         response.message = f"{response.message}; {note}" if response.message else note
     elif reply.get("status") == "TimeLimitExceeded":
         response.message = f"{response.message}; the call was interrupted and the session lives on"

@@ -7,18 +7,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Optional
+from typing import Optional, Union
 
 from verl_sf.errors import InvalidRequest, Overloaded, SessionGone
 from verl_sf.executor import jobs
 from verl_sf.executor.admission import Admission
 from verl_sf.executor.config import CELLS, ExecutorConfig
 from verl_sf.executor.pool import STDLIB, ZygotePool
-from verl_sf.executor.responses import ResponseContext, jupyter_response, note_session_end, run_response
+from verl_sf.executor.responses import FAILED_CALL, ResponseContext, jupyter_response, note_session_end, run_response
 from verl_sf.executor.session_table import SessionRecord, SessionTable
 from verl_sf.executor.status import ExecutorStats
-from verl_sf.executor.zygote.messages import Reply, SessionCallBody, SessionCallHead
-from verl_sf.executor.zygote_process import SandboxCrashed, ZygoteProcess, encode_body
+from verl_sf.executor.zygote.messages import CallReply, FailedReply, SessionCallBody, SessionCallHead
+from verl_sf.executor.zygote_process import Closed, Closing, SandboxCrashed, ZygoteProcess, encode_body
 from verl_sf.models import (
     RunCodeRequest,
     RunCodeResponse,
@@ -27,6 +27,8 @@ from verl_sf.models import (
     SessionCreateRequest,
     SessionInfo,
 )
+
+Called = Union[CallReply, FailedReply]
 
 
 class Sessions:
@@ -68,9 +70,10 @@ class Sessions:
             raise
         finally:
             self.table.opening -= 1
-        if not reply.get("session_alive"):
-            why = reply.get("stderr") or reply.get("session_end") or reply.get("error")
-            raise InvalidRequest("files", f"the session could not start: {why}")
+        if reply["kind"] == "failed":
+            raise InvalidRequest("files", f"the session could not start: {reply['error']}")
+        if not reply["session_alive"]:
+            raise InvalidRequest("files", f"the session could not start: {reply.get('session_end')}")
         session.group = reply.get("group")
         self.table.add(session)
         self.stats.sessions_created += 1
@@ -112,11 +115,9 @@ class Sessions:
         except (OSError, ValueError):
             return None
 
-    def make_room(self, free: int, need: int, caller: Optional[SessionRecord]) -> None:
-        """Evict the longest-idle sessions (never `caller`) until `need` bytes fit in `free` ones."""
+    def make_room(self, free: int, need: int) -> None:
+        """Evict the longest-idle sessions until `need` bytes fit in `free` ones."""
         for session in self.table.idle():
-            if session is caller:
-                continue
             held = self._memory(session) or 0
             self.end_record(session, f"evicted: its memory ({held >> 20} MB) was needed by a new run under the "
                                      f"server's cap of {self.config.runs_memory_mb} MB for all runs and sessions")
@@ -124,7 +125,7 @@ class Sessions:
             if need <= free:
                 return
 
-    def end_record(self, session: SessionRecord, reason: str) -> asyncio.Future[Reply]:
+    def end_record(self, session: SessionRecord, reason: str) -> Closing[Closed]:
         """End a session; the future is done once every process of it is killed."""
         self.table.forget(session, reason)
         return session.zygote.close_session(session.open_id)
@@ -143,13 +144,13 @@ class Sessions:
             self.stats.sessions_expired += 1
             self.end_record(session, reason)
 
-    async def call(self, session: SessionRecord, timeout: float, body: SessionCallBody) -> tuple[Reply, float]:
+    async def call(self, session: SessionRecord, timeout: float, body: SessionCallBody) -> tuple[Called, float]:
         """One call in the session, admitted as a run; (reply, time spent queued)."""
         arrived = time.monotonic()
         head: SessionCallHead = jobs.session_call(session.open_id, timeout, self.config, session.memory_mb)
         await session.busy.acquire()
         try:
-            self._admission.admit(session.memory_mb, session)
+            self._admission.admit(session.memory_mb)  # its own session is busy: never evicted for it
         except Overloaded:
             session.busy.release()  # refused: the session's next call must not wait for this one
             raise
@@ -159,7 +160,7 @@ class Sessions:
             queue_wait = time.monotonic() - arrived
             jobs.hand_over(head["limits"], queue_wait)
             try:
-                call = asyncio.ensure_future(session.zygote.request(head, encode_body(body)))
+                call = asyncio.ensure_future(session.zygote.call(head, encode_body(body)))
                 reply = await asyncio.shield(call)
             finally:
                 lease.release()
@@ -180,11 +181,13 @@ class Sessions:
         session.busy.release()
         session.calls += 1
         session.idle_since = time.time()
-        if not reply.get("session_alive"):
+        if reply["kind"] == "failed":  # its state is not known: it goes
+            self.end_record(session, FAILED_CALL)
+        elif not reply["session_alive"]:
             self.died(session.open_id, reply.get("session_end", "its interpreter exited"))
         return reply, queue_wait
 
-    async def quiet_call(self, session: SessionRecord, code: str) -> Reply:
+    async def quiet_call(self, session: SessionRecord, code: str) -> Called:
         """A call of the server's own in a session (not counted among its calls)."""
         calls = session.calls
         reply, _ = await self.call(session, 10.0, {"code": code, "output_limit": 4096})

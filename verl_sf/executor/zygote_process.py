@@ -21,12 +21,20 @@ from verl_sf.executor.cgroups import SandboxCgroup
 from verl_sf.executor.jobs import next_id
 from verl_sf.executor.sandbox import SandboxLauncher
 from verl_sf.executor.zygote.messages import (
+    CallReply,
+    ClosedReply,
+    FailedReply,
+    ForkReply,
     Head,
     Reply,
     RunBody,
+    RunHead,
+    RunReply,
     SessionCallBody,
+    SessionCallHead,
     SessionForkHead,
     SessionOpenHead,
+    SessionReply,
 )
 
 log = logging.getLogger(__name__)
@@ -34,6 +42,7 @@ MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it c
 PARSE_IN_THREAD_BYTES = 1 << 20  # replies this large are parsed off the event loop
 CLOSE_WAIT = 10.0  # seconds a session's end waits for the zygote to have killed it
 Closing = asyncio.Future  # a session's end: done once every process of it is killed
+Closed = Union[ClosedReply, FailedReply]
 
 
 class SandboxCrashed(VerlSfError, RuntimeError):
@@ -88,7 +97,7 @@ class ZygoteProcess:
         assert self.process.stdout is not None
         line = await self.process.stdout.readline()
         hello = json.loads(line) if line else {}
-        if not hello.get("ready"):
+        if hello.get("kind") != "ready":
             code = await self.process.wait()
             raise SandboxCrashed(f"sandbox {self.name} ({self.flavor}) failed to start (exit code {code})")
         if self.cgroup:
@@ -121,7 +130,7 @@ class ZygoteProcess:
             if future is not None:
                 if not future.done():
                     future.set_result(reply)
-            elif "session_end" in reply and reply.get("id") in self.sessions:
+            elif reply["kind"] == "session" and "session_end" in reply and reply["id"] in self.sessions:
                 self.sessions.discard(reply["id"])
                 self.on_session_end(reply["id"], reply["session_end"])
 
@@ -134,7 +143,24 @@ class ZygoteProcess:
         for session in sessions:
             self.on_session_end(session, "the sandbox holding it crashed")
 
-    async def request(self, head: Head, body: bytes = b"") -> Reply:
+    async def run(self, head: RunHead, body: bytes) -> Union[RunReply, FailedReply]:
+        """Run a job; a cancelled wait kills it."""
+        reply = await self._request(head, body)
+        if reply["kind"] == "run" or reply["kind"] == "failed":
+            return reply
+        raise self._unexpected(head, reply)
+
+    async def call(self, head: SessionCallHead, body: bytes) -> Union[CallReply, FailedReply]:
+        """A call in a session; a cancelled wait interrupts it as at its time-out."""
+        reply = await self._request(head, body)
+        if reply["kind"] == "call" or reply["kind"] == "failed":
+            return reply
+        raise self._unexpected(head, reply)
+
+    def _unexpected(self, head: Head, reply: Reply) -> SandboxCrashed:
+        return SandboxCrashed(f"sandbox {self.name} answered a {head['op']!r} request with a {reply['kind']!r} reply")
+
+    async def _request(self, head: Head, body: bytes = b"") -> Reply:
         """Send one request and wait for its reply; a cancelled wait cancels the job (a run is
         killed, a session call interrupted as at its time-out)."""
         await self.ensure_started()
@@ -150,30 +176,37 @@ class ZygoteProcess:
                 self.send({"op": "cancel", "id": job_id})
             raise
 
-    async def open_session(self, head: SessionOpenHead, body: RunBody) -> Reply:
+    async def open_session(self, head: SessionOpenHead, body: RunBody) -> Union[SessionReply, FailedReply]:
         """Open a session; until its reply it is this zygote's already (a sandbox crash ends it too)."""
         self.sessions.add(head["id"])
-        reply = await self.request(head, encode_body(body))
-        if not reply.get("session_alive"):
-            self.sessions.discard(head["id"])
-        return reply
+        reply = await self._request(head, encode_body(body))
+        if reply["kind"] == "session" and reply["session_alive"]:
+            return reply
+        self.sessions.discard(head["id"])
+        if reply["kind"] == "session" or reply["kind"] == "failed":
+            return reply
+        raise self._unexpected(head, reply)
 
-    async def fork_session(self, head: SessionForkHead) -> Reply:
+    async def fork_session(self, head: SessionForkHead) -> Union[ForkReply, FailedReply]:
         """Fork a session; its copies are this zygote's sessions from the reply on."""
-        reply = await self.request(head)
-        self.sessions.update(copy["id"] for copy in reply.get("sessions", []))
-        return reply
+        reply = await self._request(head)
+        if reply["kind"] == "fork":
+            self.sessions.update(copy["id"] for copy in reply.get("sessions", []))
+            return reply
+        if reply["kind"] == "failed":
+            return reply
+        raise self._unexpected(head, reply)
 
-    def close_session(self, open_id: int) -> Closing[Reply]:
+    def close_session(self, open_id: int) -> Closing[Closed]:
         """End a session; the future is done once every process of it is killed (its teardown comes
         after), or at once if there is nothing to end here."""
         if open_id not in self.sessions or self.process is None or self.process.returncode is not None:
             return closed_now()
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Closed] = asyncio.get_running_loop().create_future()
         self.sessions.discard(open_id)
         future.add_done_callback(lambda done: done.cancelled() or done.exception())  # a crash here is no one's error
         job_id = next_id()
-        self.pending[job_id] = future
+        self.pending[job_id] = future  # type: ignore[assignment]  # a close is answered closed or failed
         self._write({"op": "close", "id": job_id, "session": open_id}, b"")
         return future
 
@@ -207,14 +240,14 @@ def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:
     return json.dumps(body).encode()
 
 
-def closed_now() -> Closing[Reply]:
+def closed_now() -> Closing[Closed]:
     """What `close_session` answers where there is nothing left to kill."""
-    future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-    future.set_result({})
+    future: asyncio.Future[Closed] = asyncio.get_running_loop().create_future()
+    future.set_result({"kind": "closed", "id": 0})
     return future
 
 
-async def closed(future: Closing[Reply], timeout: float = CLOSE_WAIT) -> None:
+async def closed(future: Closing[Closed], timeout: float = CLOSE_WAIT) -> None:
     """Wait for a close to have killed every process of its session (a crashed sandbox took them with
     it; past `timeout` the caller goes on without the answer)."""
     with contextlib.suppress(SandboxCrashed, asyncio.TimeoutError):

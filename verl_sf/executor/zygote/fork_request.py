@@ -95,7 +95,8 @@ class Forking:
                 zygote.groups.release(group, True)
             error = (f"the session ended while it was being forked ({self.error})" if not source.alive
                      else self.error or "the forker ended before making every copy")
-            zygote.reply({"id": head["id"], "status": "Error", "busy": self.busy, "session_alive": source.alive,
+            zygote.reply({"kind": "fork", "id": head["id"], "status": "Error", "busy": self.busy,
+                          "session_alive": source.alive,
                           "error": error if self.busy else f"verl-sf: the fork failed: {error}"})
             return
         if not source.frozen:
@@ -105,20 +106,20 @@ class Forking:
             copy = SessionJob.adopt(zygote, new_id, source, head["limits"], init, interpreter, fds, group,
                                  head["freeze"])
             born.append({"id": copy.id, "group": zygote.groups.path_of(group)})
-        zygote.reply({"id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
+        zygote.reply({"kind": "fork", "id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
 
 
 def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
     source = zygote.sessions.get(head["session"])
     refusal = _refusal(zygote, source)
     if refusal is not None or source is None:
-        zygote.reply({"id": head["id"], "status": "Error", "busy": source is not None, "session_alive": True,
-                      "error": refusal or "the session is not running"})
+        zygote.reply({"kind": "fork", "id": head["id"], "status": "Error", "busy": source is not None,
+                      "session_alive": True, "error": refusal or "the session is not running"})
         return
     try:
         forking = Forking(zygote, head, source)
     except OSError as exc:
-        zygote.reply({"id": head["id"], "status": "Error", "session_alive": True,
+        zygote.reply({"kind": "fork", "id": head["id"], "status": "Error", "session_alive": True,
                       "error": f"verl-sf: the fork could not be set up: {exc}"})
         return
     zygote.watch(forking, (forking.socket.fileno(),))

@@ -207,20 +207,88 @@ class ForkedSession(TypedDict):
     group: Optional[str]
 
 
-class Reply(StageResult, total=False):
-    id: int
-    ready: bool  # the zygote's first line: it is up
+class ReadyReply(TypedDict):
+    """The zygote's first line: it is up."""
+
+    kind: Literal["ready"]
+    id: int  # 0
     pid: int
+
+
+class FailedReply(TypedDict):
+    """The zygote could not do what was asked (a bug, or a resource it could not get)."""
+
+    kind: Literal["failed"]
+    id: int
+    error: str
+
+
+class _RunTag(TypedDict):
+    kind: Literal["run"]
+    id: int
+
+
+class RunReply(_RunTag, StageResult, total=False):
+    """A run's end."""
+
     compile: StageResult  # present when the run had a compile stage
     files: dict[str, str]
     cells: list[CellRecord]
-    error: str  # the zygote could not do what was asked (a bug, or a resource it could not get)
-    session_alive: bool  # a session's reply: does the session live on
-    session_end: str  # why a session ended (sent unprompted when it dies between calls)
+    error: str  # "cancelled": its client went away
+
+
+class _CallTag(TypedDict):
+    kind: Literal["call"]
+    id: int
+    session_alive: bool  # does the session live on
+
+
+class CallReply(_CallTag, StageResult, total=False):
+    """A session call's end, or why the session took no call (status "Error" and `error`)."""
+
+    files: dict[str, str]
+    cells: list[CellRecord]
+    error: str
+    session_end: str  # why the session ended (when it did)
+
+
+class _SessionTag(TypedDict):
+    kind: Literal["session"]
+    id: int  # the session's open id
+    session_alive: bool
+
+
+class SessionReply(_SessionTag, total=False):
+    """A session's open answered (alive, with its cgroup), or its end (sent unprompted when it dies
+    between calls)."""
+
     group: Optional[str]  # a new session's cgroup, below the sandbox's (its memory use is read there)
-    sessions: list[ForkedSession]  # a fork's copies
-    busy: bool  # a fork refused for the session's state (a call, threads, background processes), not a fault
-    closed: bool  # a close's answer: every process of the session is killed
+    session_end: str
+
+
+class _ForkTag(TypedDict):
+    kind: Literal["fork"]
+    id: int
+    status: Literal["Finished", "Error"]
+    session_alive: bool  # does the forked session live on
+
+
+class ForkReply(_ForkTag, total=False):
+    sessions: list[ForkedSession]  # the copies, when every one was made
+    busy: bool  # refused for the session's state (a call, threads, background processes), not a fault
+    error: str
+
+
+class ClosedReply(TypedDict):
+    """A close's answer: every process of the session is killed (its teardown comes after)."""
+
+    kind: Literal["closed"]
+    id: int
+
+
+Reply = Union[ReadyReply, FailedReply, RunReply, CallReply, SessionReply, ForkReply, ClosedReply]
+Outcome = Union[RunReply, CallReply, FailedReply]
+"""What a run or a session call is answered with."""
 
 
 ZYGOTE_LEAF = "zygote"

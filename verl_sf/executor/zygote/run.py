@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from . import exits
 from .job import Job, Zygote
-from .messages import Reply, RunHead, StageResult
+from .messages import RunHead, RunReply, StageResult
 from .wire import readable
 
 
@@ -94,7 +94,7 @@ class Run(Job):
         if self.id not in zygote.runs:
             return
         if self.failure:
-            zygote.reply({"id": self.id, "error": self.failure})
+            zygote.reply({"kind": "failed", "id": self.id, "error": self.failure})
             zygote.retire(self)
             return
         done = next((r for r in reversed(self.records) if r.get("kind") == "done"), None)
@@ -104,7 +104,7 @@ class Run(Job):
         if self.timed_out:
             code = -signal.SIGKILL
         stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", code, self.cpu_used)
-        reply: Reply = {**stage, "id": self.id}
+        reply: RunReply = {**stage, "kind": "run", "id": self.id}
         if self.compile_result is not None:
             reply["compile"] = self.compile_result
             reply["truncated"] = reply.get("truncated", False) or self.compile_result.get("truncated", False)

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from . import procfs, root
 from .interrupts import Interrupt
 from .job import Job, Zygote
-from .messages import Limits, Reply, SessionCallBody, SessionCallHead, SessionOpenHead
+from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
 from .run_groups import Groups
 from .wire import loads, write_all
 
@@ -94,7 +94,7 @@ class SessionJob(Job):
     # -- calls -----------------------------------------------------------------------------------
     def begin_call(self, zygote: Zygote, head: SessionCallHead, body: bytes) -> None:
         if self.call is not None or self.frozen:
-            zygote.reply({"id": head["id"], "status": "Error", "session_alive": True,
+            zygote.reply({"kind": "call", "id": head["id"], "status": "Error", "session_alive": True,
                           "error": "the session is a snapshot: it takes no calls" if self.frozen
                           else "the session is busy with another call"})
             return
@@ -132,7 +132,7 @@ class SessionJob(Job):
             children = procfs.children(self.pid)
             self.root_helper = next((pid for pid in children if procfs.name(pid) == root.NAME), -1)
             self._watch_interpreter(zygote, next(pid for pid in children if pid != self.root_helper))
-            zygote.reply({"id": self.id, "status": "Finished", "session_alive": True,
+            zygote.reply({"kind": "session", "id": self.id, "session_alive": True,
                           "group": zygote.groups.path_of(self.groups)})
         elif kind == "cell":
             self.records.append(record)
@@ -172,7 +172,7 @@ class SessionJob(Job):
         self.drain(zygote)
         stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished",
                                   record.get("return_code"), record.get("cpu_time"))
-        reply: Reply = {**stage, "id": self.call["id"], "session_alive": True}
+        reply: CallReply = {**stage, "kind": "call", "id": self.call["id"], "session_alive": True}
         if "files" in record:
             reply["files"] = record["files"]
         elif "fetched" in record:  # a bash session's files, in the order they were asked for
@@ -239,15 +239,16 @@ class SessionJob(Job):
         """Tell the server the session ended (and the call in progress, if any, with it)."""
         self.announced = True
         self.alive = False
-        ended: Reply = {}
+        ended: StageResult = {}
         self.note_memory(zygote, ended)
         reason = self.failure or self.end_reason or "its interpreter exited"
         if self.call is not None:
             stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", None, None)
-            reply: Reply = {**stage, **ended, "id": self.call["id"], "session_alive": False, "session_end": reason}
+            reply: CallReply = {**stage, **ended, "kind": "call", "id": self.call["id"], "session_alive": False,
+                                "session_end": reason}
             zygote.reply(reply)
             self.call = None
-        zygote.reply({"id": self.id, "status": "Finished", "session_alive": False, "session_end": reason})
+        zygote.reply({"kind": "session", "id": self.id, "session_alive": False, "session_end": reason})
         if self.job_w >= 0:
             os.close(self.job_w)
             self.job_w = -1

@@ -17,7 +17,7 @@ import socket
 import time
 import traceback
 from collections.abc import Iterable
-from typing import Any, Optional, Union
+from typing import Optional
 
 from . import fork_request, linux, procfs
 from .child import Blueprint, Child, Mount
@@ -100,7 +100,7 @@ class Zygote:
     # ---- main loop -----------------------------------------------------------------------------
     def serve(self) -> None:
         self.prepare()
-        self.reply({"id": 0, "ready": True, "pid": os.getpid()})
+        self.reply({"kind": "ready", "id": 0, "pid": os.getpid()})
         while True:
             timeout = self._next_timer()
             events = self.poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1))
@@ -141,7 +141,7 @@ class Zygote:
                 try:
                     self._dispatch(head, body)
                 except Exception as exc:  # a bug here must not take the sandbox down silently
-                    self.reply({"id": head.get("id", -1), "error": f"verl-sf zygote error: {exc!r}\n"
+                    self.reply({"kind": "failed", "id": head.get("id", -1), "error": f"verl-sf zygote error: {exc!r}\n"
                                                                    f"{traceback.format_exc()}"})
             if len(chunk) < READ_CHUNK:
                 return True
@@ -156,7 +156,7 @@ class Zygote:
             if session is None or not session.alive:
                 reason = (self.ended.get(head["session"], "the sandbox holds no such session (its zygote restarted)")
                           if session is None else session.failure or session.end_reason or "its interpreter exited")
-                self.reply({"id": head["id"], "status": "Error", "session_alive": False,
+                self.reply({"kind": "call", "id": head["id"], "status": "Error", "session_alive": False,
                             "error": "the session is not running", "session_end": reason})
             else:
                 session.begin_call(self, head, body)
@@ -170,13 +170,13 @@ class Zygote:
             closed = self.sessions.get(head["session"])
             if closed is not None:
                 closed.kill(self, "closed")
-            self.reply({"id": head["id"], "closed": True})  # every process of it killed: none runs code again
+            self.reply({"kind": "closed", "id": head["id"]})  # every process of it killed: none runs code again
         elif head["op"] == "interrupt":
             interrupted = self.sessions.get(head["session"])
             if interrupted is not None:
                 interrupted.interrupt(time.monotonic())
 
-    def reply(self, reply: Union[Reply, dict[str, Any]]) -> None:
+    def reply(self, reply: Reply) -> None:
         with contextlib.suppress(BrokenPipeError):  # the server is gone: nobody to tell (it shuts us down)
             write_all(self.rep_fd, dumps(reply) + b"\n")
 
