@@ -118,3 +118,8 @@ class ExecutorConfig:
     pod_name: str = dataclasses.field(default_factory=lambda: os.uname().nodename)
     runtime_dir: str = dataclasses.field(default_factory=default_runtime_dir)
     """verl-sf's own runtime directory (npm packages for nodejs, jest, typescript), bound read-only."""
+
+    def memory_mb(self, requested: int) -> int:
+        """A request's memory cap: its own, or `default_memory_mb` where it says -1."""
+        return self.default_memory_mb if requested == -1 else requested
+

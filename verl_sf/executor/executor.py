@@ -1,13 +1,12 @@
-"""The executor: a facade over its rooms.
+"""The executor: a facade over its rooms, which it starts, stops and reports on (status.py).
 
 - pool.py: warm interpreters per flavor, each in a sandbox;
 - admission.py: the cap on runs in flight, room under the memory cap, CPU and GPU slots;
+- runs.py: stateless runs, a request made a zygote job (jobs.py) and its reply a response (responses.py);
 - sessions.py: live sessions, their calls, ends, expiry and eviction;
 - forks.py: forks and snapshots of sessions.
 
-It turns a stateless Sandbox Fusion request into one zygote job (jobs.py: an optional compile
-stage, then the run) and the reply into the Sandbox Fusion response (responses.py), and every
-reply leaves before the client's deadline (run_timeout + compile_timeout + 10 s, verl's).
+Every reply leaves before the client's deadline (run_timeout + compile_timeout + 10 s, verl's).
 """
 
 from __future__ import annotations
@@ -20,29 +19,26 @@ import time
 from typing import Optional
 
 from verl_sf.errors import ForkFailed, InvalidRequest, Overloaded
-from verl_sf.executor import jobs, rungs
+from verl_sf.executor import rungs
 from verl_sf.executor.admission import Admission
 from verl_sf.executor.cgroups import CgroupManager
-from verl_sf.executor.config import CELLS, ExecutorConfig
+from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.forks import Forks, why_no_forks
-from verl_sf.executor.gpu_slots import GpuSlots, NoGpuFree
+from verl_sf.executor.gpu_slots import GpuSlots
 from verl_sf.executor.gpus import host_gpus, parse_gpu_choice
-from verl_sf.executor.languages import SPECS, SourceRejected, Toolchains, detect_toolchains, etc_paths
-from verl_sf.executor.pool import STDLIB, ZygotePool
-from verl_sf.executor.responses import jupyter_response, run_response
+from verl_sf.executor.languages import Toolchains, detect_toolchains, etc_paths
+from verl_sf.executor.pool import ZygotePool
+from verl_sf.executor.runs import Runs
 from verl_sf.executor.session_table import SessionRecord
 from verl_sf.executor.sessions import Sessions
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.status import ExecutorStats, ExecutorStatus
-from verl_sf.executor.zygote_process import Closed, Closing, SandboxCrashed
+from verl_sf.executor.zygote_process import Closed, Closing
 from verl_sf.models import (
-    CommandRunResult,
-    CommandRunStatus,
     RunCodeRequest,
     RunCodeResponse,
     RunJupyterRequest,
     RunJupyterResponse,
-    RunStatus,
     SessionCreateRequest,
     SessionForkRequest,
     SessionForkResponse,
@@ -63,7 +59,8 @@ class Executor:
         self.cgroups: Optional[CgroupManager] = None
         self.rung: rungs.Rung = rungs.Unisolated("not started")  # chosen at start
         self._extra_etc = extra_etc
-        self._pool: Optional[ZygotePool] = None
+        self._pool: Optional[ZygotePool] = None  # these two at start
+        self._runs: Optional[Runs] = None
         self._admission = Admission(self.config, self.stats, lambda free, need: self._sessions.make_room(free, need))
         self._sessions = Sessions(self.config, self.stats, self._admission)
         self._forks = Forks(self.config, self._admission, self._sessions)
@@ -111,6 +108,7 @@ class Executor:
         extra_etc = tuple(etc_paths(self.toolchains.available_languages())) + self._extra_etc
         self._pool = ZygotePool(self.config, self.rung, self.toolchains, self.cgroups, extra_etc, self._died)
         self._sessions.pool = self._pool
+        self._runs = Runs(self.config, self.stats, self._admission, self._pool, self.toolchains)
         await self._pool.start(chosen)
         self._reaper = asyncio.create_task(self._expire())
         missing = sorted(self.toolchains.missing)
@@ -178,61 +176,19 @@ class Executor:
             max_sessions=config.max_sessions, snapshots=len(self._forks.snapshots), max_snapshots=config.max_snapshots,
             counts=dataclasses.replace(self.stats))
 
-    # ---- stateless runs --------------------------------------------------------------------
+    # ---- runs, sessions, forks and snapshots ------------------------------------------------
     async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        assert self.toolchains is not None and self._pool is not None, "Executor.start() first"
         if request.session_id is not None:
             return await self._sessions.run_code(request)
-        arrived = time.monotonic()
-        spec = SPECS[request.language]
-        if request.language in self.toolchains.missing:
-            return RunCodeResponse(status=RunStatus.SandboxError,
-                                   message=self.toolchains.missing_message(request.language),
-                                   executor_pod_name=self.config.pod_name)
-        try:
-            source = spec.prepare_source(request.code)
-        except SourceRejected as exc:
-            rejected = CommandRunResult(status=CommandRunStatus.Finished, return_code=1, stdout="", stderr=str(exc))
-            return RunCodeResponse(status=RunStatus.Failed, message="compilation failed", compile_result=rejected,
-                                   executor_pod_name=self.config.pod_name)
-        memory_mb = self._sessions.memory_mb(request.memory_limit_MB)
-        fast = request.language == "python" and self.config.fast_path
-        job = jobs.run_job(request, source, self.toolchains.argv(spec.run, source.params),
-                           self.toolchains.argv(spec.compile, source.params) if spec.compile else None,
-                           self.config, memory_mb, fast)
-        try:
-            reply, queue_wait = await self._admission.run(
-                self._pool, self._pool.flavor_for(request.code) if fast else STDLIB, job, arrived, gpu=spec.gpu)
-        except SandboxCrashed as exc:
-            return RunCodeResponse(status=RunStatus.SandboxError, message=f"sandbox failed: {exc}",
-                                   run_result=CommandRunResult(status=CommandRunStatus.Error),
-                                   executor_pod_name=self.config.pod_name)
-        except NoGpuFree as exc:
-            return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc),
-                                   executor_pod_name=self.config.pod_name)
-        response = run_response(reply, bool(spec.compile), self._sessions.context(memory_mb, queue_wait))
-        self.stats.count(response)
-        return response
+        assert self._runs is not None, "Executor.start() first"
+        return await self._runs.run_code(request)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
-        assert self._pool is not None, "Executor.start() first"
         if request.session_id is not None:
             return await self._sessions.run_jupyter(request)
-        arrived = time.monotonic()
-        memory_mb = self.config.default_memory_mb
-        job = jobs.jupyter_job(request, self.config, memory_mb)
-        try:
-            reply, queue_wait = await self._admission.run(
-                self._pool, self._pool.flavor_for("\n".join(request.cells)) + CELLS, job, arrived)
-        except SandboxCrashed as exc:
-            return RunJupyterResponse(status=RunStatus.SandboxError, message=f"sandbox failed: {exc}",
-                                      executor_pod_name=self.config.pod_name)
-        response = jupyter_response(reply, len(request.cells), request.total_timeout,
-                                    self._sessions.context(memory_mb, queue_wait))
-        self.stats.count(response)
-        return response
+        assert self._runs is not None, "Executor.start() first"
+        return await self._runs.run_jupyter(request)
 
-    # ---- sessions, forks and snapshots -----------------------------------------------------
     async def create_session(self, request: SessionCreateRequest, cells: bool = False,
                              rooted: bool = False) -> SessionInfo:
         """`cells`: the session will mostly run cells (an E2B sandbox): it is forked from a zygote

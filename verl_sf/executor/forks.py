@@ -122,7 +122,7 @@ class Forks:
         self._check_forkable()
         self._sessions.reserve(1)
         memory_mb = (snapshot.memory_mb if request.memory_limit_MB == -1
-                     else self._sessions.memory_mb(request.memory_limit_MB))
+                     else self.config.memory_mb(request.memory_limit_MB))
         async with snapshot.starting:  # a group's trajectories start together: they queue, never 409
             [(open_id, group)] = await self._fork(snapshot.zygote, snapshot.open_id, snapshot.id, memory_mb, 1,
                                                   freeze=False)

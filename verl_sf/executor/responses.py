@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, TypeVar, Union
 
+from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.zygote.messages import Outcome, StageResult
 from verl_sf.models import (
     CellRunResult,
@@ -25,6 +26,11 @@ class ResponseContext:
     memory_mb: int  # the job's own cap
     queue_wait: float = 0.0
     session_id: Optional[str] = None
+
+    @classmethod
+    def of(cls, config: ExecutorConfig, memory_mb: int, queue_wait: float = 0.0,
+           session_id: Optional[str] = None) -> ResponseContext:
+        return cls(config.pod_name, config.runs_memory_mb, memory_mb, queue_wait, session_id)
 
 
 def command_result(stage: StageResult, context: ResponseContext) -> CommandRunResult:

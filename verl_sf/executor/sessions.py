@@ -39,12 +39,6 @@ class Sessions:
         self._admission = admission
         self.pool: Optional[ZygotePool] = None  # set at start
 
-    def context(self, memory_mb: int, queue_wait: float = 0.0, session_id: Optional[str] = None) -> ResponseContext:
-        return ResponseContext(self.config.pod_name, self.config.runs_memory_mb, memory_mb, queue_wait, session_id)
-
-    def memory_mb(self, requested: int) -> int:
-        return self.config.default_memory_mb if requested == -1 else requested
-
     async def create(self, request: SessionCreateRequest, cells: bool, rooted: bool) -> SessionInfo:
         """`cells`: forked from a zygote whose IPython shell is built already.  `rooted`: its commands
         may run as root (the caller has checked that the rung offers it)."""
@@ -55,7 +49,7 @@ class Sessions:
                 raise self._admission.refuse(f"{len(self.table)} live sessions (max_sessions), all running a call")
             self.end_record(idle[0], f"evicted: the server's cap of {self.config.max_sessions} live sessions was "
                                      f"reached and it was the longest idle")
-        memory_mb = self.memory_mb(request.memory_limit_MB)
+        memory_mb = self.config.memory_mb(request.memory_limit_MB)
         zygote = await self.pool.pick(STDLIB + CELLS if cells else STDLIB)
         head, body = jobs.session_open(request.language, request.files, self.config, memory_mb, rooted)
         session = SessionRecord(id=self.table.new_id(), language=request.language, zygote=zygote, open_id=head["id"],
@@ -209,7 +203,8 @@ class Sessions:
                 raise InvalidRequest("stdin", "a bash session takes no stdin (its commands read from /dev/null); "
                                               "use a python session, or write the input to a file")
         reply, queue_wait = await self.call(session, request.run_timeout, jobs.code_call(request, self.config))
-        response = run_response(reply, False, self.context(session.memory_mb, queue_wait, session.id))
+        context = ResponseContext.of(self.config, session.memory_mb, queue_wait, session.id)
+        response = run_response(reply, False, context)
         self.stats.count(response)
         return note_session_end(response, reply)
 
@@ -220,6 +215,6 @@ class Sessions:
             raise InvalidRequest("session_id", f"session {session.id!r} runs {session.language}: cells need python")
         reply, queue_wait = await self.call(session, request.total_timeout, jobs.cells_call(request, self.config))
         response = jupyter_response(reply, len(request.cells), request.total_timeout,
-                                    self.context(session.memory_mb, queue_wait, session.id))
+                                    ResponseContext.of(self.config, session.memory_mb, queue_wait, session.id))
         self.stats.count(response)
         return note_session_end(response, reply)
