@@ -12,15 +12,15 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 import requests
 
-from tests.host_view import descendants, run_processes, zygotes
+from tests.host_view import comm, descendants, run_processes, zygotes
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
+from tests.waiting import wait_until
 
 SERVER_ARGS = ("--slots", "2", "--sandboxes", "1", "--preload", "")
 
@@ -44,16 +44,6 @@ def server_answers(server: ServerHandle) -> Iterator[None]:
     requests.delete(f"{server.url}/sessions/{session.json()['session_id']}", timeout=30)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def processes_with(server: ServerHandle, marker: str) -> list[int]:
     """The server's descendants whose command line holds `marker` (read from the host)."""
     found = []
@@ -65,6 +55,16 @@ def processes_with(server: ServerHandle, marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def processes_named(server: ServerHandle, name: str) -> list[int]:
+    """The server's descendants whose name (comm, which a run sets with prctl) is `name` (read from the host)."""
+    return [pid for pid in descendants(server.process.pid) if comm(pid) == name]
+
+
+def naming_self(name: str) -> str:
+    """Code that names its own process `name` (at most 15 bytes), for the host to see it has got that far."""
+    return f"import ctypes\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\n"
 
 
 def zygote_rss_kb(server: ServerHandle) -> int:
@@ -189,11 +189,12 @@ def test_a_later_run_reads_its_own_stdin(server: ServerHandle) -> None:
 
 
 def test_concurrent_runs_do_not_share_ptys(server: ServerHandle) -> None:
+    marker = f"pty-{secrets.token_hex(4)}"
     holder = ("import os, time\nmaster, follower = os.openpty()\nprint(os.ttyname(follower), flush=True)\n"
-              "os.write(follower, b'secret')\ntime.sleep(4)\n")
+              f"os.write(follower, b'secret')\n{naming_self(marker)}time.sleep(4)\n")
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(run_code, server, holder, run_timeout=8)
-        time.sleep(1.5)
+        wait_until(lambda: processes_named(server, marker), 30, "the first run holds its pty")
         spy = ("import os\nnames = sorted(os.listdir('/dev/pts'))\nprint(names)\n"
                "for name in names:\n"
                "    if name.isdigit():\n"
@@ -215,12 +216,13 @@ def test_concurrent_runs_each_bind_the_same_loopback_port(server: ServerHandle) 
 
 
 def test_a_run_cannot_reach_another_runs_listener(server: ServerHandle) -> None:
+    marker = f"listen-{secrets.token_hex(4)}"
     listener = ("import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 8001))\ns.listen()\ns.settimeout(4)\n"
-                "print('listening', flush=True)\n"
+                f"print('listening', flush=True)\n{naming_self(marker)}"
                 "try:\n    s.accept(); print('reached')\nexcept socket.timeout:\n    print('alone')\n")
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(run_code, server, listener, run_timeout=8)
-        time.sleep(1.5)
+        wait_until(lambda: processes_named(server, marker), 30, "the first run listens")
         probe = run_code(server, "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 8001), 1)\n"
                                  "    print('connected')\nexcept OSError as exc:\n    print('refused')\n")
         listened = first.result()
@@ -245,7 +247,7 @@ def _post_and_leave(url: str, body: bytes, after: float) -> None:
     with socket.create_connection((host, int(port))) as conn:
         conn.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        time.sleep(after)
+        time.sleep(after)  # the client must leave at a chosen moment of the opening: time has to pass
 
 
 def test_clients_that_leave_during_session_creation_leave_no_session(server: ServerHandle) -> None:
@@ -257,7 +259,7 @@ def test_clients_that_leave_during_session_creation_leave_no_session(server: Ser
         thread.start()
     for thread in threads:
         thread.join()
-    wait_for(lambda: len(run_processes(server.process.pid)) <= before, 30, "orphan sessions to be closed")
+    wait_until(lambda: len(run_processes(server.process.pid)) <= before, 30, "orphan sessions to be closed")
     health = requests.get(server.url + "/health", timeout=10).json()
     assert health["sessions"] == 0, health
 
@@ -275,8 +277,8 @@ def test_a_setsid_busy_loop_is_demoted_with_its_run(server: ServerHandle) -> Non
             "time.sleep(4)\n")
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(run_code, server, code, run_timeout=5)
-        pids = wait_for(lambda: processes_with(server, marker), 10, "the setsid'd loop to start")
-        wait_for(lambda: all(_nice(pid) == 19 for pid in pids), 5, "the setsid'd loop to be demoted")
+        pids = wait_until(lambda: processes_with(server, marker), 10, "the setsid'd loop to start")
+        wait_until(lambda: all(_nice(pid) == 19 for pid in pids), 5, "the setsid'd loop to be demoted")
         running.result()
 
 

@@ -36,6 +36,7 @@ from daytona import (
 )
 from daytona.common.errors import DaytonaConflictError
 
+from tests.host_view import comm, descendants
 from tests.server_fixtures import ServerHandle, daytona_env, server_for_sdk, start_server, stop_server
 from tests.waiting import wait_until, wait_until_async
 
@@ -43,6 +44,11 @@ KEY = "daytona-test-key-a"
 OTHER_KEY = "daytona-test-key-b"
 SDK_VERSION = tuple(int(part) for part in importlib.metadata.version("daytona").split(".")[:2])
 MINUTE_S = 2.0  # the server's minute for auto-stop and auto-delete intervals, shortened
+
+
+def named(server: ServerHandle, name: str) -> list[int]:
+    """The server's descendants a run named `name` (prctl; read from the host)."""
+    return [pid for pid in descendants(server.process.pid) if comm(pid) == name]
 
 
 @pytest.fixture(scope="module")
@@ -376,10 +382,12 @@ async def test_websocket_bad_request_and_a_client_that_leaves_mid_run(server: Se
             await ws.send_str(json.dumps({"codes": "print(1)"}))
             closing = await ws.receive()
             assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 4400 and "code" in closing.extra
+        marker = f"ws-{uuid.uuid4().hex[:8]}"
         ws = await http.ws_connect(url, headers=headers)
-        await ws.send_str(json.dumps({"code": "import time\nfor i in range(300):\n    time.sleep(0.1)\n"
+        await ws.send_str(json.dumps({"code": f"import ctypes\nctypes.CDLL(None).prctl(15, b'{marker}', 0, 0, 0)\n"
+                                              "import time\nfor i in range(300):\n    time.sleep(0.1)\n"
                                               "open('finished', 'w').write('yes')", "timeout": 60}))
-        await asyncio.sleep(0.5)  # let the run start
+        await wait_until_async(lambda: asyncio.to_thread(named, server, marker), 30, "the run has started")
         await ws.close()
     # The run was interrupted: the sandbox answers at once, and the run never finished.
     started = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import struct
 import time
 from collections.abc import Iterator
@@ -29,9 +30,16 @@ from e2b import (
 )
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
+from tests.host_view import comm, descendants
 from tests.server_fixtures import ServerHandle, server_for_sdk, start_server, stop_server
+from tests.waiting import wait_until, wait_until_async
 
 API_KEY = "e2b-test-key-3d1f"
+
+
+def named(server: ServerHandle, name: str) -> list[int]:
+    """The server's descendants a run named `name` (prctl; read from the host)."""
+    return [pid for pid in descendants(server.process.pid) if comm(pid) == name]
 
 
 @pytest.fixture(scope="module")
@@ -188,10 +196,8 @@ def test_set_timeout_and_reaping(server: ServerHandle) -> None:
     box = Sandbox.create(timeout=60)
     box.set_timeout(2)
     assert box.get_info().end_at.timestamp() - time.time() < 5
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and box.sandbox_id in {s.sandbox_id for s in Sandbox.list().next_items()}:
-        time.sleep(0.5)
-    assert box.sandbox_id not in {s.sandbox_id for s in Sandbox.list().next_items()}
+    wait_until(lambda: box.sandbox_id not in {s.sandbox_id for s in Sandbox.list().next_items()}, 30,
+               "the timed-out sandbox is reaped", every=0.5)
     with pytest.raises(SandboxNotFoundException):
         box.get_info()
     with pytest.raises(NotFoundException, match="reached its timeout"):
@@ -348,10 +354,13 @@ def test_async_calls_on_one_sandbox_take_turns(server: ServerHandle) -> None:
 
 
 def test_kill_during_an_execution_ends_it(server: ServerHandle) -> None:
+    marker = f"spin-{secrets.token_hex(4)}"
+
     async def main() -> tuple[object, float]:
         sandbox = await AsyncSandbox.create(timeout=60)
-        execution = asyncio.create_task(sandbox.run_code("while True:\n    pass"))
-        await asyncio.sleep(1.0)
+        execution = asyncio.create_task(sandbox.run_code(
+            f"import ctypes\nctypes.CDLL(None).prctl(15, b'{marker}', 0, 0, 0)\nwhile True:\n    pass"))
+        await wait_until_async(lambda: asyncio.to_thread(named, server, marker), 30, "the execution is running")
         killed_at = time.monotonic()
         await sandbox.kill()
         try:
@@ -426,7 +435,9 @@ def test_a_client_that_gives_up_on_an_execution_is_no_server_error(tmp_path) -> 
         box = Sandbox.create(timeout=60, **opts)
         with pytest.raises(TimeoutException):
             box.run_code("import time\ntime.sleep(2)\nx = 1", timeout=0.5)
-        time.sleep(3)  # the execution ends and its answer meets the closed connection
+        # The execution ends (nothing in flight) and its answer meets the closed connection.
+        wait_until(lambda: requests.get(f"{handle.url}/health", timeout=10).json()["in_flight"] == 0, 30,
+                   "the abandoned execution has ended")
         assert box.run_code("x").text == "1"
         box.kill()
     finally:

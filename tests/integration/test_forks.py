@@ -4,6 +4,8 @@ independence, lifetimes, and what a fork refuses."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,6 +21,29 @@ SETUP = "import random\nrandom.seed(7)\nx = 41\ndef gen():\n    yield from range
         "open('notes.txt', 'w').write('parent')\nopen('/tmp/t.txt', 'w').write('tmp')\n" \
         "open('/mnt/data/d.txt', 'w').write('data')\nimport os\nos.environ['MARK'] = 'set'\nos.mkdir('sub')\n" \
         "os.chdir('sub')\n"
+
+
+def _status_field(pid: int, name: str) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name + ":")), "")
+
+
+def threads_below(root: int) -> dict[int, int]:
+    """{pid: its thread count} of every process below `root` (read from the host)."""
+    counts = {}
+    for pid in descendants(root):
+        with contextlib.suppress(OSError):
+            counts[pid] = len(os.listdir(f"/proc/{pid}/task"))
+    return counts
+
+
+def traced_below(root: int) -> list[int]:
+    """Processes below `root` that a tracer holds (the forker holds a session's interpreter while it copies it)."""
+    return [pid for pid in descendants(root) if _status_field(pid, "TracerPid") not in ("", "0")]
 
 
 @pytest.fixture
@@ -100,8 +125,7 @@ async def test_a_fork_sees_only_its_own_processes_and_network(executor: Executor
 async def test_a_fork_outlives_its_parent(executor: Executor) -> None:
     parent = await parent_with_state(executor)
     [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
-    executor.end_session(parent)
-    await asyncio.sleep(0.5)
+    await executor.end_session(parent)  # done once every process of the parent is killed
     assert await run(executor, fork, "print(x)") == "41\n"
     with pytest.raises(SessionGone):
         await executor.fork_session(parent, SessionForkRequest())
@@ -176,14 +200,17 @@ async def test_what_a_fork_refuses(executor: Executor) -> None:
         await executor.fork_session(parent, SessionForkRequest(count=16))
     assert len(executor.sessions) == 1
     call = asyncio.ensure_future(run(executor, parent, "import time\ntime.sleep(2)"))
-    await asyncio.sleep(0.5)
+    await wait_until_async(lambda: executor.sessions[parent].busy.locked(), 30, "the parent's call is running")
     with pytest.raises(SessionBusy, match="call is running"):
         await executor.fork_session(parent, SessionForkRequest())
     await call
+    zygote = session_zygote(executor, parent)
+    threads = threads_below(zygote)
     await run(executor, parent, "import threading, time\nthreading.Thread(target=time.sleep, args=(3,)).start()")
     with pytest.raises(SessionBusy, match="threads"):
         await executor.fork_session(parent, SessionForkRequest())
-    await asyncio.sleep(3.5)
+    await wait_until_async(lambda: all(threads_below(zygote).get(pid, 0) <= count for pid, count in threads.items()),
+                           30, "the parent's extra thread has ended")
     await run(executor, parent, "import subprocess\nbackground = subprocess.Popen(['sleep', '30'])")
     with pytest.raises(SessionBusy, match="background"):
         await executor.fork_session(parent, SessionForkRequest())
@@ -209,7 +236,9 @@ async def test_a_parent_ended_in_the_middle_of_its_fork_leaves_nothing(executor:
     zygote = session_zygote(executor, parent)
     before = set(descendants(zygote))
     forking = asyncio.ensure_future(executor.fork_session(parent, SessionForkRequest(count=2)))
-    await asyncio.sleep(0.05)
+    await wait_until_async(lambda: forking.done() or traced_below(zygote), 30, "the forker holds the parent",
+                           every=0.005)
+    assert not forking.done(), "the fork ended before it was seen under way"
     executor.end_session(parent)
     with pytest.raises(SessionGone, match="while it was being forked"):
         await forking

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+from tests.waiting import wait_until_async
 from verl_sf.executor import executor as executor_module
+from verl_sf.executor import pool as pool_module
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.gpus import GpuView
 from verl_sf.models import RunCodeRequest
@@ -22,7 +24,7 @@ SHOW = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['CUDA_DE
 
 def test_gpu_runs_take_the_gpus_sandbox_and_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executor_module, "host_gpus", lambda: [0])
-    monkeypatch.setattr(executor_module, "gpu_views", lambda chosen: [STAND_IN])
+    monkeypatch.setattr(pool_module, "gpu_views", lambda chosen: [STAND_IN])  # the warm pool makes the GPU sandboxes
 
     async def scenario() -> None:
         config = ExecutorConfig(gpus="all", sandboxes=1, preload=())
@@ -36,8 +38,8 @@ def test_gpu_runs_take_the_gpus_sandbox_and_slot(monkeypatch: pytest.MonkeyPatch
             assert plain.run_result is not None and plain.run_result.stdout == "False\n"  # CPU runs: no GPU named
             hog = asyncio.ensure_future(executor.run_code(RunCodeRequest(code="while True: pass", language="python_gpu",
                                                                          run_timeout=2)))
-            while executor.status().gpus["free_slots"] != {"0": 0}:
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: executor.status().gpus["free_slots"] == {"0": 0}, 30,
+                                   "the hog holds the GPU's only slot", every=0.01)
             started = time.monotonic()
             refused = await executor.run_code(RunCodeRequest(code="print(1)", language="python_gpu", run_timeout=0.5))
             assert refused.status == "SandboxError" and refused.run_result is None

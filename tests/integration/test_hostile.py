@@ -17,7 +17,6 @@ import base64
 import os
 import secrets
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -252,16 +251,21 @@ def test_seccomp_on_the_compile_stage(server: ServerHandle) -> None:
     """Read from the host: the compiler proper (cc1plus), busy with a slow constant expression."""
     thread = threading.Thread(target=c_program, args=(server, SLOW_TO_COMPILE), daemon=True)
     thread.start()
-    status = None
-    while status is None and thread.is_alive():
+    seen: list[str] = []
+
+    def compiler_seen_or_compile_over() -> bool:
         for pid in descendants(server.process.pid):
             try:
                 if Path(f"/proc/{pid}/comm").read_text().strip() == "cc1plus":
-                    status = Path(f"/proc/{pid}/status").read_text()
+                    seen.append(Path(f"/proc/{pid}/status").read_text())
+                    return True
             except OSError:
                 continue
-        time.sleep(0.02)
+        return not thread.is_alive()
+
+    wait_until(compiler_seen_or_compile_over, 120, "the compiler is seen running, or the compile is over", every=0.02)
     thread.join(timeout=120)
+    status = seen[0] if seen else None
     assert status is not None, "the compiler was not seen running"
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1"

@@ -59,6 +59,7 @@ def body(payload: dict) -> Reply:
 def drop_connection() -> Reply:
     async def reply(request: web.Request) -> web.StreamResponse:
         request.transport.close()  # no response at all, like a crashed or restarted server
+        # The scripted server's behaviour, not a wait: the close goes out before its handler ends.
         await asyncio.sleep(0.05)
         return web.Response(status=200)
     return reply
@@ -66,7 +67,7 @@ def drop_connection() -> Reply:
 
 def stall(seconds: float) -> Reply:
     async def reply(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # the scripted server's behaviour, not a wait: a server that answers late
         return web.json_response(OK_BODY)
     return reply
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import resource
 import select
 import socket
@@ -23,6 +24,7 @@ import pytest
 import requests
 
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode, start_server, stop_server
+from tests.waiting import wait_until
 
 MAX_DEPTH = 100  # the documented limit (docs/configuration.md)
 JSON_ENDPOINTS = ["/run_code", "/run_jupyter", "/sessions", "/get_observation"]
@@ -106,6 +108,27 @@ def is_open(sock: socket.socket) -> bool:
         return False
 
 
+def _tcp_queues() -> dict[tuple[int, int], tuple[int, int]]:
+    """{(local port, remote port): (bytes not yet acknowledged, bytes not yet read)} of the host's
+    established IPv4 TCP connections (/proc/net/tcp)."""
+    queues = {}
+    with open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01":
+                tx, rx = (int(value, 16) for value in fields[4].split(":"))
+                queues[int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16)] = (tx, rx)
+    return queues
+
+
+def request_read(server: ServerHandle, sock: socket.socket) -> bool:
+    """The server has read all `sock` sent (seen by the host's kernel: asking the server would take a
+    connection): the bytes left the client, acknowledged, and none wait unread at the server's end."""
+    ours, theirs = sock.getsockname()[1], urlsplit(server.url).port
+    queues = _tcp_queues()
+    return queues.get((ours, theirs), (1, 0))[0] == 0 and queues.get((theirs, ours), (0, 1))[1] == 0
+
+
 def header(path: str, content_length: int | None = None, extra: str = "") -> bytes:
     length = f"Content-Length: {content_length}\r\n" if content_length is not None else ""
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{length}{extra}"
@@ -186,7 +209,7 @@ def test_a_body_that_never_finishes_gets_408_at_the_body_time_out(strict_server:
 def test_a_client_within_the_time_outs_is_served(strict_server: ServerHandle) -> None:
     body = b'{"code": "print(6 * 7)", "language": "python"}'
     sock = connect(strict_server, header("/run_code", content_length=len(body)) + body[:10])
-    time.sleep(1)  # half the body time-out
+    time.sleep(1)  # the rest of the body comes late, at half the 2 s body time-out: time has to pass
     sock.sendall(body[10:])
     received = read_response(sock, within=30)
     sock.close()
@@ -226,12 +249,13 @@ def test_at_the_connection_cap_the_longest_waiting_connection_goes() -> None:
         runner = threading.Thread(target=lambda: busy.update(
             out=run_code(server, "import time; time.sleep(6); print('done')")["run_result"]["stdout"]))
         runner.start()
-        time.sleep(2)  # its handler runs: a busy connection, never evicted
+        wait_until(lambda: requests.get(server.url + "/health", timeout=10).json()["in_flight"] >= 1, 60,
+                   "its handler runs: a busy connection, never evicted")
         slow = [connect(server, b"POST /run_code HTTP/1.1\r\n") for _ in range(200)]
         assert requests.get(server.url + "/v1/ping", timeout=10).json() == "pong"
         health = requests.get(server.url + "/health", timeout=10).json()
         assert health["max_connections"] == 50 and health["connections"] <= 50
-        time.sleep(0.5)
+        wait_until(lambda: not any(is_open(sock) for sock in slow[:150]), 30, "the oldest slow clients are closed")
         still_open = [is_open(sock) for sock in slow]
         assert not any(still_open[:150]), "the oldest slow clients were closed for the new ones"
         assert all(still_open[-40:]), "the newest slow clients are still waiting"
@@ -247,17 +271,18 @@ def test_at_the_connection_cap_the_longest_waiting_connection_goes() -> None:
 def test_when_every_connection_is_busy_a_new_one_gets_503() -> None:
     server = start_server("--slots", "2", "--max-connections", "3")
     try:
-        outputs: list[str] = []
-        runners = [threading.Thread(target=lambda: outputs.append(
-            run_code(server, "import time; time.sleep(5); print('done')")["run_result"]["stdout"])) for _ in range(3)]
-        for runner in runners:
-            runner.start()
-        time.sleep(2)  # all three handlers run
+        body = json.dumps({"code": "import time; time.sleep(5); print('done')", "language": "python"}).encode()
+        runners = [connect(server, header("/run_code", content_length=len(body)) + body) for _ in range(3)]
+        # Each request whole in the server's hands (its body read, so its handler runs): all three connections busy.
+        wait_until(lambda: all(request_read(server, sock) for sock in runners), 60,
+                   "the server read all three requests")
         refused = requests.get(server.url + "/v1/ping", timeout=10)
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert "all 3 connections are busy" in refused.json()["detail"]
-        for runner in runners:
-            runner.join(timeout=30)
+        outputs = [json.loads(read_response(sock, within=60).split(b"\r\n\r\n", 1)[1])["run_result"]["stdout"]
+                   for sock in runners]
+        for sock in runners:
+            sock.close()
         assert outputs == ["done\n"] * 3
         assert requests.get(server.url + "/v1/ping", timeout=10).json() == "pong"
         assert metric(server, "verl_sf_connections_refused_total") == 1

@@ -123,7 +123,7 @@ def assert_nothing_stamps_after(tag: str, arrived: int) -> None:
     for look in range(3):
         late = {thread: stamp for thread, stamp in stamps(tag).items() if stamp > arrived}
         assert not late, f"look {look}: threads of the run stamped after its reply arrived ({arrived}): {late}"
-        time.sleep(0.1)
+        time.sleep(0.1)  # checking that nothing happens: time must pass for a survivor to stamp again
     wait_until(lambda: not stamps(tag), 10, "every process of the run gone")
 
 

@@ -11,7 +11,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,8 +19,9 @@ import pytest
 import requests
 
 from tests import container_profile
-from tests.host_view import descendants
+from tests.host_view import comm, descendants
 from tests.server_fixtures import CONTAINER_MODES, SERVER_MODES, ServerHandle, run_code, server_in_mode
+from tests.waiting import wait_until
 
 SERVER_ARGS = ("--slots", "2", "--sandboxes", "1", "--preload", "numpy")
 SECRET = f"landlock-secret-{secrets.token_hex(4)}"
@@ -157,10 +157,13 @@ def test_no_signal_or_trace_reaches_the_server_or_the_zygote(server: ServerHandl
 
 def test_no_signal_reaches_a_concurrent_run(server: ServerHandle) -> None:
     marker = f"victim-{secrets.token_hex(4)}"
-    victim = f"import os, time\nopen('pid', 'w')\nprint(os.getpid(), flush=True)\ntime.sleep(3)\nprint('{marker}')\n"
+    named = f"vic-{secrets.token_hex(4)}"
+    victim = (f"import ctypes, os, time\nopen('pid', 'w')\nprint(os.getpid(), flush=True)\n"
+              f"ctypes.CDLL(None).prctl(15, b'{named}', 0, 0, 0)\ntime.sleep(3)\nprint('{marker}')\n")
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(run_code, server, victim, run_timeout=8)
-        time.sleep(1.0)
+        wait_until(lambda: [pid for pid in descendants(server.process.pid) if comm(pid) == named], 30,
+                   "the victim runs")
         pids = [pid for pid in descendants(server.process.pid) if b"python" in cmdline(pid)]
         refused(server, "import os, signal\n"
                         f"for pid in {pids!r}:\n"

@@ -254,7 +254,8 @@ def short_ttl_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
 def test_an_idle_trajectory_loses_its_state_and_is_told(short_ttl_server: ServerHandle) -> None:
     [trajectory] = new_ids()
     assert turn(short_ttl_server, trajectory, "<python>kept = 1\nprint(kept)</python>") == result("1")
-    time.sleep(3)  # idle past the 1 s TTL
+    # Idle past the 1 s TTL: time must pass (a trajectory's TTL is checked at its next turn: no state to poll).
+    time.sleep(3)
     observation = turn(short_ttl_server, trajectory, "<python>print(kept)</python>")
     assert observation.startswith("\n<result>\n[verl-sf: earlier turns' state is gone"), observation
     assert observation.endswith("NameError: name 'kept' is not defined\n</result>\n")

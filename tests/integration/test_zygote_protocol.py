@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.host_view import comm
+from tests.waiting import wait_until
 from verl_sf.executor.sandbox import ZYGOTE_BOOTSTRAP, ZYGOTE_PACKAGE
 from verl_sf.executor.zygote.messages import Limits, ZygoteConfig
 
@@ -37,7 +38,7 @@ class Zygote:
         self.process = subprocess.Popen(command,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.early: dict[int, dict[str, Any]] = {}
-        assert self.read()["ready"] is True
+        assert self.read()["kind"] == "ready"
 
     def send(self, head: dict[str, Any], body: dict[str, Any] | str | None = None) -> None:
         assert self.process.stdin is not None
@@ -95,8 +96,10 @@ def test_timeout_and_cancel(zyg: Zygote) -> None:
     zyg.run(4, "while True: pass", limits={"timeout": 0.5})
     timed_out = zyg.reply_to(4)
     assert timed_out["status"] == "TimeLimitExceeded"
+    ready = wait_until(lambda: [pid for pid in _children(zyg.process.pid) if comm(pid) == READY], 30,
+                       "a child ready for the next run")
     zyg.run(5, "import time; time.sleep(30)")
-    time.sleep(0.3)
+    wait_until(lambda: any(comm(pid) not in (READY, "") for pid in ready), 30, "a ready child takes the run")
     zyg.send({"op": "cancel", "id": 5})
     assert zyg.reply_to(5)["error"] == "cancelled"
 
@@ -137,6 +140,19 @@ def test_a_call_whose_wait_spent_its_budget_still_gets_its_time_and_grace(zyg: Z
     assert zyg.reply_to(22)["stdout"] == "42\n"
 
 
+READY = "verl-sf-ready"  # a child forked ahead of the next run is named so until it takes one
+
+
+def _sigint_pending(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as fh:
+        fields = dict(line.split(":", 1) for line in fh if ":" in line)
+    return bool(int(fields["ShdPnd"], 16) & 1 << (signal.SIGINT - 1))
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def _children(pid: int) -> list[int]:
     children = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -157,7 +173,8 @@ def test_an_interrupt_that_comes_before_the_call_has_begun_is_sent_again(zyg: Zy
     call = {"op": "call", "session": 30, "grace": 2.0, "limits": {**LIMITS, "timeout": 0.3}}
     os.kill(interpreter, signal.SIGSTOP)
     zyg.send({**call, "id": 31}, {"code": "x = 41\nimport time\ntime.sleep(30)", "output_limit": 1 << 16})
-    time.sleep(0.5)  # past the time-out: the interrupt waits on the stopped interpreter
+    # Past the time-out the zygote interrupts (killpg SIGINT): the signal waits on the stopped interpreter.
+    wait_until(lambda: _sigint_pending(interpreter), 30, "the interrupt is pending on the stopped interpreter")
     os.kill(interpreter, signal.SIGCONT)
     interrupted = zyg.reply_to(31)
     assert interrupted["status"] == "TimeLimitExceeded" and interrupted["session_alive"] is True, interrupted
@@ -175,6 +192,8 @@ def test_output_taken_before_its_event_is_handled_does_not_stall_the_zygote(zyg:
     zyg.send({"op": "open", "id": 40, "language": "python", "limits": LIMITS},
              {**BODY_LIMITS, "mode": "session_python", "files": {}})
     assert zyg.reply_to(40)["session_alive"] is True
+    [interpreter] = [grandchild for child in _children(zyg.process.pid) for grandchild in _children(child)]
+    threads = _threads(interpreter)
     call = {"op": "call", "session": 40, "grace": 2.0, "limits": LIMITS}
     zyg.send({**call, "id": 41}, {"code": "import threading, time\nthreading.Thread(target=lambda: (time.sleep(1),"
                                           " print('late', flush=True)), daemon=True).start()",
@@ -182,7 +201,8 @@ def test_output_taken_before_its_event_is_handled_does_not_stall_the_zygote(zyg:
     assert zyg.reply_to(41)["status"] == "Finished"
     os.kill(zyg.process.pid, signal.SIGSTOP)
     try:
-        time.sleep(1.5)  # the background output is in the pipe while the zygote is stopped
+        # The background thread prints and ends: its output is in the pipe while the zygote is stopped.
+        wait_until(lambda: _threads(interpreter) == threads, 30, "the background thread has printed and ended")
         zyg.send({**call, "id": 42, "limits": {**LIMITS, "timeout": 0.5}},
                  {"code": "import time\ntime.sleep(30)", "output_limit": 1 << 16})
     finally:
