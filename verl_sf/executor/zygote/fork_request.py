@@ -15,13 +15,13 @@ from typing import Optional, Protocol
 
 from . import forker, linux, tracing
 from .child import Blueprint
-from .job import Zygote as JobZygote
+from .job import JobHost
 from .messages import ForkedSession, SessionForkHead
 from .run_groups import Groups
 from .session import SessionJob
 
 
-class Zygote(JobZygote, Protocol):
+class ForkHost(JobHost, Protocol):
     """What a fork needs of the zygote (supervisor.Zygote)."""
 
     blueprint: Blueprint
@@ -36,7 +36,7 @@ MAX_FORK_LAYERS = 16  # Landlock domains a process may stack: a live session get
 class Forking:
     """One fork request in progress."""
 
-    def __init__(self, zygote: Zygote, head: SessionForkHead, source: SessionJob):
+    def __init__(self, zygote: ForkHost, head: SessionForkHead, source: SessionJob):
         self.head = head
         self.source = source
         self.groups: list[Groups] = []
@@ -66,7 +66,7 @@ class Forking:
         self.socket = ours
         source.forking = True
 
-    def on_event(self, zygote: Zygote, fd: int) -> None:
+    def on_event(self, zygote: ForkHost, fd: int) -> None:
         message, fds, _, _ = socket.recv_fds(self.socket, 4096, len(forker.CHANNELS))
         if message.startswith((b"error ", b"busy ")):
             kind, _, text = message.partition(b" ")
@@ -79,7 +79,7 @@ class Forking:
         if not message:
             self._finish(zygote)
 
-    def _finish(self, zygote: Zygote) -> None:
+    def _finish(self, zygote: ForkHost) -> None:
         zygote.unwatch(self.socket.fileno())
         self.socket.close()
         os.waitpid(self.pid, 0)
@@ -109,7 +109,7 @@ class Forking:
         zygote.reply({"kind": "fork", "id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
 
 
-def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
+def fork_session(zygote: ForkHost, head: SessionForkHead) -> None:
     source = zygote.sessions.get(head["session"])
     refusal = _refusal(zygote, source)
     if refusal is not None or source is None:
@@ -125,7 +125,7 @@ def fork_session(zygote: Zygote, head: SessionForkHead) -> None:
     zygote.watch(forking, (forking.socket.fileno(),))
 
 
-def _refusal(zygote: Zygote, source: Optional[SessionJob]) -> Optional[str]:
+def _refusal(zygote: ForkHost, source: Optional[SessionJob]) -> Optional[str]:
     """Why this session cannot be forked now, or None."""
     if source is None or not source.alive:
         return None if source is None else "the session is not running"
@@ -149,7 +149,7 @@ def _refusal(zygote: Zygote, source: Optional[SessionJob]) -> Optional[str]:
     return None  # its threads and processes are checked by the forker, with the interpreter stopped
 
 
-def _files_bytes(zygote: Zygote, source: SessionJob) -> int:
+def _files_bytes(zygote: ForkHost, source: SessionJob) -> int:
     """What the session's own tmpfs mounts hold."""
     total = 0
     for target in zygote.blueprint.tmpfs_targets:

@@ -46,7 +46,7 @@ class Watcher(Protocol):
     def on_event(self, zygote: Any, fd: int) -> None: ...
 
 
-class Zygote(Protocol):
+class JobHost(Protocol):
     """What a job needs of the zygote that holds it (supervisor.Zygote)."""
 
     cfg: ZygoteConfig
@@ -64,7 +64,7 @@ class Zygote(Protocol):
 
 
 class Job:
-    def __init__(self, zygote: Zygote, head: Union[RunHead, SessionOpenHead], body: bytes):
+    def __init__(self, zygote: JobHost, head: Union[RunHead, SessionOpenHead], body: bytes):
         self.id = head["id"]
         self.body = body
         self.limits: Limits = head["limits"]
@@ -107,7 +107,7 @@ class Job:
         self.demote_after = zygote.cfg["demote_after"]
 
     # -- start and stages ------------------------------------------------------------------------
-    def start(self, zygote: Zygote) -> None:
+    def start(self, zygote: JobHost) -> None:
         pid, out_r, err_r, meta_r, job_w, groups = zygote.take_ready(self.rooted)
         self.attach(zygote, pid, out_r, err_r, meta_r, job_w, groups)
         self.files_dir = f"{zygote.cfg['workdir']}/run-{pid}"
@@ -122,7 +122,7 @@ class Job:
         write_all(job_w, self.body + b"\n")
         self.body = b""  # a session lives long: its creation body is not kept
 
-    def attach(self, zygote: Zygote, pid: int, out_r: int, err_r: int, meta_r: int, job_w: int,
+    def attach(self, zygote: JobHost, pid: int, out_r: int, err_r: int, meta_r: int, job_w: int,
                groups: Groups) -> None:
         """Take on a child: its pipes, its cgroups, and a pidfd that says when it is gone."""
         self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
@@ -132,7 +132,7 @@ class Job:
         zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
         self.register(zygote)
 
-    def register(self, zygote: Zygote) -> None:
+    def register(self, zygote: JobHost) -> None:
         raise NotImplementedError
 
     def first_timeout(self) -> float:
@@ -169,14 +169,14 @@ class Job:
         return min(due, time.monotonic() + TICK)
 
     # -- events ----------------------------------------------------------------------------------
-    def on_event(self, zygote: Zygote, fd: int) -> None:
+    def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.pidfd:
             zygote.unwatch(fd)
             self._exited(zygote)
             return
         self._take(zygote, fd)
 
-    def _take(self, zygote: Zygote, fd: int) -> None:
+    def _take(self, zygote: JobHost, fd: int) -> None:
         """One read of a pipe of the job's: output, records, or its end."""
         chunk = os.read(fd, READ_CHUNK)
         if not chunk:
@@ -186,7 +186,7 @@ class Job:
         else:
             self._keep(fd, chunk)
 
-    def _close(self, zygote: Zygote, fd: int) -> None:
+    def _close(self, zygote: JobHost, fd: int) -> None:
         zygote.unwatch(fd)
         self.open_fds.discard(fd)
         os.close(fd)
@@ -198,7 +198,7 @@ class Job:
             buf += chunk[:room]
         self.dropped += max(0, len(chunk) - max(room, 0))
 
-    def _take_meta(self, zygote: Zygote, chunk: bytes) -> None:
+    def _take_meta(self, zygote: JobHost, chunk: bytes) -> None:
         self.meta_bytes += len(chunk)
         if self.meta_bytes > self.meta_budget:
             if not self.overflowed:
@@ -214,10 +214,10 @@ class Job:
             if isinstance(record, dict):
                 self.on_record(zygote, record)
 
-    def on_record(self, zygote: Zygote, record: dict[str, Any]) -> None:
+    def on_record(self, zygote: JobHost, record: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def on_time(self, zygote: Zygote, now: float) -> None:
+    def on_time(self, zygote: JobHost, now: float) -> None:
         if self.killed_at is not None:
             if not self.exited and now >= self.killed_at + KILL_WAIT:
                 self.end_reason += f"; its processes were still exiting {KILL_WAIT:g} s after SIGKILL"
@@ -238,7 +238,7 @@ class Job:
                 return
         self.on_tick(zygote, now)
 
-    def on_tick(self, zygote: Zygote, now: float) -> None:
+    def on_tick(self, zygote: JobHost, now: float) -> None:
         raise NotImplementedError
 
     def past_deadline(self, now: float) -> bool:
@@ -278,7 +278,7 @@ class Job:
         return procfs.tree_memory(self.pid, self.fork_inits) > self.limits["memory"]
 
     # -- endings ---------------------------------------------------------------------------------
-    def kill(self, zygote: Zygote, reason: str) -> None:
+    def kill(self, zygote: JobHost, reason: str) -> None:
         self.end_reason = self.end_reason or reason
         self.alive = False
         if self.killed_at is None and not self.exited:
@@ -288,12 +288,12 @@ class Job:
         elif not self.exited:
             procfs.kill_all(self.pid)
 
-    def kill_for_cap(self, zygote: Zygote, cap: str) -> None:
+    def kill_for_cap(self, zygote: JobHost, cap: str) -> None:
         """Ended past a cap the kernel does not enforce here: its stderr says which."""
         self.cap_exceeded = self.cap_exceeded or cap
         self.kill(zygote, f"killed: {cap}")
 
-    def _exited(self, zygote: Zygote) -> None:
+    def _exited(self, zygote: JobHost) -> None:
         """PID 1 is gone, and with it (its PID namespace ended) every process of the job: collect
         it, take what is left in the pipes (no writer is left), then answer."""
         if self.exited:
@@ -308,7 +308,7 @@ class Job:
         self.drain(zygote)
         self.on_exit(zygote)
 
-    def end_now(self, zygote: Zygote, status: int) -> None:
+    def end_now(self, zygote: JobHost, status: int) -> None:
         """Answer with PID 1's wait status known before the kernel reports it: once every process
         of the job is killed none runs code again; the teardown and the collection come after (retire)."""
         if self.cpu_used is None:
@@ -321,10 +321,10 @@ class Job:
         self.drain(zygote)
         self.on_exit(zygote)
 
-    def on_exit(self, zygote: Zygote) -> None:
+    def on_exit(self, zygote: JobHost) -> None:
         raise NotImplementedError
 
-    def note_memory(self, zygote: Zygote, reply: StageResult) -> None:
+    def note_memory(self, zygote: JobHost, reply: StageResult) -> None:
         scope: Optional[MemoryScope] = "own" if self.memory_killed else zygote.groups.memory_kill(self.groups)
         self.memory_exceeded = scope is not None
         if scope is not None:
@@ -360,7 +360,7 @@ class Job:
     def cells(self) -> list[Any]:
         return [record for record in self.records if record.get("kind") == "cell"]
 
-    def drain(self, zygote: Zygote) -> None:
+    def drain(self, zygote: JobHost) -> None:
         """Output already in the pipes is this job's (or this call's): take it without waiting."""
         for fd in (self.out_r, self.err_r, self.meta_r):
             while fd in self.open_fds and readable(fd):

@@ -12,25 +12,25 @@ import signal
 from typing import Any, Optional
 
 from . import exits
-from .job import Job, Zygote
+from .job import Job, JobHost
 from .messages import RunHead, RunReply, StageResult
 from .wire import readable
 
 
 class Run(Job):
-    def __init__(self, zygote: Zygote, head: RunHead, body: bytes):
+    def __init__(self, zygote: JobHost, head: RunHead, body: bytes):
         super().__init__(zygote, head, body)
         self.head = head
         self.compile_result: Optional[StageResult] = None
         self.program_done: Optional[float] = None  # an exec run's program ended: its CPU seconds
 
-    def register(self, zygote: Zygote) -> None:
+    def register(self, zygote: JobHost) -> None:
         zygote.runs[self.id] = self
 
     def first_timeout(self) -> float:
         return self.head["compile_timeout"] or self.limits["timeout"]
 
-    def start(self, zygote: Zygote) -> None:
+    def start(self, zygote: JobHost) -> None:
         super().start(zygote)
         if self.job_w < 0:
             return
@@ -40,7 +40,7 @@ class Run(Job):
             os.close(self.job_w)  # a run reads its job to the end
             self.job_w = -1
 
-    def on_event(self, zygote: Zygote, fd: int) -> None:
+    def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.job_w:
             self.listener = exits.receive(fd)  # nothing else comes on it: it is done with either way
             zygote.unwatch(fd)
@@ -58,12 +58,12 @@ class Run(Job):
                 self.cpu_used = self.program_done
                 self.end_now(zygote, 0)  # the program's own status is in the record (on_exit)
 
-    def kill(self, zygote: Zygote, reason: str) -> None:
+    def kill(self, zygote: JobHost, reason: str) -> None:
         super().kill(zygote, reason)
         if not self.exited:
             self.end_now(zygote, signal.SIGKILL)  # the wait status of a SIGKILLed process
 
-    def on_exit_call(self, zygote: Zygote) -> None:
+    def on_exit_call(self, zygote: JobHost) -> None:
         notice = exits.take(self.listener)
         if notice is None:
             return
@@ -73,7 +73,7 @@ class Run(Job):
         else:
             exits.let_go(self.listener, notice_id)  # any other process of the run, exiting
 
-    def on_record(self, zygote: Zygote, record: dict[str, Any]) -> None:
+    def on_record(self, zygote: JobHost, record: dict[str, Any]) -> None:
         kind = record.get("kind")
         if kind == "compiled" and self.head["exec"] and self.compile_result is None:
             compiled = self.stage_result("Finished", record.get("return_code"), record.get("cpu_time"))
@@ -86,11 +86,11 @@ class Run(Job):
             if kind == "done" and self.head["exec"] and isinstance(record.get("cpu_time"), (int, float)):
                 self.program_done = float(record["cpu_time"])  # answered after this read (on_event)
 
-    def on_tick(self, zygote: Zygote, now: float) -> None:
+    def on_tick(self, zygote: JobHost, now: float) -> None:
         if self.past_deadline(now):
             self.kill(zygote, "timed out")
 
-    def on_exit(self, zygote: Zygote) -> None:
+    def on_exit(self, zygote: JobHost) -> None:
         if self.id not in zygote.runs:
             return
         if self.failure:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from . import procfs, root
 from .interrupts import Interrupt
-from .job import Job, Zygote
+from .job import Job, JobHost
 from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
 from .run_groups import Groups
 from .wire import loads, write_all
@@ -24,7 +24,7 @@ IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session wit
 
 
 class SessionJob(Job):
-    def __init__(self, zygote: Zygote, head: SessionOpenHead, body: bytes):
+    def __init__(self, zygote: JobHost, head: SessionOpenHead, body: bytes):
         super().__init__(zygote, head, body)
         self.language = head["language"]
         self.call: Optional[SessionCallHead] = None  # the call in progress
@@ -41,7 +41,7 @@ class SessionJob(Job):
         self.announced = False  # its end was told to the server
 
     @classmethod
-    def adopt(cls, zygote: Zygote, new_id: int, source: SessionJob, limits: Limits, init: int, interpreter: int,
+    def adopt(cls, zygote: JobHost, new_id: int, source: SessionJob, limits: Limits, init: int, interpreter: int,
               fds: list[int], groups: Groups, frozen: bool) -> SessionJob:
         """A copy forked from `source`, taken on as a session of its own, idle."""
         head: SessionOpenHead = {"op": "open", "id": new_id, "language": source.language, "limits": limits,
@@ -60,7 +60,7 @@ class SessionJob(Job):
         source.fork_inits.add(init)
         return copy
 
-    def _watch_interpreter(self, zygote: Zygote, pid: int) -> None:
+    def _watch_interpreter(self, zygote: JobHost, pid: int) -> None:
         self.interpreter = pid
         self.interpreter_fd = os.pidfd_open(pid)
         zygote.watch(self, (self.interpreter_fd,))
@@ -72,7 +72,7 @@ class SessionJob(Job):
         return [*procfs.children(self.interpreter), *rooted,
                 *(pid for pid in procfs.children(self.pid) if pid not in own and pid not in self.fork_inits)]
 
-    def register(self, zygote: Zygote) -> None:
+    def register(self, zygote: JobHost) -> None:
         zygote.sessions[self.id] = self
 
     def next_tick(self) -> Optional[float]:
@@ -92,7 +92,7 @@ class SessionJob(Job):
         return cpu, wait  # what earlier calls used is not this call's
 
     # -- calls -----------------------------------------------------------------------------------
-    def begin_call(self, zygote: Zygote, head: SessionCallHead, body: bytes) -> None:
+    def begin_call(self, zygote: JobHost, head: SessionCallHead, body: bytes) -> None:
         if self.call is not None or self.frozen:
             zygote.reply({"kind": "call", "id": head["id"], "status": "Error", "session_alive": True,
                           "error": "the session is a snapshot: it takes no calls" if self.frozen
@@ -123,7 +123,7 @@ class SessionJob(Job):
         fields = [call["code"], str(fetch_limit), *self.fetch_paths, ""]
         return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
 
-    def on_record(self, zygote: Zygote, record: dict[str, Any]) -> None:
+    def on_record(self, zygote: JobHost, record: dict[str, Any]) -> None:
         kind = record.get("kind")
         if kind == "call_done" and self.call is not None:
             self._end_call(zygote, record)
@@ -137,7 +137,7 @@ class SessionJob(Job):
         elif kind == "cell":
             self.records.append(record)
 
-    def on_tick(self, zygote: Zygote, now: float) -> None:
+    def on_tick(self, zygote: JobHost, now: float) -> None:
         if self.call is None:
             return
         if self.interrupted is not None:
@@ -167,7 +167,7 @@ class SessionJob(Job):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
 
-    def _end_call(self, zygote: Zygote, record: dict[str, Any]) -> None:
+    def _end_call(self, zygote: JobHost, record: dict[str, Any]) -> None:
         assert self.call is not None
         self.drain(zygote)
         stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished",
@@ -189,7 +189,7 @@ class SessionJob(Job):
         zygote.reply(reply)
 
     # -- ending ----------------------------------------------------------------------------------
-    def on_event(self, zygote: Zygote, fd: int) -> None:
+    def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.interpreter_fd:
             zygote.unwatch(fd)
             os.close(fd)
@@ -201,7 +201,7 @@ class SessionJob(Job):
             return
         super().on_event(zygote, fd)
 
-    def kill(self, zygote: Zygote, reason: str) -> None:
+    def kill(self, zygote: JobHost, reason: str) -> None:
         if self.forks:
             self.end_reason = self.end_reason or reason
             self.alive = False
@@ -210,7 +210,7 @@ class SessionJob(Job):
             super().kill(zygote, reason)
             procfs.kill_all(self.pid)  # all of it now, not when its PID 1's exit ends its namespace
 
-    def _end_rest(self, zygote: Zygote) -> None:
+    def _end_rest(self, zygote: JobHost) -> None:
         """The interpreter and everything of the session's own ends; PID 1 lives on while forks do
         (it ends by itself after them)."""
         if not self.forks:
@@ -220,7 +220,7 @@ class SessionJob(Job):
             if pid > 0:
                 procfs.kill_all(pid)
 
-    def on_exit(self, zygote: Zygote) -> None:
+    def on_exit(self, zygote: JobHost) -> None:
         """PID 1 is gone, and with it every process of the session."""
         if self.id not in zygote.sessions:
             return
@@ -235,7 +235,7 @@ class SessionJob(Job):
             self.interpreter_fd = -1
         zygote.retire(self)
 
-    def _announce(self, zygote: Zygote) -> None:
+    def _announce(self, zygote: JobHost) -> None:
         """Tell the server the session ended (and the call in progress, if any, with it)."""
         self.announced = True
         self.alive = False
