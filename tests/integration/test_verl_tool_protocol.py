@@ -289,7 +289,7 @@ def tiny_server() -> Iterator[ServerHandle]:
 
 
 def test_a_batch_past_the_in_flight_cap_gets_overloaded_entries_not_a_failed_batch(tiny_server: ServerHandle) -> None:
-    actions = ["<python>import time\ntime.sleep(0.5)\nprint('ran')</python>"] * 3
+    actions = ["<python>import time\ntime.sleep(3)\nprint('ran')</python>"] * 3
     body = observe(tiny_server, new_ids(3), actions)
     ran = [observation == result("ran") for observation in body["observations"]]
     assert ran == [True, True, False]  # two in flight, the third refused

@@ -125,11 +125,9 @@ class Child:
             _become_init()
         if mode == "session_python":
             os.close(stdin_fd)
-            report({"kind": "session_ready"})
             python_session(namespace, lambda paths: fetch(paths, self._roots(), self.cfg["fetch_limit"]))
         if mode == "session_bash":
             os.close(stdin_fd)
-            report({"kind": "session_ready"})
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.execve("/bin/bash", ["bash", "--noprofile", "--norc", "-c", BASH_SESSION], dict(os.environ))
         os.write(stdin_fd, (job.get("stdin") or "").encode("utf-8", "surrogateescape"))

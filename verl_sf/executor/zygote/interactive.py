@@ -20,8 +20,10 @@ from .wire import READ_CHUNK, loads, report
 
 JOB_FD = 9
 # A bash call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as
-# the session's user in its own mounts, and reports them in order ("fetched": base64 or null per path).
+# the session's user in its own mounts, and reports them in order ("fetched": base64 or null per path).  It says
+# it is ready only once its trap is set: an interrupt before that would end the session.
 BASH_SESSION = r"""trap 'builtin printf "\nKeyboardInterrupt\n" >&2' INT
+builtin printf '{"kind": "session_ready"}\n' >&3
 __verl_sf_home=$PWD
 while IFS= read -r -d '' __verl_sf_code <&9; do
   IFS= read -r -d '' __verl_sf_limit <&9
@@ -78,6 +80,7 @@ def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str
     # /proc still shows what the code itself does with SIGINT; the code's own handler is kept.
     code_handler = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, _between_calls)
+    report({"kind": "session_ready"})  # only now: an interrupt from here on is dropped, never the session's end
     while True:
         try:
             while b"\n" not in pending:
