@@ -4,6 +4,7 @@ zygote's non-isolated mode, which needs neither root nor bubblewrap)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.host_view import comm
+from tests.host_view import comm, descendants
 from tests.waiting import wait_until
 from verl_sf.executor.sandbox import ZYGOTE_BOOTSTRAP, ZYGOTE_PACKAGE
 from verl_sf.executor.zygote.messages import Limits, ZygoteConfig
@@ -70,8 +71,15 @@ def zyg() -> Iterator[Zygote]:
     with tempfile.TemporaryDirectory() as workdir:
         z = Zygote(workdir)
         yield z
+        # Stopped, the zygote forks no more: then it and all it started go before their directory does.
+        z.process.send_signal(signal.SIGSTOP)
+        family = descendants(z.process.pid)
         z.process.kill()
         z.process.wait()
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not any(_running(pid) for pid in family), 30, "every process of the zygote is gone")
 
 
 def test_replies_carry_their_ids_in_completion_order(zyg: Zygote) -> None:
@@ -151,6 +159,14 @@ def _sigint_pending(pid: int) -> bool:
 
 def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _children(pid: int) -> list[int]:
