@@ -279,14 +279,18 @@ class Job:
 
     # -- endings ---------------------------------------------------------------------------------
     def kill(self, zygote: JobHost, reason: str) -> None:
-        self.end_reason = self.end_reason or reason
-        self.alive = False
-        if self.killed_at is None and not self.exited:
-            self.killed_at = time.monotonic()
+        self.note_kill(reason)
         if zygote.isolated:
             linux.kill(self.pid, True)  # PID 1 of its namespace: the kernel kills the rest
         elif not self.exited:
             procfs.kill_all(self.pid)
+
+    def note_kill(self, reason: str) -> None:
+        """Why the job ends, and when the kill was sent."""
+        self.end_reason = self.end_reason or reason
+        self.alive = False
+        if self.killed_at is None and not self.exited:
+            self.killed_at = time.monotonic()
 
     def kill_for_cap(self, zygote: JobHost, cap: str) -> None:
         """Ended past a cap the kernel does not enforce here: its stderr says which."""

@@ -59,9 +59,11 @@ class Run(Job):
                 self.end_now(zygote, 0)  # the program's own status is in the record (on_exit)
 
     def kill(self, zygote: JobHost, reason: str) -> None:
-        super().kill(zygote, reason)
-        if not self.exited:
-            self.end_now(zygote, signal.SIGKILL)  # the wait status of a SIGKILLed process
+        if self.exited:
+            super().kill(zygote, reason)
+        else:
+            self.note_kill(reason)
+            self.end_now(zygote, signal.SIGKILL)  # kills it all, answering with a SIGKILLed process's wait status
 
     def on_exit_call(self, zygote: JobHost) -> None:
         notice = exits.take(self.listener)
