@@ -105,6 +105,10 @@ class Answer:
     code: str
     retry_after: bool = False
 
+    def headers(self, retry_after_s: int) -> Optional[dict[str, str]]:
+        """The headers it carries: Retry-After, where it says to come back, after the server's setting."""
+        return {"Retry-After": str(retry_after_s)} if self.retry_after else None
+
 
 ANSWERS: dict[type[VerlSfError], Answer] = {
     SessionGone: Answer(404, "session_not_found"),
@@ -130,6 +134,14 @@ def answer_for(exc: BaseException) -> Optional[Answer]:
         if answer is not None:
             return answer
     return None
+
+
+def answer_of(exc: VerlSfError) -> Answer:
+    """The table's answer for one of the package's errors (every one has one: errors.py's bases do)."""
+    answer = answer_for(exc)
+    if answer is None:
+        raise LookupError(f"{type(exc).__name__} has no answer in errors.ANSWERS")
+    return answer
 
 
 def error_of(code: str, reason: str, *, session_id: str = "", snapshot_id: str = "",

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import struct
+import threading
 import time
 from collections.abc import Iterator
 
@@ -444,3 +445,26 @@ def test_a_client_that_gives_up_on_an_execution_is_no_server_error(tmp_path) -> 
         stop_server(handle.process)
     logged = log_path.read_text()
     assert "ERROR" not in logged and "Traceback" not in logged, logged[-3000:]
+
+
+def test_an_execution_past_the_in_flight_cap_is_a_503_with_retry_after() -> None:
+    """Admission answers E2B's routes through the error table: the status and Retry-After of an
+    overloaded server, in E2B's body; the sandbox is served once there is room."""
+    handle = start_server("--slots", "2", "--preload", "", "--max-in-flight", "1")
+    try:
+        opts = {"api_url": handle.url, "sandbox_url": handle.url, "api_key": API_KEY}
+        busy, other = Sandbox.create(timeout=60, **opts), Sandbox.create(timeout=60, **opts)
+        thread = threading.Thread(target=lambda: busy.run_code("import time; time.sleep(4)"))
+        thread.start()
+        wait_until(lambda: requests.get(handle.url + "/health", timeout=10).json()["in_flight"] >= 1, 30,
+                   "the first execution is in flight")
+        refused = requests.post(handle.url + "/execute", json={"code": "1"}, timeout=30,
+                                headers={"E2b-Sandbox-Id": other.sandbox_id, "E2b-Sandbox-Port": "49999",
+                                         "X-Access-Token": other._envd_access_token})
+        thread.join()
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
+        assert refused.json() == {"code": 503, "message": refused.json()["message"]}
+        assert refused.json()["message"].startswith("server overloaded: 1 runs in flight")
+        assert other.run_code("1 + 1").text == "2"
+    finally:
+        stop_server(handle.process)

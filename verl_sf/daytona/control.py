@@ -19,7 +19,7 @@ from verl_sf.daytona.sandboxes import (
     Spec,
     TooManySandboxes,
 )
-from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, http_error, json_body, sandbox_dto, unavailable
+from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, http_error, json_body, refused, sandbox_dto
 from verl_sf.e2b.sandboxes import GuestError, SandboxGone
 from verl_sf.executor import Overloaded, closed
 from verl_sf.pages import BadCursor, page
@@ -134,9 +134,9 @@ class ControlPlane:
         key = api_key(request, self.config)
         body = await json_body(request, CreateSandbox)
         assert isinstance(body, CreateSandbox)
-        refused = self._refused(body)
-        if refused is not None:
-            return refused
+        refusal = self._refused(body)
+        if refusal is not None:
+            return refusal
         try:
             image_env = image_environment(body.build_info)
         except ValueError as exc:
@@ -155,7 +155,7 @@ class ControlPlane:
         except NameTaken as exc:
             return error(409, str(exc))
         except (TooManySandboxes, Overloaded) as exc:
-            return unavailable(f"server overloaded: {exc}", request.app["retry_after_s"])
+            return refused(request, exc, f"server overloaded: {exc}")
         except (GuestError, SandboxGone) as exc:
             return error(500, f"the sandbox could not start: {exc}")
         return self._dto(request, sandbox)
@@ -213,7 +213,7 @@ class ControlPlane:
         try:
             await self.sandboxes.start_again(sandbox)
         except (TooManySandboxes, Overloaded) as exc:
-            return unavailable(f"server overloaded: {exc}", request.app["retry_after_s"])
+            return refused(request, exc, f"server overloaded: {exc}")
         except (GuestError, SandboxGone) as exc:
             return error(500, f"the sandbox could not start: {exc}")
         return self._dto(request, sandbox)

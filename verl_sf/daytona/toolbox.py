@@ -29,7 +29,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 from verl_sf.daytona.config import DaytonaConfig
 from verl_sf.daytona.control import TOOLBOX, find
 from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes, NotFound, NotStarted, Shell
-from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, unavailable
+from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, refused
 from verl_sf.e2b.downloads import BUDGET, DownloadsFull, send
 from verl_sf.e2b.envd import buffered_multipart
 from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone
@@ -174,7 +174,7 @@ class Toolbox:
                 except SandboxGone as exc:
                     return self.gone(sandbox, exc)
                 except Overloaded as exc:
-                    return unavailable(f"server overloaded: {exc}", request.app["retry_after_s"])
+                    return refused(request, exc, f"server overloaded: {exc}")
         return route
 
     def gone(self, sandbox: DaytonaSandbox, exc: SandboxGone) -> web.Response:
@@ -404,7 +404,7 @@ class Toolbox:
         try:
             return await send(request, content, {"Content-Type": "application/octet-stream"})
         except DownloadsFull as exc:
-            return unavailable(str(exc), 1)
+            return refused(request, exc, str(exc))
 
     async def bulk_download(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.StreamResponse:
         """A multipart answer: per path, a `file` part with its bytes, or an `error` part saying why; the
@@ -430,7 +430,7 @@ class Toolbox:
                 answer = await writer.as_bytes()
             return await send(request, answer, {"Content-Type": f"multipart/form-data; boundary={writer.boundary}"})
         except DownloadsFull as exc:
-            return unavailable(str(exc), 1)
+            return refused(request, exc, str(exc))
 
     # ---- the environment ---------------------------------------------------------------------
     async def update_env(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:

@@ -11,7 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from verl_sf.daytona.sandboxes import DaytonaSandbox
-from verl_sf.errors import InputError
+from verl_sf.errors import InputError, VerlSfError, answer_of
 from verl_sf.validation import first_error
 
 ORGANIZATION_ID = "verl-sf"
@@ -32,8 +32,10 @@ def error(status: int, message: str, code: Optional[str] = None, headers: Option
     return web.json_response(body, status=status, headers=headers)
 
 
-def unavailable(message: str, retry_after_s: int) -> web.Response:
-    return error(503, message, headers={"Retry-After": str(retry_after_s)})
+def refused(request: web.Request, exc: VerlSfError, message: str) -> web.Response:
+    """One of the package's errors in NestJS's envelope, with the status and Retry-After of `errors.ANSWERS`."""
+    answer = answer_of(exc)
+    return error(answer.status, message, headers=answer.headers(request.app["retry_after_s"]))
 
 
 class Body(BaseModel):

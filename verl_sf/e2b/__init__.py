@@ -22,6 +22,7 @@ from verl_sf.e2b.control import ControlPlane
 from verl_sf.e2b.envd import Envd
 from verl_sf.e2b.interpreter import Interpreter
 from verl_sf.e2b.sandboxes import Ended, Sandbox, Sandboxes, SandboxGone
+from verl_sf.errors import answer_of
 from verl_sf.executor import Executor, Overloaded
 from verl_sf.tenancy import token_matches
 
@@ -89,8 +90,10 @@ def _data_plane(sandboxes: Sandboxes, envd: Envd, interpreter: Interpreter) -> M
             # E2B's proxy answers 502 with this wording: the SDK's "sandbox not running" error.
             return web.json_response({"code": 502, "message": str(exc)}, status=502)
         except Overloaded as exc:
-            return web.json_response({"code": 503, "message": f"server overloaded: {exc}"}, status=503,
-                                     headers={"Retry-After": "1"})
+            answer = answer_of(exc)
+            status, headers = answer.status, answer.headers(request.app["retry_after_s"])
+            return web.json_response({"code": status, "message": f"server overloaded: {exc}"}, status=status,
+                                     headers=headers)
         return web.json_response({"code": 502, "message": f"port {port} is not open in sandbox {sandbox_id}"},
                                  status=502)
 

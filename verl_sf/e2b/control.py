@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
+from verl_sf.errors import answer_of
 from verl_sf.executor import Overloaded, closed
 from verl_sf.pages import BadCursor, page
 from verl_sf.tenancy import key_accepted, owner_of
@@ -65,8 +66,8 @@ class ConnectBody(BaseModel):
     timeout: Optional[int] = Field(default=None, ge=0)
 
 
-def error(status: int, message: str) -> web.Response:
-    return web.json_response({"code": status, "message": message}, status=status)
+def error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> web.Response:
+    return web.json_response({"code": status, "message": message}, status=status, headers=headers)
 
 
 def validated(model: type[Any], data: dict[str, Any]) -> Any:
@@ -165,7 +166,9 @@ class ControlPlane:
         except TooManySandboxes as exc:
             return error(429, str(exc))
         except Overloaded as exc:
-            return error(503, f"server overloaded: {exc}")
+            answer = answer_of(exc)
+            status, headers = answer.status, answer.headers(request.app["retry_after_s"])
+            return error(status, f"server overloaded: {exc}", headers)
         except (GuestError, SandboxGone) as exc:
             return error(500, f"the sandbox could not start: {exc}")
         return web.json_response(self._created(sandbox), status=201)

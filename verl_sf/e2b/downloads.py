@@ -16,14 +16,14 @@ from collections.abc import Iterator
 
 from aiohttp import web
 
-from verl_sf.errors import VerlSfError
+from verl_sf.errors import CapacityError
 
 BUDGET_BYTES = 256 << 20  # eight files at the fetch limit at once
 STALL_S = 30.0  # a client that takes nothing for this long has given up
 CHUNK_BYTES = 256 << 10
 
 
-class DownloadsFull(VerlSfError):
+class DownloadsFull(CapacityError):
     """This server already holds `BUDGET_BYTES` of downloads not yet sent: try again shortly (503)."""
 
 

@@ -23,6 +23,7 @@ from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.connect import ConnectError
 from verl_sf.e2b.downloads import DownloadsFull, send
 from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxes, SandboxGone
+from verl_sf.errors import answer_of
 from verl_sf.validation import first_error
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
@@ -173,7 +174,9 @@ class Envd:
             status = 413 if exc.code == "resource_exhausted" else GUEST_HTTP_STATUS.get(exc.code, 500)
             return _files_error(status, str(exc))
         except DownloadsFull as exc:
-            return web.json_response({"code": 503, "message": str(exc)}, status=503, headers={"Retry-After": "1"})
+            answer = answer_of(exc)
+            status, headers = answer.status, answer.headers(request.app["retry_after_s"])
+            return web.json_response({"code": status, "message": str(exc)}, status=status, headers=headers)
 
     async def write_files(self, request: web.Request, sandbox: Sandbox) -> web.Response:
         uploads: list[tuple[str, bytes]] = []

@@ -48,8 +48,8 @@ def refuse(request: web.Request, exc: Exception, invalid_status: int = 400, coun
         raise exc
     if count:
         get_metrics(request).rejections.labels(answer.code).inc()
-    headers = {"Retry-After": str(request.app["retry_after_s"])} if answer.retry_after else None
     status = invalid_status if isinstance(exc, InvalidRequest) else answer.status
+    headers = answer.headers(request.app["retry_after_s"])
     body = {"detail": _detail(exc), "code": answer.code}
     reason = str(exc) if isinstance(exc, (InvalidRequest, ForkFailed)) else getattr(exc, "reason", None)
     if isinstance(reason, str):  # what a client rebuilds the error from (backends/http.py)
