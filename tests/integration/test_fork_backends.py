@@ -161,3 +161,42 @@ async def test_a_field_the_server_refuses_is_the_same_error_through_either_backe
         await backend.run_code(RunCodeRequest(code="echo a\0b", language="bash"), session="nul-bytes")
     assert refused.value.field == "code" and "NUL" in str(refused.value)
     assert await run(backend, "nul-bytes", "echo fine", language="bash") == "fine\n"  # the session lives on
+
+
+async def _bash_stdin(backend: ServerSessionBackend) -> None:
+    await backend.run_code(RunCodeRequest(code="cat", language="bash", stdin="x"), session="stdin")
+
+
+async def _session_files(backend: ServerSessionBackend) -> None:
+    await run(backend, "files", "x = 1")
+    await backend.run_code(RunCodeRequest(code="1", language="python", files={"a.txt": "eA=="}), session="files")
+
+
+async def _unknown_snapshot(backend: ServerSessionBackend) -> None:
+    await backend.open_session("from-nothing", from_snapshot="snap-000000-0000000000000000")
+
+
+async def _snapshot_in_another_language(backend: ServerSessionBackend) -> None:
+    await run(backend, "py-source", "x = 1")
+    snapshot = await backend.snapshot_session("py-source")
+    await backend.open_session("bash-copy", "bash", from_snapshot=snapshot.snapshot_id)
+
+
+async def _fork_of_nothing(backend: ServerSessionBackend) -> None:
+    await backend.fork_session("never-opened")
+
+
+@pytest.mark.parametrize(("bad_input", "error", "field", "words"), [
+    (_bash_stdin, InvalidRequest, "stdin", "takes no stdin"),
+    (_session_files, InvalidRequest, "files", "files are given when a session is created"),
+    (_unknown_snapshot, SnapshotGone, None, "the server restarted since it was taken"),
+    (_snapshot_in_another_language, InvalidRequest, "language", "holds a python session, not a bash one"),
+    (_fork_of_nothing, SessionGone, None, "no python session is open under this key"),
+], ids=lambda value: getattr(value, "__name__", None))
+async def test_the_same_bad_input_is_the_same_error_through_either_backend(
+        backend: ServerSessionBackend, bad_input: object, error: type[Exception], field: str | None,
+        words: str) -> None:
+    with pytest.raises(error, match=words) as refused:
+        await bad_input(backend)  # type: ignore[operator]
+    assert getattr(refused.value, "field", None) == field
+    assert await run(backend, "after", "print('served')") == "served\n"  # the backend serves on

@@ -22,7 +22,7 @@ from typing import Optional
 from uuid import uuid4
 
 from verl_sf.backends.base import SandboxBackend, created_or_none
-from verl_sf.errors import SessionGone
+from verl_sf.errors import InvalidRequest, SessionGone
 from verl_sf.models import (
     RunCodeRequest,
     RunCodeResponse,
@@ -162,8 +162,8 @@ class ServerSessionBackend(SandboxBackend):
         info = await self._create_session(request)
         if info.language != language:
             await self._delete_session(info.session_id)
-            raise ValueError(f"snapshot {request.from_snapshot!r} holds a {info.language} session, "
-                             f"not a {language} one")
+            raise InvalidRequest("language", f"snapshot {request.from_snapshot!r} holds a {info.language} session, "
+                                             f"not a {language} one")
         return info.session_id
 
     async def _open_id(self, key: SessionKey) -> str:
