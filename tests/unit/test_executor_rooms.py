@@ -67,7 +67,7 @@ def rooms(**settings: Any) -> Rooms:
     return Rooms(config, stats, admission, sessions, forks, pool)
 
 
-def run_job(config: ExecutorConfig, memory_mb: int = 100) -> jobs.Job:
+def run_job(config: ExecutorConfig, memory_mb: int = 100) -> jobs.JobRequest:
     request = RunCodeRequest(code="print(1)", language="python")
     return jobs.run_job(request, PreparedSource("main.py", "print(1)"), ["python3", "main.py"], None, config,
                         memory_mb, fast_path=True)

@@ -69,7 +69,7 @@ class Admission:
             raise self.refuse(f"runs and sessions hold {used >> 20} MB of the server's cap of "
                               f"{self.config.runs_memory_mb} MB (--runs-memory-mb)")
 
-    async def run(self, pool: ZygotePool, flavor: str, job: jobs.Job, arrived: float,
+    async def run(self, pool: ZygotePool, flavor: str, job: jobs.JobRequest, arrived: float,
                   gpu: bool = False) -> tuple[Outcome, float]:
         """Admit, wait for a GPU slot (`gpu`: held until the reply, which comes once the run's
         processes, and so its CUDA context, are gone) and a CPU slot, run, and give the slots back;

@@ -33,7 +33,9 @@ def next_id() -> int:
 
 
 @dataclasses.dataclass
-class Job:
+class JobRequest:
+    """A run as the server sends it to a zygote (the zygote's side of it is zygote/job.py's `Job`)."""
+
     head: RunHead
     body: RunBody
 
@@ -57,7 +59,7 @@ def body_limits(config: ExecutorConfig, memory_mb: int) -> RunBody:
 
 
 def run_job(request: RunCodeRequest, source: PreparedSource, argv: list[str], compile_argv: Optional[list[str]],
-            config: ExecutorConfig, memory_mb: int, fast_path: bool) -> Job:
+            config: ExecutorConfig, memory_mb: int, fast_path: bool) -> JobRequest:
     """`fast_path`: python code run in the forked interpreter itself rather than exec'd."""
     written = {source.filename: source.code, **source.extra_files}
     files = {**{k: v or "" for k, v in request.files.items()},
@@ -75,16 +77,16 @@ def run_job(request: RunCodeRequest, source: PreparedSource, argv: list[str], co
     head: RunHead = {"op": "run", "id": next_id(), "exec": not fast_path,
                      "compile_timeout": request.compile_timeout if compile_argv else 0,
                      "limits": limits(config, request.run_timeout, budget, memory_mb)}
-    return Job(head, body)
+    return JobRequest(head, body)
 
 
-def jupyter_job(request: RunJupyterRequest, config: ExecutorConfig, memory_mb: int) -> Job:
+def jupyter_job(request: RunJupyterRequest, config: ExecutorConfig, memory_mb: int) -> JobRequest:
     body: RunBody = {**body_limits(config, memory_mb), "mode": "jupyter", "cells": request.cells,
                      "cell_timeout": request.cell_timeout, "files": {k: v or "" for k, v in request.files.items()},
                      "fetch_files": request.fetch_files}
     head: RunHead = {"op": "run", "id": next_id(), "compile_timeout": 0, "exec": False,
                      "limits": limits(config, request.total_timeout, request.total_timeout + CLIENT_SLACK_S, memory_mb)}
-    return Job(head, body)
+    return JobRequest(head, body)
 
 
 def session_open(language: SessionLanguage, files: dict[str, Optional[str]], config: ExecutorConfig,
