@@ -90,6 +90,27 @@ def test_python_state_persists_across_calls(server: ServerHandle) -> None:
     assert info["idle_since"] >= info["created_at"]
 
 
+def cells(server: ServerHandle, session_id: str, *sources: str, **fields: Any) -> list[dict]:
+    response = requests.post(server.url + "/run_jupyter", timeout=120,
+                             json={"cells": list(sources), "session_id": session_id, **fields})
+    assert response.status_code == 200, response.text
+    return response.json()["cells"]
+
+
+def test_cells_and_code_share_one_state_across_calls_and_cell_time_outs(server: ServerHandle) -> None:
+    """A session's cells run in its `__main__`, as its code does: what one call binds, the next call
+    sees, whichever of /run_jupyter and /run_code it is, and a cell's time-out keeps it too."""
+    sid = create(server)
+    cells(server, sid, "x = 1")
+    assert [cell["stdout"] for cell in cells(server, sid, "print(x)", "x += 1")] == ["1\n", ""]
+    assert stdout(call(server, sid, "print(x)\ny = x * 10")) == "2\n"
+    assert cells(server, sid, "y")[0]["display"][0]["text/plain"] == "20"
+    timed_out = cells(server, sid, "import time; time.sleep(30)", "print(x, y)", cell_timeout=1)
+    assert timed_out[0]["error"][0]["ename"] == "TimeoutError" and timed_out[1]["stdout"] == "2 20\n", timed_out
+    assert [cell["stdout"] for cell in cells(server, sid, "print(x, y)")] == ["2 20\n"]
+    assert stdout(call(server, sid, "print(x + y)")) == "22\n"
+
+
 def test_bash_state_persists_across_calls(server: ServerHandle) -> None:
     sid = create(server, "bash")
     body = call(server, sid, "mkdir -p sub && cd sub && echo data > f.txt\nexport GREETING=hello\n"

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any, Optional
 
 NO_NETWORK = ("{what} cannot install packages here: the sandbox has no network. The packages of the "
@@ -49,12 +50,26 @@ def warm() -> None:
     IPython in the runtime this leaves no shell; each cell then says so."""
     global _shell
     if _shell is None:
-        with contextlib.suppress(ImportError):
+        with _main_kept(), contextlib.suppress(ImportError):
             _shell = _build()
 
 
+@contextlib.contextmanager
+def _main_kept() -> Iterator[None]:
+    """`__main__` as it was before: building the shell or running a scratch cell binds a module of
+    their own, and a later `shell_for` must find the job's, whose dict is the namespace that its
+    cells, and a session's code, share across calls."""
+    main = sys.modules.get("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
 def shell_for(namespace: dict[str, Any]) -> Any:
-    """The shell, running its cells in `namespace` (the run's or session's `__main__`)."""
+    """The shell, running its cells in `namespace` (the run's or session's `__main__`: a module's
+    dict is shared with its code as it is; any other dict is copied into a module of its own)."""
     warm()
     if _shell is None:
         raise ImportError("IPython is not installed in the sandbox's Python: cells need it "
@@ -73,7 +88,8 @@ def prepare(namespace: dict[str, Any]) -> None:
     cell of a fork writes to thousands of pages it shares with the zygote (IPython's objects), and
     their copy-on-write faults cost milliseconds; paid here, they are off the request's path."""
     with contextlib.suppress(ImportError):
-        shell_for({"__name__": "__main__"}).run_cell(PREPARE_CELL, store_history=False)  # a scratch namespace
+        with _main_kept():
+            shell_for({"__name__": "__main__"}).run_cell(PREPARE_CELL, store_history=False)  # a scratch namespace
         _forget(_shell)
         shell_for(namespace)
 
