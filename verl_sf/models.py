@@ -103,6 +103,19 @@ def _check_paths(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
     return files
 
 
+def _check_text(value: Any) -> Any:
+    """Text that UTF-8 can carry into the sandbox: JSON's `\\ud800` escapes decode to lone
+    surrogates, which no file, pipe or argument can hold."""
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"must be Unicode text that UTF-8 can encode: a lone surrogate "
+                                 f"(U+{ord(text[exc.start]):04X}) at position {exc.start}") from None
+    return value
+
+
 def _check_memory(value: int) -> int:
     if value != -1 and not (16 <= value <= 1024 * 1024):
         raise ValueError(f"must be -1 (server default) or between 16 and 1048576 MB, got {value}")
@@ -129,6 +142,8 @@ class RunCodeRequest(_Request):
 
     _memory = field_validator("memory_limit_MB")(classmethod(lambda cls, v: _check_memory(v)))
 
+    _text = field_validator("code", "stdin")(classmethod(lambda cls, v: _check_text(v)))
+
 
 class RunCodeResponse(BaseModel):
     status: RunStatus
@@ -152,6 +167,8 @@ class RunJupyterRequest(_Request):
     cell_timeout: float = 0  # 0: no per-cell limit, only total_timeout
     total_timeout: float = 45
     kernel: Literal["python3"] = "python3"
+
+    _text = field_validator("cells")(classmethod(lambda cls, v: _check_text(v)))
 
     @field_validator("cell_timeout")
     @classmethod

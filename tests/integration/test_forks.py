@@ -240,7 +240,7 @@ async def test_a_parent_ended_in_the_middle_of_its_fork_leaves_nothing(executor:
                            every=0.005)
     assert not forking.done(), "the fork ended before it was seen under way"
     executor.end_session(parent)
-    with pytest.raises(SessionGone, match="while it was being forked"):
+    with pytest.raises(SessionGone, match="ended by DELETE /sessions"):
         await forking
     assert set(executor.sessions) == set()
     # Every process the fork made, and the parent's, is gone (but the child ready for the next run).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import secrets
 import subprocess
@@ -109,6 +110,38 @@ def test_cells_and_code_share_one_state_across_calls_and_cell_time_outs(server: 
     assert timed_out[0]["error"][0]["ename"] == "TimeoutError" and timed_out[1]["stdout"] == "2 20\n", timed_out
     assert [cell["stdout"] for cell in cells(server, sid, "print(x, y)")] == ["2 20\n"]
     assert stdout(call(server, sid, "print(x + y)")) == "22\n"
+
+
+def test_fetching_a_directory_or_a_fifo_leaves_it_out_and_the_session_and_run_stand(server: ServerHandle) -> None:
+    """Only regular files are fetched: a directory or FIFO the code made is left out, at once, and
+    neither ends the session nor changes what the run did."""
+    sid = create(server)
+    assert stdout(call(server, sid, "import os\nos.mkdir('d')\nos.mkfifo('f')\nopen('ok.txt', 'w').write('ok')\n"
+                                    "x = 1")) == ""
+    body = call(server, sid, "print(x)", fetch_files=["d", "f", "ok.txt", "/tmp"], run_timeout=20)
+    assert stdout(body) == "1\n" and body["session_alive"] is True and body["files"] == {"ok.txt": "b2s="}
+    assert body["run_result"]["execution_time"] < 10, "a FIFO never holds the reply"
+    jupyter = requests.post(server.url + "/run_jupyter", timeout=60,
+                            json={"cells": ["x"], "session_id": sid, "fetch_files": ["d", "f"]}).json()
+    assert jupyter["status"] == "Success" and jupyter["files"] == {}, jupyter
+    for language, code in (("python", "import os\nos.mkdir('d')\nos.mkfifo('f')"), ("bash", "mkdir d && mkfifo f")):
+        run = requests.post(server.url + "/run_code", timeout=60, json={
+            "code": code, "language": language, "fetch_files": ["d", "f"], "run_timeout": 20}).json()
+        assert run["status"] == "Success" and run["files"] == {} and run["run_result"]["execution_time"] < 10, run
+
+
+@pytest.mark.parametrize(("route", "body", "field"), [
+    ("/run_code", {"code": "\ud800", "language": "python"}, "code"),
+    ("/run_code", {"code": "echo \udfff", "language": "bash"}, "code"),
+    ("/run_code", {"code": "print(input())", "language": "python", "stdin": "\ud800"}, "stdin"),
+    ("/run_jupyter", {"cells": ["1", "'\ud834'"]}, "cells"),
+])
+def test_a_lone_surrogate_is_refused_naming_its_field(server: ServerHandle, route: str, body: dict,
+                                                       field: str) -> None:
+    raw = json.dumps(body)  # JSON's \ud800 escape: valid JSON, not text UTF-8 can carry
+    refused = requests.post(server.url + route, data=raw, headers={"Content-Type": "application/json"}, timeout=60)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"][-1] == field and "lone surrogate" in refused.text
 
 
 def test_bash_state_persists_across_calls(server: ServerHandle) -> None:

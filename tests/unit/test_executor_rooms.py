@@ -11,7 +11,16 @@ from typing import Any, Optional
 import pytest
 
 from tests.fake_zygote import FakePool, FakeZygote, finished
-from verl_sf.errors import ForkFailed, ForkUnavailable, InvalidRequest, Overloaded, SessionBusy, SessionGone
+from verl_sf.errors import (
+    ForkFailed,
+    ForkUnavailable,
+    InvalidRequest,
+    Overloaded,
+    SandboxFailure,
+    SessionBusy,
+    SessionGone,
+    SnapshotGone,
+)
 from verl_sf.executor import jobs
 from verl_sf.executor.admission import Admission
 from verl_sf.executor.config import ExecutorConfig
@@ -170,18 +179,21 @@ async def test_at_max_sessions_the_longest_idle_is_evicted_and_when_all_are_busy
     assert r.stats.rejected == 1 and r.zygote.closed == [r.zygote.heads[0]["id"]]
 
 
-@pytest.mark.parametrize(("reply", "message"), [
-    ({"kind": "failed", "error": "could not fork"}, "the session could not start: could not fork"),
-    ({"kind": "session", "session_alive": False, "session_end": "exited with 1"},
+@pytest.mark.parametrize(("reply", "files", "error", "message"), [
+    ({"kind": "failed", "error": "could not fork"}, {}, SandboxFailure, "the session could not start: could not fork"),
+    ({"kind": "session", "session_alive": False, "session_end": "exited with 1"}, {"a": "eA=="}, InvalidRequest,
      "the session could not start: exited with 1"),
+    ({"kind": "session", "session_alive": False, "session_end": "clone: EAGAIN"}, {}, SandboxFailure,
+     "the session could not start: clone: EAGAIN"),
 ])
-async def test_a_session_that_does_not_start_is_an_invalid_request_and_not_recorded(
-        reply: dict[str, Any], message: str) -> None:
+async def test_a_session_that_does_not_start_blames_its_files_only_if_it_had_some_and_is_not_recorded(
+        reply: dict[str, Any], files: dict[str, str], error: type[Exception], message: str) -> None:
     r = rooms()
     r.zygote.open_reply = reply
-    with pytest.raises(InvalidRequest, match=message) as caught:
-        await r.open()
-    assert caught.value.field == "files" and len(r.sessions.table) == 0 and r.sessions.table.opening == 0
+    with pytest.raises(error, match=message) as caught:
+        await r.sessions.create(SessionCreateRequest(files=files), False, False)
+    assert getattr(caught.value, "field", None) == ("files" if files else None)
+    assert len(r.sessions.table) == 0 and r.sessions.table.opening == 0
 
 
 async def test_a_call_that_ends_its_session_forgets_it_and_says_why() -> None:
@@ -355,3 +367,76 @@ async def test_a_call_the_sandbox_failed_closes_the_session_and_is_a_sandbox_err
     assert r.zygote.closed == [r.zygote.heads[0]["id"]]
     with pytest.raises(SessionGone, match="the sandbox failed the call"):
         r.sessions.table.get(session_id)
+
+
+# ---- races with a session's end ------------------------------------------------------------------
+
+async def test_a_call_queued_behind_one_that_ended_the_session_is_told_why_it_never_ran() -> None:
+    r = rooms()
+    session_id = await r.open()
+    record = r.sessions.table.live[session_id]
+    r.zygote.gate = asyncio.Event()
+    first = asyncio.create_task(r.sessions.run_code(RunCodeRequest(code="1", language="python",
+                                                                   session_id=session_id)))
+    while not r.zygote.in_flight:
+        await asyncio.sleep(0)
+    queued = asyncio.create_task(r.sessions.run_code(RunCodeRequest(code="2", language="python",
+                                                                    session_id=session_id)))
+    await asyncio.sleep(0)
+    r.sessions.end_record(record, "ended by DELETE /sessions")
+    r.zygote.gate.set()
+    await first
+    with pytest.raises(SessionGone, match="ended by DELETE /sessions"):
+        await queued
+    assert [head["op"] for head in r.zygote.heads].count("call") == 1, "the queued call was never sent"
+    assert not record.busy.locked() and r.stats.in_flight == 0
+
+
+async def test_a_call_the_zygote_found_ended_by_the_server_is_a_404_with_the_server_s_reason() -> None:
+    r = rooms()
+    session_id = await r.open()
+    record = r.sessions.table.live[session_id]
+
+    def ended_meanwhile(head: Any) -> dict[str, Any]:
+        r.sessions.table.forget(record, "ended by DELETE /sessions")  # the DELETE won the race to the zygote
+        return {"kind": "call", "status": "Error", "session_alive": False, "error": "the session is not running",
+                "session_end": "closed"}
+    r.zygote.call_reply = ended_meanwhile
+    with pytest.raises(SessionGone, match="ended by DELETE /sessions"):
+        await r.sessions.run_code(RunCodeRequest(code="1", language="python", session_id=session_id))
+
+
+async def test_a_call_cut_short_by_the_server_ending_its_session_names_the_server_s_reason() -> None:
+    r = rooms()
+    session_id = await r.open()
+    record = r.sessions.table.live[session_id]
+
+    def killed_meanwhile(head: Any) -> dict[str, Any]:
+        r.sessions.table.forget(record, "ended by DELETE /sessions")
+        return {**finished(), "kind": "call", "return_code": None, "session_alive": False, "session_end": "closed"}
+    r.zygote.call_reply = killed_meanwhile
+    response = await r.sessions.run_code(RunCodeRequest(code="1", language="python", session_id=session_id))
+    assert response.session_alive is False and "the session ended: ended by DELETE /sessions" in response.message
+
+
+@pytest.mark.parametrize("from_snapshot", [False, True])
+async def test_a_fork_that_lost_the_race_with_its_source_s_end_says_the_source_is_gone(from_snapshot: bool) -> None:
+    r = rooms()
+    source = await r.open()
+    snapshot = (await r.forks.snapshot_session(source)).snapshot_id if from_snapshot else None
+
+    def source_ended(head: Any) -> dict[str, Any]:
+        if snapshot is not None:
+            r.forks.drop(r.forks.snapshots.live[snapshot], "deleted by DELETE /snapshots")
+        else:
+            r.sessions.end_record(r.sessions.table.live[source], "ended by DELETE /sessions")
+        return {"kind": "fork", "status": "Error", "session_alive": False, "busy": True,
+                "error": "the session is not running"}
+    r.zygote.fork_reply = source_ended
+    if snapshot is not None:
+        with pytest.raises(SnapshotGone, match="deleted by DELETE /snapshots"):
+            await r.forks.start_from(SessionCreateRequest(from_snapshot=snapshot))
+    else:
+        with pytest.raises(SessionGone, match="ended by DELETE /sessions"):
+            await r.forks.fork_session(source, SessionForkRequest(count=2))
+    assert r.sessions.table.opening == 0

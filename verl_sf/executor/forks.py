@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Optional, Union
 
 from verl_sf.errors import ForkFailed, ForkUnavailable, InvalidRequest, SessionBusy, SessionGone
@@ -87,7 +88,8 @@ class Forks:
         if source.language == "python":
             await self._sessions.quiet_call(source, FREEZE)
         async with source.busy:
-            return await self._fork(source.zygote, source.open_id, source.id, source.memory_mb, count, freeze)
+            return await self._fork(source.zygote, source.open_id, source.id, source.memory_mb, count, freeze,
+                                    lambda: self._sessions.table.get(source.id))
 
     def info(self, snapshot_id: str) -> SnapshotInfo:
         snapshot = self.snapshots.get(snapshot_id)
@@ -125,15 +127,16 @@ class Forks:
                      else self.config.memory_mb(request.memory_limit_MB))
         async with snapshot.starting:  # a group's trajectories start together: they queue, never 409
             [(open_id, group)] = await self._fork(snapshot.zygote, snapshot.open_id, snapshot.id, memory_mb, 1,
-                                                  freeze=False)
+                                                  False, lambda: self.snapshots.get(snapshot.id))
         snapshot.sessions_started += 1
         session = self._sessions.adopt(open_id, group, snapshot.language, snapshot.zygote, memory_mb,
                                        request.idle_ttl_s or snapshot.idle_ttl_s)
         return self._sessions.info(session.id)
 
     async def _fork(self, zygote: ZygoteProcess, open_id: int, name: str, memory_mb: int, count: int,
-                    freeze: bool) -> list[tuple[int, Optional[str]]]:
-        """The copies' open ids and cgroups; every copy or none."""
+                    freeze: bool, still_there: Callable[[], object]) -> list[tuple[int, Optional[str]]]:
+        """The copies' open ids and cgroups; every copy or none.  `still_there` raises the source's
+        Gone error (with why) once the server has ended it: a fork that lost a race with its end says so."""
         head = jobs.session_fork(open_id, count, self.config, memory_mb, freeze)
         table = self._sessions.table
         table.opening += count
@@ -152,6 +155,8 @@ class Forks:
             raise SessionGone(name, f"its sandbox crashed: {exc}") from exc
         finally:
             table.opening -= count
+        if reply["kind"] == "failed" or reply["status"] != "Finished":
+            still_there()
         if reply["kind"] == "failed":
             raise ForkFailed(f"{name!r} could not be forked: {reply['error']}")
         if reply["status"] != "Finished":

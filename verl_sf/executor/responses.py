@@ -89,7 +89,9 @@ def jupyter_response(reply: Outcome, n_cells: int, timeout: float, context: Resp
                   for _ in range(n_cells - len(cells))]
         status = RunStatus.Failed
     elif driver.status == CommandRunStatus.Error or driver.return_code != 0:
-        message = f"the kernel died: {driver.stderr or driver.return_code}"
+        why = driver.stderr.strip() or (f"exit code {driver.return_code}" if driver.return_code is not None
+                                        else "killed")
+        message = f"the kernel died: {why}"
         status = RunStatus.Failed if driver.status != CommandRunStatus.Error else RunStatus.SandboxError
     else:
         message, status = "", RunStatus.Success
@@ -125,4 +127,6 @@ def _message(compile_result: Optional[CommandRunResult], run_result: Optional[Co
         return "run_timeout exceeded"
     if run_result.status == CommandRunStatus.Error:
         return "sandbox error"
+    if run_result.return_code is None:
+        return "killed before it exited"
     return f"exited with return code {run_result.return_code}"

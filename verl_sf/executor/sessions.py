@@ -9,7 +9,7 @@ import os
 import time
 from typing import Optional, Union
 
-from verl_sf.errors import InvalidRequest, Overloaded, SessionGone
+from verl_sf.errors import InvalidRequest, Overloaded, SandboxFailure, SessionGone
 from verl_sf.executor import jobs
 from verl_sf.executor.admission import Admission
 from verl_sf.executor.config import CELLS, ExecutorConfig
@@ -64,10 +64,11 @@ class Sessions:
             raise
         finally:
             self.table.opening -= 1
-        if reply["kind"] == "failed":
-            raise InvalidRequest("files", f"the session could not start: {reply['error']}")
-        if not reply["session_alive"]:
-            raise InvalidRequest("files", f"the session could not start: {reply.get('session_end')}")
+        if reply["kind"] == "failed" or not reply["session_alive"]:
+            why = reply["error"] if reply["kind"] == "failed" else reply.get("session_end", "its interpreter exited")
+            if request.files:  # what the request gave may be why; else the sandbox is (a limit it reached)
+                raise InvalidRequest("files", f"the session could not start: {why}")
+            raise SandboxFailure(f"the session could not start: {why}")
         session.group = reply.get("group")
         self.table.add(session)
         self.stats.sessions_created += 1
@@ -144,8 +145,9 @@ class Sessions:
         head: SessionCallHead = jobs.session_call(session.open_id, timeout, self.config, session.memory_mb)
         await session.busy.acquire()
         try:
+            self.table.get(session.id)  # it may have ended while this call waited its turn: 404, and why
             self._admission.admit(session.memory_mb)  # its own session is busy: never evicted for it
-        except Overloaded:
+        except (SessionGone, Overloaded):
             session.busy.release()  # refused: the session's next call must not wait for this one
             raise
         call = None
@@ -178,6 +180,11 @@ class Sessions:
         if reply["kind"] == "failed":  # its state is not known: it goes
             self.end_record(session, FAILED_CALL)
         elif not reply["session_alive"]:
+            ended = self.table.ended(session.id)  # the server ended it (DELETE, eviction): its words, not the zygote's
+            if ended is not None and reply["status"] == "Error":
+                raise SessionGone(session.id, ended)  # the call reached it after its end: it never ran
+            if ended is not None:
+                reply["session_end"] = ended
             self.died(session.open_id, reply.get("session_end", "its interpreter exited"))
         return reply, queue_wait
 

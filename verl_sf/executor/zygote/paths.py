@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 from typing import Optional
 
 from .linux import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, SYS_OPENAT2, OpenHow, libc
@@ -93,15 +94,16 @@ def fetch(paths: Optional[list[str]], roots: list[str], limit: int) -> dict[str,
     seen = set()
     room = limit
     for path in paths or ():
-        try:
-            fd = open_beneath(path, os.O_RDONLY, roots)
+        try:  # non-blocking: a FIFO must not hold the reply until its time-out
+            fd = open_beneath(path, os.O_RDONLY | os.O_NONBLOCK, roots)
         except (OSError, ValueError):
             continue
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) in seen or info.st_size > room:
+            os.close(fd)  # only regular files: a directory, FIFO or device is left out
+            continue
+        seen.add((info.st_dev, info.st_ino))
         with os.fdopen(fd, "rb") as fh:
-            info = os.fstat(fh.fileno())
-            if (info.st_dev, info.st_ino) in seen or info.st_size > room:
-                continue
-            seen.add((info.st_dev, info.st_ino))
             data = fh.read(room + 1)
         if len(data) <= room:
             fetched[path] = base64.b64encode(data).decode()
