@@ -338,7 +338,8 @@ def test_oversize_bodies_are_a_413_in_the_servers_shape_on_every_route(fronts_se
             with requests.Session() as client:  # a fresh connection: either front
                 answer = client.request(method, fronts_server.url + path, data=data, headers=headers, timeout=30)
             assert answer.status_code == 413, (method, path, kind, answer.text[:200])
-            assert answer.json() == {"detail": "request body larger than 1048576 bytes"}, (method, path, kind)
+            assert answer.json() == {"detail": "request body larger than 1048576 bytes", "code": "body_too_large"}, \
+                (method, path, kind)
 
 
 @pytest.mark.parametrize("endpoint", JSON_ENDPOINTS)

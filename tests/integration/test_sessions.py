@@ -142,6 +142,7 @@ def test_a_lone_surrogate_is_refused_naming_its_field(server: ServerHandle, rout
     refused = requests.post(server.url + route, data=raw, headers={"Content-Type": "application/json"}, timeout=60)
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"][0]["loc"][-1] == field and "lone surrogate" in refused.text
+    assert (refused.json()["code"], refused.json()["field"]) == ("invalid", field)
 
 
 def test_bash_state_persists_across_calls(server: ServerHandle) -> None:

@@ -89,7 +89,7 @@ def jupyter_response(reply: Outcome, n_cells: int, timeout: float, context: Resp
                   for _ in range(n_cells - len(cells))]
         status = RunStatus.Failed
     elif driver.status == CommandRunStatus.Error or driver.return_code != 0:
-        why = driver.stderr.strip() or (f"exit code {driver.return_code}" if driver.return_code is not None
+        why = (driver.stderr or "").strip() or (f"exit code {driver.return_code}" if driver.return_code is not None
                                         else "killed")
         message = f"the kernel died: {why}"
         status = RunStatus.Failed if driver.status != CommandRunStatus.Error else RunStatus.SandboxError

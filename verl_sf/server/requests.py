@@ -38,8 +38,14 @@ class JsonBodyError(InputError):
     """A request body that is not JSON, or JSON nested past MAX_JSON_DEPTH."""
 
 
-def error(status: int, detail: Any) -> web.Response:
-    return web.json_response({"detail": detail}, status=status)
+def refused(request: web.Request, status: int, code: str, detail: Any) -> web.Response:
+    """A request refused for what it is (its body, a field), counted under `code` as the Prometheus
+    reason and carrying it, as `errors.ANSWERS`' answers do; a 422 also names its first `field`."""
+    get_metrics(request).rejections.labels(code).inc()
+    body: dict[str, Any] = {"detail": detail, "code": code}
+    if isinstance(detail, list) and detail and len(detail[0]["loc"]) > 1:
+        body["field"] = str(detail[0]["loc"][1])
+    return web.json_response(body, status=status)
 
 
 def validation_detail(exc: ValidationError, where: str = "body") -> list[dict[str, Any]]:
@@ -85,16 +91,14 @@ async def parse(request: web.Request, model: type[RequestT]) -> RequestT | web.R
     try:
         body = load_json(await request.read())
     except JsonBodyError as exc:
-        get_metrics(request).rejections.labels("malformed").inc()
-        return error(400, str(exc))
+        return refused(request, 400, "malformed", str(exc))
     if not isinstance(body, dict):
-        get_metrics(request).rejections.labels("malformed").inc()
-        return error(422, [{"loc": ["body"], "msg": "request body must be a JSON object", "type": "type_error"}])
+        return refused(request, 422, "malformed",
+                       [{"loc": ["body"], "msg": "request body must be a JSON object", "type": "type_error"}])
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        get_metrics(request).rejections.labels("invalid").inc()
-        return error(422, validation_detail(exc))
+        return refused(request, 422, "invalid", validation_detail(exc))
 
 
 def body_middleware(timeout_s: float) -> Middleware:
@@ -124,25 +128,21 @@ def body_middleware(timeout_s: float) -> Middleware:
 
 async def _read_body(request: web.Request, timeout_s: float) -> web.StreamResponse | None:
     limit = request.app["max_body_bytes"]
-    metrics = get_metrics(request)
     too_large = f"request body larger than {limit} bytes"
     if (request.content_length or 0) > limit:  # refused before a byte of it is read
-        metrics.rejections.labels("body_too_large").inc()
-        return error(413, too_large)
+        return refused(request, 413, "body_too_large", too_large)
     try:
         async with deadline(timeout_s):  # not wait_for: its own task turns a client's leaving into an error
             await request.read()  # aiohttp keeps the bytes for the handler
     except web.HTTPRequestEntityTooLarge:  # chunked, or compressed: its size shows as it arrives
-        metrics.rejections.labels("body_too_large").inc()
-        return error(413, too_large)
+        return refused(request, 413, "body_too_large", too_large)
     except web.RequestPayloadError as exc:  # a broken chunked framing or content encoding
-        metrics.rejections.labels("malformed").inc()
         reason = getattr(exc.__cause__, "message", None) or str(exc)
-        return await _answer_and_close(request, error(400, f"request body cannot be read: {reason}"))
+        return await _answer_and_close(request, refused(request, 400, "malformed",
+                                                        f"request body cannot be read: {reason}"))
     except asyncio.TimeoutError:
-        metrics.rejections.labels("body_timeout").inc()
-        return await _answer_and_close(request, error(408, f"request body not received within {timeout_s:g} s "
-                                                           "of its header"))
+        return await _answer_and_close(request, refused(request, 408, "body_timeout", f"request body not received "
+                                                        f"within {timeout_s:g} s of its header"))
     return None
 
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from verl_sf.errors import Overloaded
 from verl_sf.server.rejections import refuse
-from verl_sf.server.requests import EXECUTOR_KEY, error, get_metrics, parse, validation_detail
+from verl_sf.server.requests import EXECUTOR_KEY, get_metrics, parse, refused, validation_detail
 from verl_sf.verl_tool.config import VerlToolConfig
 from verl_sf.verl_tool.protocol import GetObservationRequest, GetObservationResponse, ObservationQuery
 from verl_sf.verl_tool.tool import PythonCodeTool, build_tool
@@ -22,8 +22,7 @@ async def get_observation(request: web.Request) -> web.Response:
     try:
         query = ObservationQuery.model_validate(dict(request.query))
     except ValidationError as exc:
-        get_metrics(request).rejections.labels("invalid").inc()
-        return error(422, validation_detail(exc, "query"))
+        return refused(request, 422, "invalid", validation_detail(exc, "query"))
     parsed = await parse(request, GetObservationRequest)
     if isinstance(parsed, web.Response):
         return parsed
