@@ -67,7 +67,7 @@ class Rooms:
 def rooms(**settings: Any) -> Rooms:
     config = dataclasses.replace(ExecutorConfig(slots=4, max_in_flight=8, runs_memory_mb=1000), **settings)
     stats = ExecutorStats()
-    admission = Admission(config, stats, lambda free, need: sessions.make_room(free, need))
+    admission = Admission(config, stats, lambda memory_mb: sessions.make_room(memory_mb))
     sessions = Sessions(config, stats, admission)
     forks = Forks(config, admission, sessions)
     forks.refusal = ""

@@ -24,8 +24,8 @@ from verl_sf.executor.status import ExecutorStats
 from verl_sf.executor.zygote.messages import Outcome
 from verl_sf.executor.zygote_process import encode_body
 
-MakeRoom = Callable[[int, int], None]
-"""Evict idle sessions until `need` bytes fit in `free` ones (a session in a call is not idle)."""
+MakeRoom = Callable[[int], None]
+"""Make room under the memory cap for a run of so many MB (by evicting idle sessions)."""
 
 
 class Admission:
@@ -49,17 +49,10 @@ class Admission:
         return self.cgroups.memory_usage()
 
     def admit(self, memory_mb: int) -> None:
-        """One more run in flight, or `Overloaded`.  Idle sessions' files count against the cap over
-        all runs and sessions but belong to no running process, so the kernel would kill a new run for
-        them: when the cap is near, idle sessions are evicted first (a run is assumed to need at most
-        a quarter of the cap)."""
+        """One more run in flight, or `Overloaded`; room made for it under the memory cap first."""
         if self.stats.in_flight >= self.config.max_in_flight:
             raise self.refuse(f"{self.stats.in_flight} runs in flight (max_in_flight={self.config.max_in_flight})")
-        cap = self.config.runs_memory_mb << 20
-        used = self.memory_used()
-        need = min(memory_mb << 20, cap // 4)
-        if used is not None and used + need > cap:
-            self._make_room(cap - used, need)
+        self._make_room(memory_mb)
         self.stats.in_flight += 1
 
     def reserve_memory(self) -> None:

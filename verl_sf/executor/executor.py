@@ -61,7 +61,7 @@ class Executor:
         self._extra_etc = extra_etc
         self._pool: Optional[ZygotePool] = None  # these two at start
         self._runs: Optional[Runs] = None
-        self._admission = Admission(self.config, self.stats, lambda free, need: self._sessions.make_room(free, need))
+        self._admission = Admission(self.config, self.stats, lambda memory_mb: self._sessions.make_room(memory_mb))
         self._sessions = Sessions(self.config, self.stats, self._admission)
         self._forks = Forks(self.config, self._admission, self._sessions)
         self._reaper: Optional[asyncio.Task[None]] = None

@@ -110,8 +110,19 @@ class Sessions:
         except (OSError, ValueError):
             return None
 
-    def make_room(self, free: int, need: int) -> None:
-        """Evict the longest-idle sessions until `need` bytes fit in `free` ones."""
+    def make_room(self, memory_mb: int) -> None:
+        """Idle sessions' files count against the cap over all runs and sessions but belong to no
+        running process, so the kernel would kill a new run for them: when the cap is near, the
+        longest-idle sessions are evicted first (a run is assumed to need at most a quarter of the
+        cap).  Without sessions nothing is read: the hot path of stateless runs."""
+        if not self.table.live:
+            return
+        used = self._admission.memory_used()
+        cap = self.config.runs_memory_mb << 20
+        need = min(memory_mb << 20, cap // 4)
+        if used is None or used + need <= cap:
+            return
+        free = cap - used
         for session in self.table.idle():
             held = self._memory(session) or 0
             self.end_record(session, f"evicted: its memory ({held >> 20} MB) was needed by a new run under the "
