@@ -36,9 +36,11 @@ has_libseccomp() {
 
 install_system_packages() {
   # bubblewrap builds every sandbox and libseccomp compiles its filter; we install them when we can.
+  # The check also needs perf (scripts/benchmark_profile.py samples the machine with it).
   local wanted=()
   command -v bwrap >/dev/null 2>&1 || wanted+=(bubblewrap)
   has_libseccomp || wanted+=(libseccomp2)
+  [ "${1:-}" = test ] && ! command -v perf >/dev/null 2>&1 && wanted+=(linux-perf)
   [ ${#wanted[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "verl-sf: installing ${wanted[*]} (apt-get)" >&2
@@ -124,7 +126,7 @@ case "$mode" in
     exec "$VENV/bin/verl-sf" serve "$@"
     ;;
   test)
-    install_system_packages
+    install_system_packages test
     setup_venv all
     install_languages all
     ensure_ci_account

@@ -50,6 +50,15 @@ def test_numpy_interpreter_holds_numpy_random_but_not_threading(one_slot: Server
     assert stdout(body) == "True False"
 
 
+def test_the_lean_interpreter_holds_no_module_every_run_would_pay_for(one_slot: ServerHandle) -> None:
+    """Fork hooks (`random`, `threading`) run in every forked run; big modules (`inspect`, pulled
+    in by `dataclasses`; `shutil`'s compressors) are page-table entries every fork copies and every
+    run's exit tears down.  A plain run finds none of them already imported."""
+    probe = ("import sys\nprint(sorted(m for m in ('random', 'threading', 'inspect', 'dataclasses', 'shutil',"
+             " 'secrets', 'platform', 'lzma') if m in sys.modules))")
+    assert stdout(run_code(one_slot, probe)) == "[]"
+
+
 def test_code_naming_several_libraries_forks_from_the_full_interpreter(one_slot: ServerHandle) -> None:
     body = run_code(one_slot, "import numpy, sympy\n" + PROBE)
     assert stdout(body) == "['numpy', 'scipy', 'sympy']"

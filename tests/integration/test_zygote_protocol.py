@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -226,3 +227,20 @@ def test_output_taken_before_its_event_is_handled_does_not_stall_the_zygote(zyg:
     interrupted = zyg.reply_to(42)
     assert interrupted["status"] == "TimeLimitExceeded" and interrupted["session_alive"] is True, interrupted
     assert "late" not in interrupted["stdout"]
+
+
+def _ready_children(zyg: Zygote) -> int:
+    return sum(comm(pid) == READY for pid in _children(zyg.process.pid))
+
+
+def test_the_second_ready_child_is_forked_once_no_run_waits(zyg: Zygote) -> None:
+    """A fork holds the zygote up for its own CPU: while a run waits for its answer one child is
+    kept ready, and the second is forked after the answer has left."""
+    wait_until(lambda: _ready_children(zyg) == 2, 30, "two children ready while the zygote is idle")
+    zyg.run(50, "import time\nfor _ in range(20):\n    print('tick', flush=True)\n    time.sleep(0.05)")
+    wait_until(lambda: _ready_children(zyg) == 1, 30, "a ready child takes the run")
+    # Each tick is an event of the zygote's loop, which refills after every event it handles.
+    time.sleep(0.5)
+    assert _ready_children(zyg) == 1
+    assert zyg.reply_to(50)["stdout"] == "tick\n" * 20
+    wait_until(lambda: _ready_children(zyg) == 2, 30, "the second child is forked once the answer has left")

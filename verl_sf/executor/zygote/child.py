@@ -9,12 +9,11 @@ the run's uid, no capabilities, no_new_privs and the seccomp filter.  User code 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import os
 import resource
 import signal
-from typing import NoReturn, Optional
+from typing import NamedTuple, NoReturn, Optional
 
 from . import exits, ipython_shell, landlock, linux, root
 from .interactive import BASH_SESSION, JOB_FD, python_session
@@ -30,8 +29,9 @@ from .wire import READ_CHUNK, loads, report
 READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
 
 
-@dataclasses.dataclass
-class Mount:
+# NamedTuples rather than dataclasses: `dataclasses` imports `inspect`, ~1 MB more heap that every
+# fork copies the page-table entries of and every run's exit tears down.
+class Mount(NamedTuple):
     """A per-child tmpfs: mount(2)'s target and options, and the entries bound back on top of it."""
 
     target: str
@@ -39,8 +39,7 @@ class Mount:
     keep: list[str]
 
 
-@dataclasses.dataclass
-class Blueprint:
+class Blueprint(NamedTuple):
     """What every child is made from, prepared once by the zygote."""
 
     cfg: ZygoteConfig

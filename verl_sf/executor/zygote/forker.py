@@ -25,7 +25,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import secrets
 import signal
 import socket
 import stat
@@ -178,7 +177,7 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     interpreter's pid and the zygote's ends of its channels."""
     cfg = blueprint.cfg
     ids = "0 0 1" if cfg["single_uid"] else f"{cfg['uid']} {cfg['uid']} 1"
-    token = secrets.token_hex(8)
+    token = os.urandom(8).hex()  # not `secrets`: it imports `random`, whose fork hook every run would pay
     fifos = [f"{cfg['tmpdir']}/.verl-sf-fork-{token}-{fd}" for fd in CHANNELS]
     _run_helper(lambda: _map_ids(source.pid, init.pid, ids))
     _run_helper(lambda: _helper(blueprint, init.pid, groups, fifos))

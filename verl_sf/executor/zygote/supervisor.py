@@ -12,7 +12,6 @@ import contextlib
 import os
 import resource
 import select
-import shutil
 import socket
 import time
 import traceback
@@ -37,6 +36,8 @@ ENDED_KEPT = 4096  # ended sessions whose reason a late call is still told
 # Plain children kept ready: two, so that one forked as the last run ended has finished setting up
 # by the time the next request of a client waiting on that reply comes (its set-up takes longer).
 READY_DEPTH = {False: 2, True: 1}
+# While a run waits for its answer, one: a fork then would hold the zygote up as the run ends.
+READY_DEPTH_BUSY = {False: 1, True: 1}
 
 
 class Zygote:
@@ -192,9 +193,11 @@ class Zygote:
     # ---- children ------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Fork the next children ahead of time, namespaces and all, so a request only pays for
-        handing one its job.  Each waits on its job socket; the zygote closing that ends it."""
+        handing one its job.  Each waits on its job socket; the zygote closing that ends it.  The
+        second plain one is forked once no run waits for its answer (the zygote's fork is its own CPU)."""
+        depth = READY_DEPTH_BUSY if self.runs else READY_DEPTH
         for rooted in (False, True) if self.rooted_wanted else (False,):
-            while len(self.ready[rooted]) < READY_DEPTH[rooted]:
+            while len(self.ready[rooted]) < depth[rooted]:
                 self.ready[rooted].append(self._fork_child(rooted))
 
     def _fork_child(self, rooted: bool) -> Ready:
@@ -323,6 +326,7 @@ class Zygote:
             else:
                 os.close(network)
         if not self.isolated:
+            import shutil  # here: the namespaces rung's zygote, and every fork of it, goes without it and bz2, lzma
             shutil.rmtree(f"{self.cfg['workdir']}/run-{job.pid}", ignore_errors=True)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import platform
 import signal
 import time
 from typing import Optional
@@ -52,7 +51,7 @@ class Registers(ctypes.Structure):
 
 
 def supported() -> bool:
-    return platform.machine() == "x86_64"
+    return os.uname().machine == "x86_64"
 
 
 def _ptrace(request: int, pid: int, addr: int = 0, data: int = 0) -> int:
