@@ -71,7 +71,6 @@ class Child:
 
     def setup(self, job_r: int, out_w: int, err_w: int, meta_w: int) -> NoReturn:
         linux.set_name(READY_NAME)
-        self.blueprint.seccomp.prepare()
         if self.blueprint.isolated:
             self._mounts()
         else:

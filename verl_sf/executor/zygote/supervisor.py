@@ -25,7 +25,7 @@ from .messages import Head, Reply, ZygoteConfig
 from .python_runner import install_stdio, stdio_for_runs
 from .run import Run
 from .run_groups import Groups, RunGroups
-from .seccomp import sealed_filter
+from .seccomp import compiled_filter
 from .session import SessionJob
 from .warmup import preload, reseed_generators
 from .wire import READ_CHUNK, Lines, dumps, loads, readable, write_all
@@ -60,7 +60,7 @@ class Zygote:
         os.set_blocking(self.req_fd, False)
         os.environ.clear()  # children inherit the environment: set once here, not in every run
         os.environ.update(config["env"])
-        seccomp = sealed_filter(config)
+        seccomp = compiled_filter(config)
         owner = 0 if config["single_uid"] else config["uid"]
         mounts = [Mount(target, _tmpfs_options(config["sizes"][target], target == config["tmpdir"], owner),
                         config["keep"].get(target, []))
