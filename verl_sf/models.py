@@ -254,7 +254,7 @@ class SessionForkRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int = Field(default=1, ge=1, le=MAX_FORK_COUNT)
+    count: int = Field(default=1, ge=1, le=MAX_FORK_COUNT, strict=True)  # `true` or `2.0` is not a count
     reseed: bool = False
     """Reseed the forks' random generators (random, numpy; bash's $RANDOM): by default each fork
     draws what its parent would have drawn next, as after fork(2)."""

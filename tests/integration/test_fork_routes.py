@@ -170,8 +170,8 @@ def test_a_deleted_snapshot_is_404_saying_so(server: ServerHandle) -> None:
         assert response.status_code == 404 and "deleted" in response.json()["detail"], response.text
 
 
-@pytest.mark.parametrize("count", [0, -1, MAX_FORK_COUNT + 1, 10000])
-def test_a_count_out_of_range_is_422_naming_count(server: ServerHandle, count: int) -> None:
+@pytest.mark.parametrize("count", [0, -1, MAX_FORK_COUNT + 1, 10000, True, 2.0, "2"])
+def test_a_count_out_of_range_or_not_an_integer_is_422_naming_count(server: ServerHandle, count: object) -> None:
     parent = create(server)
     response = fork(server, parent, {"count": count})
     assert response.status_code == 422 and detail_fields(response) == [["body", "count"]], response.text

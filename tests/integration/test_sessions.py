@@ -163,6 +163,19 @@ def test_session_files_are_written_at_creation_and_fetched_per_call(server: Serv
     assert body["status"] == "Success" and base64.b64decode(body["files"]["out.txt"]) == b"seed!"
 
 
+@pytest.mark.parametrize("language", ["python", "bash"])
+def test_a_file_that_is_not_base64_is_named_with_the_reason_the_session_did_not_start(
+        server: ServerHandle, language: str) -> None:
+    reply = requests.post(server.url + "/sessions", timeout=30,
+                          json={"language": language, "files": {"ok.txt": "b2s=", "bad.txt": "!!notbase64"}})
+    assert reply.status_code == 400, reply.text
+    body = reply.json()
+    assert body["field"] == "files" and "could not write file 'bad.txt'" in body["reason"], body
+    assert "base64" in body["reason"], body
+    assert stdout(call(server, create(server, language=language), "echo ok" if language == "bash" else "print('ok')",
+                       language=language)) == "ok\n"  # the server serves on
+
+
 def test_bash_sessions_fetch_files_from_their_own_directories(server: ServerHandle) -> None:
     import base64
 

@@ -21,6 +21,7 @@ from .run_groups import Groups
 from .wire import loads, write_all
 
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
+STARTUP_ERROR_CHARS = 500  # of what a session that never started wrote to stderr, the end kept in its reason
 
 
 class SessionJob(Job):
@@ -242,6 +243,11 @@ class SessionJob(Job):
         ended: StageResult = {}
         self.note_memory(zygote, ended)
         reason = self.failure or self.end_reason or "its interpreter exited"
+        if self.interpreter < 0 and self.call is None:  # it never started: what its set-up said is why
+            self.drain(zygote)
+            said = self.buffers.get(self.err_r, b"").decode("utf-8", "replace").strip()
+            if said:
+                reason = f"{reason}: {said[-STARTUP_ERROR_CHARS:]}"
         if self.call is not None:
             stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", None, None)
             reply: CallReply = {**stage, **ended, "kind": "call", "id": self.call["id"], "session_alive": False,
