@@ -64,6 +64,8 @@ class ZygoteProcess:
         self._closed = False  # stopped for good: a late request must not start it again
         self._starting: Optional[asyncio.Task[None]] = None
         self.fault = ""  # why the last reader failed, until a restarted zygote answers again
+        # Requests made in one turn of the event loop leave in one write: each write wakes the zygote.
+        self._outgoing: list[bytes] = []
 
     @property
     def load(self) -> int:
@@ -221,7 +223,14 @@ class ZygoteProcess:
 
     def _write(self, head: Head, body: bytes) -> None:
         assert self.process is not None and self.process.stdin is not None
-        self.process.stdin.write(json.dumps(head).encode() + b"\t" + body + b"\n")
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush, self.process)
+        self._outgoing.append(json.dumps(head).encode() + b"\t" + body + b"\n")
+
+    def _flush(self, process: asyncio.subprocess.Process) -> None:
+        lines, self._outgoing = self._outgoing, []
+        if process.stdin is not None and process is self.process:  # a zygote gone meanwhile fails its requests itself
+            process.stdin.write(b"".join(lines))
 
     async def stop(self) -> None:
         self._closed = True
