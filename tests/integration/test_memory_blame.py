@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
+from tests.cgroup_layout import controller_dirs, is_v2
 from tests.server_fixtures import run_code, server_in_mode
+from tests.waiting import wait_until
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the all-runs memory cap is a cgroup: the server needs root")
@@ -29,3 +34,37 @@ def test_idle_sessions_files_do_not_get_a_run_killed() -> None:
         for _ in range(3):
             body = run_code(handle, "x = bytearray(150 << 20)\nprint('fine')\n", memory_limit_MB=512)
             assert body["status"] == "Success" and body["run_result"]["stdout"] == "fine\n", body
+
+
+
+def _members(procs_files: list[Path]) -> set[int]:
+    return {int(pid) for procs in procs_files for pid in procs.read_text().split()}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the all-runs memory cap is a cgroup: the server needs root")
+def test_the_zygotes_stay_out_of_the_cap_over_all_runs() -> None:
+    """A burst at the cap makes the kernel reclaim inside it; a zygote there would wait in that reclaim on
+    each fork (cgroup v1).  The cap holds the runs only; v2 keeps each zygote's leaf in its sandbox's group."""
+    with server_in_mode("root", "--slots", "2", "--sandboxes", "1", "--preload", "",
+                        "--runs-memory-mb", "1536") as handle:
+        top = next(controller_dirs()["memory"].glob(f"verl-sf-{handle.process.pid}-*"))
+        capped = top if is_v2() else top / "runs"
+        assert (capped / ("memory.max" if is_v2() else "memory.limit_in_bytes")).read_text().strip() == str(1536 << 20)
+        reply: dict[str, Any] = {}
+        running = threading.Thread(target=lambda: reply.update(run_code(handle, "import time; time.sleep(4)")))
+        running.start()
+
+        def runs() -> set[int]:
+            return _members(list(capped.glob("*/run-*/cgroup.procs")))
+
+        wait_until(runs, 20, "the run is in its group below the cap")
+        if is_v2():
+            zygotes = _members(list(capped.glob("*/zygote/cgroup.procs")))
+        else:
+            zygotes = _members([top / "zygotes" / "cgroup.procs"])
+            assert zygotes.isdisjoint(_members(list(capped.rglob("cgroup.procs"))))
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in zygotes]
+        assert any(b"-I" in argv and b"-c" in argv and b"bwrap" not in argv[0] for argv in commands), commands
+        assert runs().isdisjoint(zygotes)
+        running.join(timeout=30)
+        assert reply["status"] == "Success", reply

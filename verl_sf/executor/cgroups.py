@@ -8,6 +8,12 @@ root uid (an unprivileged host uid), as systemd delegates a subtree: the zygote 
 create, limit and join groups below it and nothing else.  Both cgroup v1 (separate `memory` and
 `pids` hierarchies) and v2 (one unified tree) are handled; when neither is writable the runs
 fall back to rlimits and /health says so.
+
+Under v1 the memory hierarchy is `verl-sf-<pid>-<id>/runs/<sandbox>`, the cap on `runs`, and the
+zygotes live beside it in `verl-sf-<pid>-<id>/zygotes`: runs that fill the cap make the kernel
+reclaim and kill inside it, and a zygote there would wait in that reclaim on its next fork, with
+every run it holds.  (v2 moves a process only within a delegated subtree, so there the zygote's
+leaf stays inside its sandbox's group.)
 """
 
 from __future__ import annotations
@@ -33,13 +39,16 @@ def _write(path: Path, value: str) -> None:
 class SandboxCgroup:
     """The groups one sandbox lives in, one directory per controller (the same one under v2)."""
 
-    def __init__(self, dirs: dict[str, Path], v2: bool):
+    def __init__(self, dirs: dict[str, Path], v2: bool, homes: Optional[dict[str, Path]] = None):
         self.dirs = {controller: str(path) for controller, path in dirs.items()}
         self.v2 = v2
+        # Where the zygote itself lives, by controller: its delegated directory unless given.
+        self.homes = {**self.dirs, **{controller: str(path) for controller, path in (homes or {}).items()}}
 
     @property
     def procs_files(self) -> list[str]:
-        return [os.path.join(d, "cgroup.procs") for d in dict.fromkeys(self.dirs.values())]
+        """The groups the zygote joins as it starts."""
+        return [os.path.join(d, "cgroup.procs") for d in dict.fromkeys(self.homes.values())]
 
     def delegate(self, uid: int) -> None:
         """Hand the directories to `uid`, which may then create and fill groups below them."""
@@ -119,7 +128,9 @@ class CgroupManager:
         self.v2 = (root / "cgroup.controllers").exists()
         self.available = False
         self.reason = ""
-        self._parents: dict[str, Path] = {}
+        self._tops: dict[str, Path] = {}  # this server's group, by controller
+        self._parents: dict[str, Path] = {}  # where the sandboxes' groups go, by controller
+        self._homes: dict[str, Path] = {}  # where the zygotes live when not in their sandbox's group
         try:
             self._setup()
             self.available = True
@@ -136,11 +147,16 @@ class CgroupManager:
         for base in dict.fromkeys(bases.values()):
             _sweep_stale_groups(base)
         for controller, base in bases.items():
-            parent = base / self.name
-            parent.mkdir(exist_ok=True)
-            self._parents[controller] = parent
+            top = base / self.name
+            top.mkdir(exist_ok=True)
+            self._tops[controller] = self._parents[controller] = top
         if self.v2:
             _write(self._parents["memory"] / "cgroup.subtree_control", "+memory +pids")
+        else:
+            self._parents["memory"] = self._tops["memory"] / "runs"
+            self._homes["memory"] = self._tops["memory"] / "zygotes"
+            for group in (self._parents["memory"], self._homes["memory"]):
+                group.mkdir(exist_ok=True)
         if self.memory_cap_bytes:  # an out-of-memory kill then stays among the runs
             _write(self._parents["memory"] / ("memory.max" if self.v2 else "memory.limit_in_bytes"),
                    str(self.memory_cap_bytes))
@@ -167,7 +183,7 @@ class CgroupManager:
             path = parent / name
             path.mkdir(exist_ok=True)
             dirs[controller] = path
-        return SandboxCgroup(dirs, self.v2)
+        return SandboxCgroup(dirs, self.v2, self._homes)
 
     def memory_usage(self) -> Optional[int]:
         """Bytes charged to all runs and sessions together (files in their tmpfs included)."""
@@ -180,8 +196,8 @@ class CgroupManager:
             return None
 
     def remove(self) -> None:
-        for parent in dict.fromkeys(self._parents.values()):
-            _remove_tree(parent)
+        for top in dict.fromkeys(self._tops.values()):
+            _remove_tree(top)
 
 
 def _sweep_stale_groups(base: Path) -> None:

@@ -81,8 +81,9 @@ class ExecutorConfig:
     default_memory_mb: int = 2048
     """Cap applied when a request says memory_limit_MB=-1."""
     runs_memory_mb: int = dataclasses.field(default_factory=default_runs_memory_mb)
-    """Cap on the memory of all runs and sessions together (the cgroup above every sandbox's).  The runs'
-    own caps may add up past it; a burst that reaches it has runs killed for memory, never the server."""
+    """Cap on the memory of all runs and sessions together (the cgroup above every sandbox's; the zygotes
+    are outside it on cgroup v1).  The runs' own caps may add up past it; a burst that reaches it has runs
+    killed for memory, never the server."""
     output_limit_bytes: int = 1 << 20
     """Per stream (stdout, stderr) kept and returned; the rest is counted and marked as cut."""
     workdir_size_mb: int = 256
