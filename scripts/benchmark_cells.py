@@ -56,7 +56,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     checkouts = {"baseline": os.path.abspath(args.baseline), "this": here}
-    servers = {name: start_server_process(*args.server_arg, env={**os.environ, "PYTHONPATH": path}, cwd=path)
+    servers = {name: start_server_process(*args.server_arg, checkout=path)
                for name, path in checkouts.items()}
     apis = ("/run_jupyter", "/run_code") if args.mixed else ("/run_jupyter",)
     latencies: dict[tuple[str, str], list[float]] = {(n, a): [] for n in servers for a in apis}

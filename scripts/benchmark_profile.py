@@ -201,8 +201,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     from verl_sf.server.process import start_server_process, stop_server_process
 
-    env = {**os.environ, "PYTHONPATH": args.checkout} if args.checkout else None
-    process, url = start_server_process(env=env, cwd=args.checkout)
+    process, url = start_server_process(checkout=args.checkout)
     try:
         result = profile(url, process.pid, args.code, args.concurrency, args.seconds, args.warmup)
     finally:

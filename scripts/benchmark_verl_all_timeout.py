@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import threading
 import time
 from typing import Any, Optional
@@ -77,8 +76,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     process = None
     url = args.url
     if url is None:
-        env = {**os.environ, "PYTHONPATH": args.checkout} if args.checkout else None
-        process, url = start_server_process(env=env, cwd=args.checkout)
+            process, url = start_server_process(checkout=args.checkout)
     rounds = []
     try:
         for index in range(args.rounds):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Optional
 
@@ -18,8 +17,7 @@ def served(url: Optional[str], server_args: list[str],
     if url is not None:
         yield url.rstrip("/"), None
         return
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)} if checkout else None
-    process, started = start_server_process(*server_args, env=env, cwd=os.path.abspath(checkout) if checkout else None)
+    process, started = start_server_process(*server_args, checkout=checkout)
     try:
         yield started.rstrip("/"), process.pid
     finally:

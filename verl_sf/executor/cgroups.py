@@ -131,6 +131,7 @@ class CgroupManager:
         self._tops: dict[str, Path] = {}  # this server's group, by controller
         self._parents: dict[str, Path] = {}  # where the sandboxes' groups go, by controller
         self._homes: dict[str, Path] = {}  # where the zygotes live when not in their sandbox's group
+        self._usage_fd: Optional[int] = None  # the runs' memory.current (v2) or memory.usage_in_bytes (v1)
         try:
             self._setup()
             self.available = True
@@ -186,16 +187,22 @@ class CgroupManager:
         return SandboxCgroup(dirs, self.v2, self._homes)
 
     def memory_usage(self) -> Optional[int]:
-        """Bytes charged to all runs and sessions together (files in their tmpfs included)."""
+        """Bytes charged to all runs and sessions together (files in their tmpfs included).  Read on
+        every session call: the file stays open and each read is one pread (the kernel renders it anew)."""
         if "memory" not in self._parents:
             return None
-        usage = self._parents["memory"] / ("memory.current" if self.v2 else "memory.usage_in_bytes")
         try:
-            return int(usage.read_text())
+            if self._usage_fd is None:
+                name = "memory.current" if self.v2 else "memory.usage_in_bytes"
+                self._usage_fd = os.open(self._parents["memory"] / name, os.O_RDONLY | os.O_CLOEXEC)
+            return int(os.pread(self._usage_fd, 32, 0))
         except (OSError, ValueError):
             return None
 
     def remove(self) -> None:
+        if self._usage_fd is not None:
+            os.close(self._usage_fd)
+            self._usage_fd = None
         for top in dict.fromkeys(self._tops.values()):
             _remove_tree(top)
 

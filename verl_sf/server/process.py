@@ -35,15 +35,19 @@ def die_with_parent(parent_pid: Optional[int] = None) -> None:
 def start_server_process(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120.0,
                          preexec_fn: Optional[Callable[[], None]] = None, host: str = "127.0.0.1",
                          port: int = 0, user: Optional[str] = None, stderr: Optional[IO[str]] = None,
-                         cwd: Optional[str] = None) -> tuple[subprocess.Popen, str]:
+                         checkout: Optional[str] = None) -> tuple[subprocess.Popen, str]:
     """Run `verl-sf serve --host HOST --port PORT *args`; return the process and its base URL.
 
     `user` (an account name; needs root) starts the server as that account, with its primary
-    group only, as an ordinary user would.  `cwd`: where it runs; `-m` imports a `verl_sf` found
-    there before any other (a benchmark's baseline checkout)."""
+    group only, as an ordinary user would.  `checkout`: serve that checkout's `verl_sf` rather than
+    the installed one (a benchmark's baseline): run there, with it first on PYTHONPATH."""
     cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", host, "--port", str(port), *args]
     identity: dict[str, Any] = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env or os.environ.copy(),
+    env = dict(env or os.environ)
+    cwd = os.path.abspath(checkout) if checkout else None
+    if cwd:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (cwd, env.get("PYTHONPATH"))))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env,
                             start_new_session=True, preexec_fn=preexec_fn, stderr=stderr, cwd=cwd, **identity)
     lines = _lines_until_listening(proc)
     deadline = time.monotonic() + timeout

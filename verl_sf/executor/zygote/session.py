@@ -184,10 +184,11 @@ class SessionJob(Job):
             reply["cells"] = cells
         self.call = None
         self.interrupted = None
-        # What a call left running in the background drops to the lowest CPU priority.
+        zygote.reply(reply)
+        # What a call left running in the background drops to the lowest CPU priority (after the reply:
+        # it is a walk of /proc, and nothing of the call waits for it).
         for pid in self.background():
             procfs.demote_tree(pid)
-        zygote.reply(reply)
 
     # -- ending ----------------------------------------------------------------------------------
     def on_event(self, zygote: JobHost, fd: int) -> None:
