@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.server_fixtures import SERVER_SECRET, ServerHandle, start_server, stop_server
+from tests.server_fixtures import SERVER_SECRET, ServerHandle, server_in_mode, start_server, stop_server
 from tests.waiting import wait_until
 from verl_sf.models import MAX_FORK_COUNT
 
@@ -234,3 +234,26 @@ def test_a_session_in_a_call_is_409_for_fork_and_snapshot(server: ServerHandle) 
     assert requests.get(server.url + "/health", timeout=30).json()["sessions"] <= MAX_SESSIONS
     after = fork(server, busy, {})
     assert after.status_code == 201, "once the call has finished the session forks"
+
+
+def test_forks_past_the_accounts_process_limit_are_503_and_leave_nothing() -> None:
+    """As an ordinary account a run's process cap is RLIMIT_NPROC, which a session's forks share: a fork
+    that meets it is capacity (503 + Retry-After, naming the limit), never a 500, and all or none."""
+    with server_in_mode("non-root", "--slots", "2", "--preload", "", "--max-processes", "24") as handle:
+        def sessions() -> int:
+            return int(requests.get(handle.url + "/health", timeout=30).json()["sessions"])
+
+        created = requests.post(handle.url + "/sessions", json={"language": "python"}, timeout=60)
+        assert created.status_code == 201, created.text
+        parent = created.json()["session_id"]
+        response = requests.post(f"{handle.url}/sessions/{parent}/fork", json={"count": 40}, timeout=120)
+        assert response.status_code == 503, response.text
+        assert response.headers["Retry-After"] and response.json()["code"] == "overloaded"
+        assert "process limit" in response.json()["detail"]
+        assert sessions() == 1
+        one = requests.post(f"{handle.url}/sessions/{parent}/fork", json={"count": 1}, timeout=120)
+        assert one.status_code == 201, one.text
+        [copy] = one.json()["session_ids"]
+        answer = requests.post(handle.url + "/run_code", json={"code": "print(7)", "language": "python",
+                                                               "session_id": copy}, timeout=60).json()
+        assert answer["run_result"]["stdout"] == "7\n", answer

@@ -163,6 +163,11 @@ class Forks:
             error = reply.get("error", "the sandbox gave no reason")
             if reply.get("busy"):
                 raise SessionBusy(name, error)
+            if reply.get("limit"):
+                raise self._admission.refuse(
+                    f"{name!r} could not be forked: a process of a copy met the process limit of the sandbox's "
+                    f"account ({error}); every run, session and fork of that account counts against it, so "
+                    f"fewer copies, or fewer live sessions, fit")
             if not reply["session_alive"]:
                 raise SessionGone(name, error)
             raise ForkFailed(f"{name!r} could not be forked: {error}")

@@ -43,6 +43,7 @@ class Forking:
         self.made: list[tuple[int, int, list[int]]] = []  # per copy: its PID 1, its interpreter, our channel ends
         self.error = ""
         self.busy = False  # refused for the session's state, not a fault
+        self.limit = False  # a process of a copy met the account's process limit
         try:
             for _ in head["ids"]:
                 zygote.sequence += 1
@@ -68,10 +69,11 @@ class Forking:
 
     def on_event(self, zygote: ForkHost, fd: int) -> None:
         message, fds, _, _ = socket.recv_fds(self.socket, 4096, len(forker.CHANNELS))
-        if message.startswith((b"error ", b"busy ")):
+        if message.startswith((b"error ", b"busy ", b"limit ")):
             kind, _, text = message.partition(b" ")
             self.error = text.decode(errors="replace").strip()
             self.busy = kind == b"busy"
+            self.limit = kind == b"limit"
         elif message:
             init, interpreter = (int(pid) for pid in message.split())
             self.made.append((init, interpreter, fds))
@@ -96,8 +98,8 @@ class Forking:
             error = (f"the session ended while it was being forked ({self.error})" if not source.alive
                      else self.error or "the forker ended before making every copy")
             zygote.reply({"kind": "fork", "id": head["id"], "status": "Error", "busy": self.busy,
-                          "session_alive": source.alive,
-                          "error": error if self.busy else f"verl-sf: the fork failed: {error}"})
+                          "limit": self.limit, "session_alive": source.alive,
+                          "error": error if self.busy or self.limit else f"verl-sf: the fork failed: {error}"})
             return
         if not source.frozen:
             source.layers += 1

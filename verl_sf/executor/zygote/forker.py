@@ -77,6 +77,13 @@ class TooDeep(Refused):
     """A fork of a fork of ... past what the kernel nests."""
 
 
+class ProcessLimit(CopyFailed):
+    """A process of a copy could not be made: the account is at its process limit (EAGAIN; answered 503)."""
+
+
+PROCESS_LIMIT_STATUS = 75  # EX_TEMPFAIL: a set-up helper that met the process limit, to its parent
+
+
 def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, parent_frozen: bool,
          reply: socket.socket) -> NoReturn:
     """In the forker (a child of the zygote): make len(groups) copies of `parent`, send the zygote
@@ -102,6 +109,8 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
                 if -result in (errno.EUSERS, errno.ENOSPC):
                     raise TooDeep(f"forks nest only so deep (Linux allows 32 user and PID namespaces, the "
                                   f"sandbox and its sessions use some): {os.strerror(-result)}")
+                if -result == errno.EAGAIN:
+                    raise ProcessLimit(f"clone: {os.strerror(-result)}")
                 if result < 0:
                     raise tracing.TraceError(-result, f"clone: {os.strerror(-result)}")
                 assert source.forked is not None
@@ -122,7 +131,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         message = str(exc) if isinstance(exc, OSError) else traceback.format_exc()
-        kind = b"busy " if isinstance(exc, Refused) else b"error "
+        kind = b"busy " if isinstance(exc, Refused) else b"limit " if isinstance(exc, ProcessLimit) else b"error "
         with contextlib.suppress(OSError):
             reply.sendall(kind + message.replace("\n", " ").encode() + b"\n")
         os._exit(1)
@@ -308,15 +317,22 @@ def _own_domain(source: tracing.Tracee) -> None:
 
 def _run_helper(work: Callable[[], None]) -> None:
     """Run `work` in a child of ours (it changes namespaces and credentials) and wait for it."""
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except BlockingIOError as exc:
+        raise ProcessLimit(f"fork: {exc.strerror}") from None
     if pid == 0:
         try:
             work()
             os._exit(0)
+        except ProcessLimit:
+            os._exit(PROCESS_LIMIT_STATUS)
         except BaseException:
             os.write(2, f"verl-sf: fork set-up failed: {traceback.format_exc()}".encode())
             os._exit(1)
     _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == PROCESS_LIMIT_STATUS:
+        raise ProcessLimit("fork: Resource temporarily unavailable")
     if status != 0:
         raise CopyFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
 

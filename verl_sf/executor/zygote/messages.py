@@ -276,6 +276,7 @@ class _ForkTag(TypedDict):
 class ForkReply(_ForkTag, total=False):
     sessions: list[ForkedSession]  # the copies, when every one was made
     busy: bool  # refused for the session's state (a call, threads, background processes), not a fault
+    limit: bool  # a copy met the process limit of the sandbox's account (RLIMIT_NPROC): capacity, not a fault
     error: str
 
 
