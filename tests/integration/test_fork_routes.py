@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.server_fixtures import SERVER_SECRET, ServerHandle, server_in_mode, start_server, stop_server
+from tests.server_fixtures import SERVER_MODES, SERVER_SECRET, ServerHandle, server_in_mode, start_server, stop_server
 from tests.waiting import wait_until
 from verl_sf.models import MAX_FORK_COUNT
 
@@ -257,3 +257,28 @@ def test_forks_past_the_accounts_process_limit_are_503_and_leave_nothing() -> No
         answer = requests.post(handle.url + "/run_code", json={"code": "print(7)", "language": "python",
                                                                "session_id": copy}, timeout=60).json()
         assert answer["run_result"]["stdout"] == "7\n", answer
+
+
+@pytest.mark.parametrize("mode", SERVER_MODES)
+def test_forks_whose_files_would_pass_the_memory_cap_are_503_before_any_copy(mode: str) -> None:
+    """Each copy gets its own copy of the session's files: count x files past what is left of the cap over
+    all runs and sessions is refused at once (503 naming --runs-memory-mb), the parent left as it was."""
+    with server_in_mode(mode, "--slots", "2", "--preload", "", "--runs-memory-mb", "600") as handle:
+        created = requests.post(handle.url + "/sessions", json={"language": "python", "memory_limit_MB": 256},
+                                timeout=60)
+        assert created.status_code == 201, created.text
+        parent = created.json()["session_id"]
+        write = "open('/workdir/big', 'wb').write(b'f' * (100 << 20)); x = 5"
+        answer = requests.post(handle.url + "/run_code", json={"code": write, "language": "python",
+                                                               "session_id": parent}, timeout=60).json()
+        assert answer["status"] == "Success", answer
+        response = requests.post(f"{handle.url}/sessions/{parent}/fork", json={"count": 8}, timeout=120)
+        assert response.status_code == 503, response.text
+        assert response.headers["Retry-After"] and "--runs-memory-mb" in response.json()["detail"]
+        assert requests.get(handle.url + "/health", timeout=30).json()["sessions"] == 1
+        one = requests.post(f"{handle.url}/sessions/{parent}/fork", json={"count": 1}, timeout=120)
+        assert one.status_code == 201, one.text
+        for session_id in (parent, *one.json()["session_ids"]):
+            answer = requests.post(handle.url + "/run_code", json={"code": "print(x)", "language": "python",
+                                                                   "session_id": session_id}, timeout=60).json()
+            assert answer["run_result"]["stdout"] == "5\n", answer

@@ -137,7 +137,9 @@ class Forks:
                     freeze: bool, still_there: Callable[[], object]) -> list[tuple[int, Optional[str]]]:
         """The copies' open ids and cgroups; every copy or none.  `still_there` raises the source's
         Gone error (with why) once the server has ended it: a fork that lost a race with its end says so."""
-        head = jobs.session_fork(open_id, count, self.config, memory_mb, freeze)
+        cap = self.config.runs_memory_mb << 20
+        head = jobs.session_fork(open_id, count, self.config, memory_mb, freeze,
+                                 max(0, cap - (self._admission.memory_used() or 0)))
         table = self._sessions.table
         table.opening += count
         try:
@@ -163,11 +165,8 @@ class Forks:
             error = reply.get("error", "the sandbox gave no reason")
             if reply.get("busy"):
                 raise SessionBusy(name, error)
-            if reply.get("limit"):
-                raise self._admission.refuse(
-                    f"{name!r} could not be forked: a process of a copy met the process limit of the sandbox's "
-                    f"account ({error}); every run, session and fork of that account counts against it, so "
-                    f"fewer copies, or fewer live sessions, fit")
+            if reply.get("limit"):  # capacity: the copies' processes or files do not fit now
+                raise self._admission.refuse(f"{name!r} could not be forked: {error}")
             if not reply["session_alive"]:
                 raise SessionGone(name, error)
             raise ForkFailed(f"{name!r} could not be forked: {error}")

@@ -100,9 +100,10 @@ def session_open(language: SessionLanguage, files: dict[str, Optional[str]], con
 
 
 def session_fork(open_id: int, count: int, config: ExecutorConfig, memory_mb: int,
-                 freeze: bool) -> SessionForkHead:
+                 freeze: bool, files_budget: int) -> SessionForkHead:
     return {"op": "fork", "id": next_id(), "session": open_id, "ids": [next_id() for _ in range(count)],
-            "limits": limits(config, SESSION_OPEN_TIMEOUT_S, SESSION_OPEN_TIMEOUT_S, memory_mb), "freeze": freeze}
+            "limits": limits(config, SESSION_OPEN_TIMEOUT_S, SESSION_OPEN_TIMEOUT_S, memory_mb), "freeze": freeze,
+            "files_budget": files_budget}
 
 
 def session_call(open_id: int, timeout: float, config: ExecutorConfig, memory_mb: int) -> SessionCallHead:

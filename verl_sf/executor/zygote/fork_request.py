@@ -118,6 +118,11 @@ def fork_session(zygote: ForkHost, head: SessionForkHead) -> None:
         zygote.reply({"kind": "fork", "id": head["id"], "status": "Error", "busy": source is not None,
                       "session_alive": True, "error": refusal or "the session is not running"})
         return
+    over = _over_budget(zygote, source, head)
+    if over is not None:
+        zygote.reply({"kind": "fork", "id": head["id"], "status": "Error", "limit": True, "session_alive": True,
+                      "error": over})
+        return
     try:
         forking = Forking(zygote, head, source)
     except OSError as exc:
@@ -149,6 +154,18 @@ def _refusal(zygote: ForkHost, source: Optional[SessionJob]) -> Optional[str]:
             return (f"its files take {files >> 20} MB, more than its memory limit of {source.limits['memory'] >> 20} "
                     "MB, and this server has no memory cgroup to charge a copy's files to: remove some first")
     return None  # its threads and processes are checked by the forker, with the interpreter stopped
+
+
+def _over_budget(zygote: ForkHost, source: SessionJob, head: SessionForkHead) -> Optional[str]:
+    """Why the copies' files would not fit in what is left of the cap over all runs and sessions, or None.
+    Each copy gets its own copy of them (its memory pages are shared until written, and not counted here)."""
+    files = _files_bytes(zygote, source)
+    wanted = files * len(head["ids"])
+    if not files or wanted <= head["files_budget"]:
+        return None
+    return (f"its files take {files >> 20} MB, and {len(head['ids'])} copies of them ({wanted >> 20} MB) would not "
+            f"fit in the {head['files_budget'] >> 20} MB left of the server's cap over all runs and sessions "
+            "(--runs-memory-mb): ask for fewer copies, or remove files first")
 
 
 def _files_bytes(zygote: ForkHost, source: SessionJob) -> int:

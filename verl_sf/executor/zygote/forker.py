@@ -80,6 +80,11 @@ class TooDeep(Refused):
 class ProcessLimit(CopyFailed):
     """A process of a copy could not be made: the account is at its process limit (EAGAIN; answered 503)."""
 
+    def __init__(self) -> None:
+        super().__init__("a process of a copy met the process limit of the sandbox's account (EAGAIN); every run, "
+                         "session and fork of that account counts against it, so fewer copies, or fewer live "
+                         "sessions, fit")
+
 
 PROCESS_LIMIT_STATUS = 75  # EX_TEMPFAIL: a set-up helper that met the process limit, to its parent
 
@@ -110,7 +115,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
                     raise TooDeep(f"forks nest only so deep (Linux allows 32 user and PID namespaces, the "
                                   f"sandbox and its sessions use some): {os.strerror(-result)}")
                 if -result == errno.EAGAIN:
-                    raise ProcessLimit(f"clone: {os.strerror(-result)}")
+                    raise ProcessLimit()
                 if result < 0:
                     raise tracing.TraceError(-result, f"clone: {os.strerror(-result)}")
                 assert source.forked is not None
@@ -319,8 +324,8 @@ def _run_helper(work: Callable[[], None]) -> None:
     """Run `work` in a child of ours (it changes namespaces and credentials) and wait for it."""
     try:
         pid = os.fork()
-    except BlockingIOError as exc:
-        raise ProcessLimit(f"fork: {exc.strerror}") from None
+    except BlockingIOError:
+        raise ProcessLimit() from None
     if pid == 0:
         try:
             work()
@@ -332,7 +337,7 @@ def _run_helper(work: Callable[[], None]) -> None:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     if os.WIFEXITED(status) and os.WEXITSTATUS(status) == PROCESS_LIMIT_STATUS:
-        raise ProcessLimit("fork: Resource temporarily unavailable")
+        raise ProcessLimit()
     if status != 0:
         raise CopyFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
 

@@ -112,6 +112,7 @@ class SessionForkHead(TypedDict):
     ids: list[int]
     limits: Limits
     freeze: bool
+    files_budget: int  # bytes the copies' files may take together: what is left of the cap over all runs
 
 
 Head = Union[RunHead, CancelHead, SessionOpenHead, SessionCallHead, SessionCloseHead, SessionInterruptHead,
