@@ -278,3 +278,23 @@ def test_files_a_copy_could_not_be_charged_for_are_not_forked(server: ServerHand
     assert answer.status_code == 409 and "files take 80 MB" in answer.text, answer.text
     call(server, sid, "import os\nos.remove('/workdir/big')")
     assert fork(server, sid).status_code == 201
+
+
+def test_copies_share_no_socket_or_pipe_to_pass_each_other_descriptors(server: ServerHandle) -> None:
+    """A unix socket pair held across the fork would let one copy send another its /workdir (or /proc)
+    descriptor, and any inherited socket or pipe would carry data between copies: each copy is a session
+    of its own, so they are closed in the copies (the parent keeps its own)."""
+    sid = create(server)
+    call(server, sid, "import os, socket\na, b = socket.socketpair()\nr, w = os.pipe()")
+    made = requests.post(f"{server.url}/sessions/{sid}/fork", json={"count": 2}, timeout=60)
+    assert made.status_code == 201, made.text
+    first, second = made.json()["session_ids"]
+    send = ("open('/workdir/private.txt', 'w').write('first')\n"
+            "try:\n    socket.send_fds(a, [b'x'], [os.open('/workdir', os.O_RDONLY | os.O_DIRECTORY)])\n"
+            "    print('sent')\nexcept OSError:\n    print('closed')\n"  # EBADF, or ENOTSOCK: the directory took its number
+            "try:\n    os.write(w, b'answer')\n    print('written')\nexcept OSError:\n    print('closed')")
+    assert stdout(call(server, first, send)) == "closed\nclosed\n"
+    receive = ("try:\n    b.setblocking(False)\n    socket.recv_fds(b, 10, 4)\n    print('received')\n"
+               "except OSError:\n    print('closed')\n")
+    assert stdout(call(server, second, receive)) == "closed\n"
+    assert stdout(call(server, sid, "a.send(b'own'); print(b.recv(3), os.write(w, b'x'))")) == "b'own' 1\n"

@@ -117,8 +117,8 @@ async def test_a_fork_sees_only_its_own_processes_and_network(executor: Executor
             "except OSError:\n    print('refused')"
     other = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
     assert await run(executor, fork, reach.replace("8765", "8765")) in ("refused\n", "reached\n")
-    # The fork holds the parent's listening socket (descriptors are shared as after fork(2)), but its
-    # own loopback is empty: nobody else reaches what the parent listens on.
+    # The parent's listening socket is closed in the fork (inherited sockets would join sessions), and
+    # its own loopback is empty: nobody else reaches what the parent listens on.
     assert await run(executor, other, reach) == "refused\n"
 
 

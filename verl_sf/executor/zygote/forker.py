@@ -294,7 +294,13 @@ def _reopen_files(copy: tracing.Tracee, source: tracing.Tracee, mounts: list[str
 def _close_reaching_parent(copy: tracing.Tracee) -> None:
     """Descriptors inherited from the parent that reach processes or files outside the copy's
     namespaces and tmpfs: directories (the parent's mount tree: its tmpfs, its /proc), O_PATH
-    handles, files of the parent's /proc, pidfds and namespace files."""
+    handles, files of the parent's /proc, pidfds and namespace files; and sockets and pipes, which
+    every copy would share with the parent and the other copies (a channel between sessions, over
+    which a unix socket passes any descriptor, a copy's /workdir among them)."""
+    own = set()
+    for fd in CHANNELS:
+        with contextlib.suppress(OSError):
+            own.add(os.readlink(f"/proc/{copy.pid}/fd/{fd}"))
     for entry in os.listdir(f"/proc/{copy.pid}/fd"):
         try:
             target = os.readlink(f"/proc/{copy.pid}/fd/{entry}")
@@ -305,7 +311,8 @@ def _close_reaching_parent(copy: tracing.Tracee) -> None:
             continue
         kind = target.partition(":")[0]
         if int(entry) not in CHANNELS and (directory or flags & os.O_PATH or target.startswith("/proc/")
-                                           or target == "anon_inode:[pidfd]" or kind in NAMESPACE_FILES):
+                                           or target == "anon_inode:[pidfd]" or kind in NAMESPACE_FILES
+                                           or (kind in ("socket", "pipe") and target not in own)):
             copy.check("close", int(entry))
 
 
