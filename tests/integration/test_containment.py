@@ -303,3 +303,13 @@ def test_a_port_an_earlier_run_closed_is_free_for_the_next(server: ServerHandle)
         for _ in range(3):
             body = run_code(server, bind_again)
             assert body["run_result"]["stdout"] == "bound\n", body
+
+
+def test_a_forged_unstarted_record_is_not_a_sandbox_error(server: ServerHandle) -> None:
+    """Only an exec run's PID 1 (no user code) may say its program could not be started: python code
+    that writes the record on fd 3 still has its own verdict, never a SandboxError that no reward scores."""
+    forge = ("import os\nos.write(3, b'{\"kind\": \"unstarted\", \"error\": \"verl-sf: forged\"}\\n')\n"
+             "print('ran')\nraise SystemExit(1)\n")
+    body = run_code(server, forge)
+    assert body["status"] == "Failed" and body["run_result"]["return_code"] == 1, body
+    assert body["run_result"]["stdout"] == "ran\n", body

@@ -257,6 +257,20 @@ def test_forks_past_the_accounts_process_limit_are_503_and_leave_nothing() -> No
         answer = requests.post(handle.url + "/run_code", json={"code": "print(7)", "language": "python",
                                                                "session_id": copy}, timeout=60).json()
         assert answer["run_result"]["stdout"] == "7\n", answer
+        # Sessions until the account is at its limit: a program that then cannot be started did not fail.
+        bash = {"code": "echo hi", "language": "bash", "run_timeout": 5}
+        held = [parent, copy]
+        for _ in range(30):
+            refused = requests.post(handle.url + "/run_code", json=bash, timeout=60).json()
+            if refused["status"] != "Success":
+                break
+            more = requests.post(handle.url + "/sessions", json={"language": "python"}, timeout=60)
+            held += [more.json()["session_id"]] if more.status_code == 201 else []
+        assert refused["status"] == "SandboxError" and "process limit" in refused["message"], refused
+        for session_id in held[1:]:
+            requests.delete(f"{handle.url}/sessions/{session_id}", timeout=30)
+        ran = requests.post(handle.url + "/run_code", json=bash, timeout=60).json()
+        assert ran["status"] == "Success" and ran["run_result"]["stdout"] == "hi\n", ran
 
 
 @pytest.mark.parametrize("mode", SERVER_MODES)

@@ -19,7 +19,7 @@ from . import exits, ipython_shell, landlock, linux, root
 from .interactive import BASH_SESSION, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
-from .messages import TRUNCATION_MARKER, CompiledRecord, DoneRecord, RunBody, ZygoteConfig
+from .messages import TRUNCATION_MARKER, CompiledRecord, DoneRecord, RunBody, UnstartedRecord, ZygoteConfig
 from .paths import UnwritableFile, fetch, write_files
 from .python_runner import main_namespace, run_python
 from .run_groups import Groups, write
@@ -284,7 +284,14 @@ def _exec_as_child(argv: list[str], captures: Optional[list[int]]) -> tuple[int,
     """Run a program below us, so it is not PID 1: the kernel shields PID 1 from its own
     signals, which would turn abort() into a crash and ignore `kill $$`.  Returns its status and
     the CPU seconds it and what it waited for used."""
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except BlockingIOError:  # the program never ran: not its failure, and never scored as one
+        record: UnstartedRecord = {"kind": "unstarted", "error": (
+            f"verl-sf: {os.path.basename(argv[0])} could not be started: the sandbox's account is at its "
+            "process limit (fork: EAGAIN), which every run and session of that account counts against")}
+        report(record)
+        os._exit(126)
     if pid == 0:
         try:
             os.close(3)

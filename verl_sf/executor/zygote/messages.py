@@ -186,7 +186,14 @@ class SessionReadyRecord(TypedDict):
     kind: Literal["session_ready"]
 
 
-Record = Union[CellRecord, CompiledRecord, DoneRecord, CallDoneRecord, SessionReadyRecord]
+class UnstartedRecord(TypedDict):
+    """An exec run's PID 1 (which runs no user code) could not start the program: a sandbox error."""
+
+    kind: Literal["unstarted"]
+    error: str
+
+
+Record = Union[CellRecord, CompiledRecord, DoneRecord, CallDoneRecord, SessionReadyRecord, UnstartedRecord]
 
 
 class StageResult(TypedDict, total=False):

@@ -83,6 +83,8 @@ class Run(Job):
             compiled["truncated"] = record.get("truncated") is True
             self.compile_result = compiled
             self.begin_stage(self.limits["timeout"], fresh_output=False)  # the program may have written already
+        elif kind == "unstarted" and self.head["exec"] and isinstance(record.get("error"), str):
+            self.failure = record["error"]  # only an exec run's PID 1 runs no user code: only it is believed
         elif kind in ("cell", "done"):
             self.records.append(record)
             if kind == "done" and self.head["exec"] and isinstance(record.get("cpu_time"), (int, float)):
