@@ -265,8 +265,12 @@ def test_forks_past_the_accounts_process_limit_are_503_and_leave_nothing() -> No
             if refused["status"] != "Success":
                 break
             more = requests.post(handle.url + "/sessions", json={"language": "python"}, timeout=60)
+            assert more.status_code in (201, 503), more.text
             held += [more.json()["session_id"]] if more.status_code == 201 else []
         assert refused["status"] == "SandboxError" and "process limit" in refused["message"], refused
+        more = requests.post(handle.url + "/sessions", json={"language": "python"}, timeout=60)
+        assert more.status_code == 503 and more.headers["Retry-After"], more.text
+        assert "process limit" in more.json()["detail"]
         for session_id in held[1:]:
             requests.delete(f"{handle.url}/sessions/{session_id}", timeout=30)
         ran = requests.post(handle.url + "/run_code", json=bash, timeout=60).json()

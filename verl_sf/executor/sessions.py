@@ -66,6 +66,8 @@ class Sessions:
             self.table.opening -= 1
         if reply["kind"] == "failed" or not reply["session_alive"]:
             why = reply["error"] if reply["kind"] == "failed" else reply.get("session_end", "its interpreter exited")
+            if reply["kind"] == "session" and reply.get("limit"):
+                raise self._admission.refuse(f"the session could not start: {why}")
             if request.files:  # what the request gave may be why; else the sandbox is (a limit it reached)
                 raise InvalidRequest("files", f"the session could not start: {why}")
             raise SandboxFailure(f"the session could not start: {why}")

@@ -251,7 +251,14 @@ def _become_init() -> None:
     """A session's PID 1 runs no user code: it reaps, and lives while anything below it does (a
     fork of the session is a child of it), so a fork outlives its parent's interpreter.  It is not
     dumpable: the interpreter, of the same uid, cannot trace it.  The interpreter returns."""
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except BlockingIOError:  # no user code has run: capacity, said on fd 3 (session.py)
+        record: UnstartedRecord = {"kind": "unstarted", "error": (
+            "the sandbox's account is at its process limit (fork: EAGAIN), which every run and session of that "
+            "account counts against")}
+        report(record)
+        os._exit(1)
     if pid == 0:
         os.setsid()  # its own process group: an interrupt goes to it and what it runs
         return

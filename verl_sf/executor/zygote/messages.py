@@ -272,6 +272,7 @@ class SessionReply(_SessionTag, total=False):
 
     group: Optional[str]  # a new session's cgroup, below the sandbox's (its memory use is read there)
     session_end: str
+    limit: bool  # it could not start for the account's process limit: capacity, not a fault
 
 
 class _ForkTag(TypedDict):

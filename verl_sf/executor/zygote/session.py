@@ -40,6 +40,7 @@ class SessionJob(Job):
         self.forking = False  # a forker has it stopped
         self.layers = 0  # Landlock domains stacked on its interpreter (one per fork)
         self.announced = False  # its end was told to the server
+        self.unstarted = ""  # why its PID 1 could not start the interpreter (capacity, not a fault)
 
     @classmethod
     def adopt(cls, zygote: JobHost, new_id: int, source: SessionJob, limits: Limits, init: int, interpreter: int,
@@ -135,6 +136,8 @@ class SessionJob(Job):
             self._watch_interpreter(zygote, next(pid for pid in children if pid != self.root_helper))
             zygote.reply({"kind": "session", "id": self.id, "session_alive": True,
                           "group": zygote.groups.path_of(self.groups)})
+        elif kind == "unstarted" and self.interpreter < 0 and isinstance(record.get("error"), str):
+            self.unstarted = record["error"]  # from its PID 1, before any code of the session's ran
         elif kind == "cell":
             self.records.append(record)
 
@@ -243,7 +246,7 @@ class SessionJob(Job):
         self.alive = False
         ended: StageResult = {}
         self.note_memory(zygote, ended)
-        reason = self.failure or self.end_reason or "its interpreter exited"
+        reason = self.unstarted or self.failure or self.end_reason or "its interpreter exited"
         if self.interpreter < 0 and self.call is None:  # it never started: what its set-up said is why
             self.drain(zygote)
             said = self.buffers.get(self.err_r, b"").decode("utf-8", "replace").strip()
@@ -255,7 +258,8 @@ class SessionJob(Job):
                                 "session_end": reason}
             zygote.reply(reply)
             self.call = None
-        zygote.reply({"kind": "session", "id": self.id, "session_alive": False, "session_end": reason})
+        zygote.reply({"kind": "session", "id": self.id, "session_alive": False, "session_end": reason,
+                      "limit": bool(self.unstarted)})
         if self.job_w >= 0:
             os.close(self.job_w)
             self.job_w = -1
