@@ -255,7 +255,7 @@ class SessionForkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     count: int = Field(default=1, ge=1, le=MAX_FORK_COUNT, strict=True)  # `true` or `2.0` is not a count
-    reseed: bool = False
+    reseed: bool = Field(default=False, strict=True)  # `"yes"` or `0` is not a choice
     """Reseed the forks' random generators (random, numpy; bash's $RANDOM): by default each fork
     draws what its parent would have drawn next, as after fork(2)."""
     idle_ttl_s: Optional[float] = None

@@ -300,3 +300,29 @@ def test_forks_whose_files_would_pass_the_memory_cap_are_503_before_any_copy(mod
             answer = requests.post(handle.url + "/run_code", json={"code": "print(x)", "language": "python",
                                                                    "session_id": session_id}, timeout=60).json()
             assert answer["run_result"]["stdout"] == "5\n", answer
+
+
+def test_concurrent_forks_of_one_session_are_409_naming_the_fork_not_a_call(server: ServerHandle) -> None:
+    parent = create(server)
+    run(server, parent, "x = 1")
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: fork(server, parent, {"count": 2}), range(6)))
+    refused = [a for a in answers if a.status_code == 409]
+    assert any(a.status_code == 201 for a in answers), [a.text for a in answers]
+    assert all(a.status_code in (201, 409) for a in answers), [a.text for a in answers]
+    assert all("another fork or snapshot" in a.json()["detail"] for a in refused), [a.text for a in refused]
+
+
+@pytest.mark.parametrize("reseed", ["yes", 0, 1, "true"])
+def test_reseed_takes_a_json_boolean_only(server: ServerHandle, reseed: object) -> None:
+    parent = create(server)
+    response = fork(server, parent, {"count": 1, "reseed": reseed})
+    assert response.status_code == 422 and ["body", "reseed"] in detail_fields(response), response.text
+
+
+def test_a_session_that_closed_its_stdout_is_409_naming_it(server: ServerHandle) -> None:
+    parent = create(server)
+    run(server, parent, "import os\nos.close(1)")
+    response = fork(server, parent, {"count": 1})
+    assert response.status_code == 409 and "closed its stdout" in response.json()["detail"], response.text
+    assert "/proc/" not in response.text

@@ -84,12 +84,17 @@ class Forks:
     async def _fork_idle(self, source: SessionRecord, count: int, freeze: bool) -> list[tuple[int, Optional[str]]]:
         """Copies of a session between calls (409 while one runs), its collector frozen first."""
         if source.busy.locked():
-            raise SessionBusy(source.id, "a call is running in it (a fork never copies a half-run call)")
-        if source.language == "python":
-            await self._sessions.quiet_call(source, FREEZE)
-        async with source.busy:
-            return await self._fork(source.zygote, source.open_id, source.id, source.memory_mb, count, freeze,
-                                    lambda: self._sessions.table.get(source.id))
+            raise SessionBusy(source.id, "another fork or snapshot of it is being made (one at a time)"
+                              if source.forking else "a call is running in it (a fork never copies a half-run call)")
+        source.forking = True
+        try:
+            if source.language == "python":
+                await self._sessions.quiet_call(source, FREEZE)
+            async with source.busy:
+                return await self._fork(source.zygote, source.open_id, source.id, source.memory_mb, count, freeze,
+                                        lambda: self._sessions.table.get(source.id))
+        finally:
+            source.forking = False
 
     def info(self, snapshot_id: str) -> SnapshotInfo:
         snapshot = self.snapshots.get(snapshot_id)

@@ -35,6 +35,7 @@ class SessionRecord:
     calls: int = 0
     group: Optional[str] = None
     busy: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    forking: bool = False  # what holds `busy` is a fork or snapshot of it, not a call
 
 
 class SessionTable(ZygoteTable[SessionRecord]):
