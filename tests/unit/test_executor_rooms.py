@@ -126,7 +126,8 @@ async def test_a_crashed_sandbox_leaves_nothing_held() -> None:
     (100, 100, [50, 50], 0),  # room enough: nobody goes
     (900, 200, [60, 60, 60], 2),  # 150 MB short of room (a run counts a quarter of the cap at most): two go
     (990, 2000, [300, 300], 1),  # one is enough
-    (999, 250, [0, 0], 2),  # nothing is freed by the empty ones: all go, the run still runs
+    (999, 250, [0, 0], 0),  # ending them all would not make the room: none is ended for nothing, the run runs
+    (990, 250, [1, 1, 300], 3),  # room only with the third: the longest idle go first, as far as needed
 ])
 async def test_memory_near_the_cap_evicts_the_longest_idle_sessions_until_the_run_fits(
         used_mb: int, run_mb: int, idle_mb: list[int], evicted: int, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -125,13 +125,15 @@ class Sessions:
         if used is None or used + need <= cap:
             return
         free = cap - used
-        for session in self.table.idle():
-            held = self._memory(session) or 0
+        idle = [(session, self._memory(session) or 0) for session in self.table.idle()]
+        if free + sum(held for _, held in idle) < need:
+            return  # evicting every idle session would not make the room: none is ended for nothing
+        for session, held in idle:
+            if need <= free:
+                return
             self.end_record(session, f"evicted: its memory ({held >> 20} MB) was needed by a new run under the "
                                      f"server's cap of {self.config.runs_memory_mb} MB for all runs and sessions")
             free += held
-            if need <= free:
-                return
 
     def end_record(self, session: SessionRecord, reason: str) -> Closing[Closed]:
         """End a session; the future is done once every process of it is killed."""
