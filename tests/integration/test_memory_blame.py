@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.cgroup_layout import controller_dirs, is_v2
+from tests.cgroup_layout import controller_dirs, is_v2, v1_mounts
 from tests.server_fixtures import run_code, server_in_mode
 from tests.waiting import wait_until
 
@@ -66,5 +66,10 @@ def test_the_zygotes_stay_out_of_the_cap_over_all_runs() -> None:
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in zygotes]
         assert any(b"-I" in argv and b"-c" in argv and b"bwrap" not in argv[0] for argv in commands), commands
         assert runs().isdisjoint(zygotes)
+        if not is_v2() and "cpu" in v1_mounts():  # out of the root cpu group, where autogroups act (cgroups.py)
+            for pid in runs() | zygotes:
+                cpu = next(line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                           if "cpu" in line.split(":")[1].split(","))
+                assert cpu.split(":")[2] == f"/{top.name}", (pid, cpu)
         running.join(timeout=30)
         assert reply["status"] == "Success", reply

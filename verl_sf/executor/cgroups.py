@@ -14,6 +14,13 @@ zygotes live beside it in `verl-sf-<pid>-<id>/zygotes`: runs that fill the cap m
 reclaim and kill inside it, and a zygote there would wait in that reclaim on its next fork, with
 every run it holds.  (v2 moves a process only within a delegated subtree, so there the zygote's
 leaf stays inside its sandbox's group.)
+
+Also under v1, every sandbox's processes live in one group of the `cpu` controller,
+`verl-sf-<pid>-<id>`: the kernel's autogroups (`sched_autogroup_enabled`) give each session, and so
+each run (a run calls setsid), as large a share of the CPU as the server's, whatever its nice, in
+the root group only.  100 runs spinning then left the server a hundredth of the machine, and a run
+demoted to nice 19 competed as before; in a group of their own the runs share, by nice, what the
+server does not use.
 """
 
 from __future__ import annotations
@@ -158,9 +165,25 @@ class CgroupManager:
             self._homes["memory"] = self._tops["memory"] / "zygotes"
             for group in (self._parents["memory"], self._homes["memory"]):
                 group.mkdir(exist_ok=True)
+            self._cpu_group()
         if self.memory_cap_bytes:  # an out-of-memory kill then stays among the runs
             _write(self._parents["memory"] / ("memory.max" if self.v2 else "memory.limit_in_bytes"),
                    str(self.memory_cap_bytes))
+
+    def _cpu_group(self) -> None:
+        """v1: the zygotes (and so every run, which inherits it) in a group of the cpu controller, where
+        one is mounted and ours to write; without one they keep the root group, as before."""
+        base = self.root / "cpu"
+        if not (base / "cpu.shares").exists():
+            return
+        try:
+            _sweep_stale_groups(base)
+            (base / self.name).mkdir(exist_ok=True)
+        except OSError as exc:
+            log.warning("verl-sf: no cpu cgroup for the sandboxes (%s): each run competes for the CPU as its own "
+                        "autogroup, with the server", exc)
+            return
+        self._tops["cpu"] = self._homes["cpu"] = base / self.name
 
     def _v2_base(self) -> Path:
         """The top of the tree if we may write there, else our own delegated group."""
