@@ -76,7 +76,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     process = None
     url = args.url
     if url is None:
-            process, url = start_server_process(checkout=args.checkout)
+        process, url = start_server_process(checkout=args.checkout)
     rounds = []
     try:
         for index in range(args.rounds):

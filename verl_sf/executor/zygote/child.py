@@ -19,7 +19,15 @@ from . import exits, ipython_shell, landlock, linux, root
 from .interactive import BASH_SESSION, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
-from .messages import TRUNCATION_MARKER, CompiledRecord, DoneRecord, RunBody, UnstartedRecord, ZygoteConfig
+from .messages import (
+    PROCESS_LIMIT,
+    TRUNCATION_MARKER,
+    CompiledRecord,
+    DoneRecord,
+    RunBody,
+    UnstartedRecord,
+    ZygoteConfig,
+)
 from .paths import UnwritableFile, fetch, write_files
 from .python_runner import main_namespace, run_python
 from .run_groups import Groups, write
@@ -253,12 +261,8 @@ def _become_init() -> None:
     dumpable: the interpreter, of the same uid, cannot trace it.  The interpreter returns."""
     try:
         pid = os.fork()
-    except BlockingIOError:  # no user code has run: capacity, said on fd 3 (session.py)
-        record: UnstartedRecord = {"kind": "unstarted", "error": (
-            "the sandbox's account is at its process limit (fork: EAGAIN), which every run and session of that "
-            "account counts against")}
-        report(record)
-        os._exit(1)
+    except BlockingIOError:  # no user code has run: capacity, not a fault (session.py)
+        _unstarted(PROCESS_LIMIT, 1)
     if pid == 0:
         os.setsid()  # its own process group: an interrupt goes to it and what it runs
         return
@@ -271,6 +275,13 @@ def _become_init() -> None:
             os._exit(0)
         except InterruptedError:
             continue
+
+
+def _unstarted(error: str, status: int) -> NoReturn:
+    """This PID 1 (which has run no user code) could not start what it was to run: it says why on fd 3."""
+    record: UnstartedRecord = {"kind": "unstarted", "error": error}
+    report(record)
+    os._exit(status)
 
 
 def _read_job() -> RunBody:
@@ -294,11 +305,7 @@ def _exec_as_child(argv: list[str], captures: Optional[list[int]]) -> tuple[int,
     try:
         pid = os.fork()
     except BlockingIOError:  # the program never ran: not its failure, and never scored as one
-        record: UnstartedRecord = {"kind": "unstarted", "error": (
-            f"verl-sf: {os.path.basename(argv[0])} could not be started: the sandbox's account is at its "
-            "process limit (fork: EAGAIN), which every run and session of that account counts against")}
-        report(record)
-        os._exit(126)
+        _unstarted(f"verl-sf: {os.path.basename(argv[0])} could not be started: {PROCESS_LIMIT}", 126)
     if pid == 0:
         try:
             os.close(3)

@@ -48,6 +48,7 @@ from .linux import (
     MS_NOSUID,
     MS_REC,
 )
+from .messages import PROCESS_LIMIT
 from .run_groups import Groups, write
 
 FORK_FLAGS = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
@@ -81,8 +82,7 @@ class ProcessLimit(CopyFailed):
     """A process of a copy could not be made: the account is at its process limit (EAGAIN; answered 503)."""
 
     def __init__(self) -> None:
-        super().__init__("a process of a copy met the process limit of the sandbox's account (EAGAIN); every run, "
-                         "session and fork of that account counts against it, so fewer copies, or fewer live "
+        super().__init__(f"a process of a copy could not be made: {PROCESS_LIMIT}; fewer copies, or fewer live "
                          "sessions, fit")
 
 

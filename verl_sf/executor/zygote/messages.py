@@ -285,7 +285,7 @@ class _ForkTag(TypedDict):
 class ForkReply(_ForkTag, total=False):
     sessions: list[ForkedSession]  # the copies, when every one was made
     busy: bool  # refused for the session's state (a call, threads, background processes), not a fault
-    limit: bool  # a copy met the process limit of the sandbox's account (RLIMIT_NPROC): capacity, not a fault
+    limit: bool  # capacity, not a fault: the copies' processes (RLIMIT_NPROC) or files (the memory cap) do not fit
     error: str
 
 
@@ -305,5 +305,7 @@ ZYGOTE_LEAF = "zygote"
 """cgroup v2: the group below a sandbox's own that its processes live in.  A group that hands
 controllers to its children (the run groups) may hold no process itself, so the zygote moves there
 before it forks anything, and the server moves bubblewrap's processes after it."""
+PROCESS_LIMIT = ("the sandbox's account is at its process limit (fork: EAGAIN), which every run, session and fork "
+                 "of that account counts against")
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
 """Appended to a stream (or a cell's) past its output limit."""
