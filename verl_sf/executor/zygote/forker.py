@@ -161,7 +161,8 @@ def _check_alone(interpreter: int) -> None:
     if children:
         raise Refused(f"it has {len(children)} background process(es), which a fork does not copy and which "
                       "could reach the copies: end them first")
-    closed = [name for fd, name in ((1, "stdout"), (2, "stderr")) if not os.path.exists(f"/proc/{interpreter}/fd/{fd}")]
+    closed = [name for fd, name in ((1, "stdout"), (2, "stderr"))
+              if not os.path.lexists(f"/proc/{interpreter}/fd/{fd}")]
     if closed:
         raise Refused(f"it closed its {' and '.join(closed)}, which a copy's output goes to: reopen "
                       f"{'them' if len(closed) > 1 else 'it'} first (os.dup2 of a file onto 1 or 2)")
