@@ -88,6 +88,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                    help="live E2B sandboxes at once (each is a session); past it, creation answers 429")
     p.add_argument("--e2b-max-sandboxes-per-key", type=int, default=None,
                    help="live E2B sandboxes of one API key at once (default: no cap of its own); past it, 429")
+    p.add_argument("--e2b-ready-sandboxes", type=int, default=E2BConfig.ready_sandboxes,
+                   help="E2B (and Daytona) sandboxes kept started ahead of the creates that take them, once one "
+                        "is asked for (each held up to 5 minutes unused); 0: each create starts its own")
     p.add_argument("--daytona-api-key", default=None,
                    help="the API key Daytona SDK clients must send (DAYTONA_API_KEY); by default any non-empty key, "
                         "each key its own tenant")
@@ -124,6 +127,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.runs_per_gpu < 1:
         print("verl-sf serve: --runs-per-gpu must be 1 or more", file=sys.stderr)
         return 2
+    if args.e2b_ready_sandboxes < 0:
+        print("verl-sf serve: --e2b-ready-sandboxes must be 0 or more", file=sys.stderr)
+        return 2
     if args.fronts != 1 and args.gpus != "none":
         print("verl-sf serve: --gpus needs --fronts 1 (one process hands the GPU slots out)", file=sys.stderr)
         return 2
@@ -139,12 +145,14 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     id_prefix = fleet.id_prefix if fleet is not None else ""
     e2b = E2BConfig(api_key=args.e2b_api_key, max_sandboxes=args.e2b_max_sandboxes,
-                    max_sandboxes_per_key=args.e2b_max_sandboxes_per_key, id_prefix=id_prefix)
+                    max_sandboxes_per_key=args.e2b_max_sandboxes_per_key, ready_sandboxes=args.e2b_ready_sandboxes,
+                    id_prefix=id_prefix)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
                           max_connections=args.max_connections, list_snapshots=args.list_snapshots,
                           executor=executor, verl_tool=verl_tool, e2b=e2b,
                           daytona=DaytonaConfig(api_key=args.daytona_api_key, max_sandboxes=args.daytona_max_sandboxes,
+                                                ready_sandboxes=args.e2b_ready_sandboxes,
                                                 minute_s=args.daytona_minute_s, id_prefix=id_prefix),
                           fleet=fleet)
 

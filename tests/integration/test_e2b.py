@@ -128,6 +128,19 @@ def test_named_contexts(sandbox: Sandbox) -> None:
         sandbox.run_code("1", context=context)
 
 
+def test_each_context_shows_its_own_last_inputs_and_values(sandbox: Sandbox) -> None:
+    """`_i`, `_ii` (the inputs before) and `_`, `__` (the values shown before) are the context's own,
+    as in a kernel of its own: not the server's wrapping of the call, nor another context's."""
+    assert sandbox.run_code("[globals().get(name) for name in ('_i', '_ii', '_', '__')]").text == \
+        "['', '', None, None]"
+    sandbox.run_code("6 * 7")
+    context = sandbox.create_code_context()
+    sandbox.run_code("'other'", context=context)
+    assert sandbox.run_code("print((_i, _ii, _, __))").logs.stdout == \
+        ["('6 * 7', \"[globals().get(name) for name in ('_i', '_ii', '_', '__')]\", 42, ['', '', None, None])\n"]
+    assert sandbox.run_code("_i, _, __", context=context).text == "(\"'other'\", 'other', '')"
+
+
 def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
     info = sandbox.files.write("/home/user/data/notes.txt", "line one\n")  # multipart upload
     assert info.path == "/home/user/data/notes.txt" and info.type == FileType.FILE

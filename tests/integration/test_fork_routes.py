@@ -160,6 +160,14 @@ def test_unknown_sessions_and_snapshots_are_404_with_the_reason(server: ServerHa
     assert after.get("snapshot_not_found", 0) - before.get("snapshot_not_found", 0) == 3
 
 
+def test_a_huge_unknown_id_is_not_echoed_in_full(server: ServerHandle) -> None:
+    huge = "s" * 900_000
+    for response in (post(server, "/sessions", {"from_snapshot": huge}), post(server, "/run_code",
+                     {"code": "1", "language": "python", "session_id": huge})):
+        assert response.status_code == 404, response.text[:300]
+        assert len(response.content) < 1000 and "(900000 characters)" in response.text, response.text[:300]
+
+
 def test_a_deleted_snapshot_is_404_saying_so(server: ServerHandle) -> None:
     source = create(server)
     snapshot_id = post(server, f"/sessions/{source}/snapshot").json()["snapshot_id"]
@@ -326,3 +334,18 @@ def test_a_session_that_closed_its_stdout_is_409_naming_it(server: ServerHandle)
     response = fork(server, parent, {"count": 1})
     assert response.status_code == 409 and "closed its stdout" in response.json()["detail"], response.text
     assert "/proc/" not in response.text
+
+
+def test_a_chain_of_forks_nests_eight_deep_and_the_refusal_names_the_domains(server: ServerHandle) -> None:
+    """Each fork puts its parent in one more Landlock domain, and a copy starts one deeper than its
+    parent: copy k holds 2k, and Linux stacks 16 (docs/sessions.md, "How often")."""
+    session = create(server)
+    run(server, session, "depth = 0")
+    for depth in range(1, 9):
+        response = fork(server, session, {"count": 1})
+        assert response.status_code == 201, (depth, response.text)
+        session = response.json()["session_ids"][0]
+        assert run(server, session, "depth += 1\nprint(depth)") == f"{depth}\n"
+    refused = fork(server, session, {"count": 1})
+    assert refused.status_code == 409, refused.text
+    assert "it is in 16 Landlock domains" in refused.json()["detail"], refused.text

@@ -124,7 +124,8 @@ class DaytonaSandboxes:
     def __init__(self, executor: Executor, config: DaytonaConfig):
         self.config = config
         self.boxes = Boxes(executor, E2BConfig(max_sandboxes=config.max_sandboxes,
-                                               reap_interval_s=config.reap_interval_s))
+                                               reap_interval_s=config.reap_interval_s,
+                                               ready_sandboxes=config.ready_sandboxes))
         self.all: dict[str, DaytonaSandbox] = {}
         self._names: dict[Owner, set[str]] = {}  # each owner's sandbox names, taken ones included
         self._opening = 0  # boxes being started

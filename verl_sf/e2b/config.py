@@ -18,6 +18,11 @@ class BoxApiConfig:
     """How long one poll of a running command holds the sandbox (other calls wait at most this)."""
     reap_interval_s: float = 0.5
     """How often sandboxes are looked at for their end (timeout, auto-stop, auto-delete)."""
+    ready_sandboxes: int = 2
+    """Sandboxes kept started ahead of the creates that take them (verl_sf/e2b/ready.py), once a
+    create has asked for one; 0: every create starts its own."""
+    ready_ttl_s: float = 300.0
+    """How long a ready sandbox waits for a create before it is ended."""
     id_prefix: str = ""
     """What names the executor a sandbox id belongs to: a fleet server's `n{node}-` (`verl-sf cluster`),
     then front i's `f{i}-` (`--fronts N`); every call on an id is routed there (verl_sf/e2b/routing.py,

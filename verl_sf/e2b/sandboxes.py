@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Optional, TypeVar, Union
 
 from verl_sf.e2b.config import E2BConfig
+from verl_sf.e2b.ready import Ready, ReadyBoxes
 from verl_sf.errors import CapacityError, NotFoundError, SessionGone, VerlSfError
 from verl_sf.executor import Closed, Closing, Executor, closed_now
 from verl_sf.executor.live_table import LiveTable
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 GUEST = "__import__('zygote.guest', fromlist=['guest'])"  # the agent in a session (executor/zygote/guest.py)
 MARK = "\x1e\x1fverl-sf-e2b:"  # guest.MARK
 ENDED_KEPT = 10_000  # ended sandboxes whose reason a late call is still told
+WARMUP_CELL = "_warm = [i for i in range(3)]\nprint(end='')\ndel _warm\n[0]"  # shaped like most cells
 ENVD_VERSION = "0.5.7"
 """The envd version we answer as: octet-stream uploads on; features of later versions (file
 metadata, watchers) are refused by the SDK itself with a clear message."""
@@ -119,6 +121,18 @@ def parse_answer(stdout: str) -> Any:
     return answer.get("ok")
 
 
+def checked(response: RunCodeResponse) -> tuple[str, dict[str, str]]:
+    """A guest call's stdout and fetched files; GuestError when it did not finish or gave no answer."""
+    result = response.run_result
+    if result is None or result.status.value != "Finished":
+        raise GuestError("deadline_exceeded" if result is not None and result.status.value == "TimeLimitExceeded"
+                         else "internal", response.message or "the call did not finish")
+    if MARK not in (result.stdout or ""):
+        stderr = (result.stderr or "").strip()[-2000:]
+        raise GuestError("internal", f"the sandbox gave no answer to the call: {stderr or response.message}")
+    return result.stdout or "", response.files
+
+
 @dataclasses.dataclass(frozen=True)
 class Ended:
     """What is kept of an ended sandbox: why it ended, told only to its owner and to its tokens."""
@@ -138,6 +152,7 @@ class Sandboxes:
         self._opening: collections.Counter[Optional[Owner]] = collections.Counter()
         """Sandboxes starting (their session on the way), by owner."""
         self._reaper: Optional[asyncio.Task[None]] = None
+        self.ready = ReadyBoxes(executor, config, self._start_ready)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,6 +161,7 @@ class Sandboxes:
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        self.ready.close()
         for sandbox in list(self.table.live.values()):
             self.kill(sandbox.id, "the server stopped")
 
@@ -155,7 +171,8 @@ class Sandboxes:
             self.reap(time.time())
 
     def reap(self, now: float) -> None:
-        """Kill the sandboxes past their timeout (Unix time `now`)."""
+        """Kill the sandboxes past their timeout, and end the ready ones unused too long (Unix time `now`)."""
+        self.ready.expire(now)
         for sandbox, reason in self.table.due(lambda s: "it reached its timeout" if s.end_at <= now else None):
             self.kill(sandbox.id, reason)
 
@@ -180,27 +197,58 @@ class Sandboxes:
                                    f"(max_sandboxes_per_key); kill some or wait for their timeout")
         self._opening[owner] += 1  # a place is taken from the first await on: a burst cannot pass the caps
         try:
-            info = await self.executor.create_session(SessionCreateRequest(language="python",
-                                                                           idle_ttl_s=MAX_TIMEOUT_S), cells=True,
-                                                       rooted=True)
+            ready = self.ready.take(home_alias, timeout_s)
+            if ready is None:
+                session_id, default_context = await self._new_session(), secrets.token_hex(16)
+            else:
+                session_id, default_context = ready.session_id, ready.default_context
         finally:
             self._opening[owner] -= 1
             if not self._opening[owner]:
                 del self._opening[owner]  # no entry kept per key ever seen
         now = time.time()
-        sandbox = Sandbox(id=f"{self.config.id_prefix}i{secrets.token_hex(10)}", session_id=info.session_id,
+        sandbox = Sandbox(id=f"{self.config.id_prefix}i{secrets.token_hex(10)}", session_id=session_id,
                           access_token=new_token(), traffic_token=new_token(), owner=owner, template_id=template_id,
                           metadata=metadata,
-                          started_at=now, end_at=now + timeout_s, default_context=secrets.token_hex(16))
+                          started_at=now, end_at=now + timeout_s, default_context=default_context)
         sandbox.contexts[sandbox.default_context] = Context(sandbox.default_context, "python", "/home/user")
         self.table.add(sandbox)
         try:
-            setup = {"envs": envs, "default_context": sandbox.default_context, "home_alias": home_alias}
-            await self.call_python(sandbox, call_code("setup", setup), 30.0)
+            if ready is None or envs:  # a ready sandbox is set up already, with no environment variables
+                await self.call_python(sandbox, self._setup_code(default_context, envs, home_alias), 30.0)
         except BaseException:
             self.kill(sandbox.id, "it could not start")
             raise
         return sandbox
+
+    async def _new_session(self) -> str:
+        info = await self.executor.create_session(SessionCreateRequest(language="python", idle_ttl_s=MAX_TIMEOUT_S),
+                                                   cells=True, rooted=True)
+        return info.session_id
+
+    @staticmethod
+    def _setup_code(default_context: str, envs: dict[str, str], home_alias: Optional[str]) -> str:
+        return call_code("setup", {"envs": envs, "default_context": default_context, "home_alias": home_alias})
+
+    async def _start_ready(self, home_alias: Optional[str]) -> Ready:
+        """A sandbox's session set up and its first cell run in a scratch context, removed after."""
+        ready = Ready(await self._new_session(), secrets.token_hex(16), time.time())
+        scratch = secrets.token_hex(16)
+        try:
+            checked(await self.executor.run_code(self._python(ready.session_id, self._setup_code(
+                ready.default_context, {}, home_alias), 30.0)))
+            cells = [call_code("dispatch", {"op": "ctx_create", "args": {"context_id": scratch, "cwd": "."}}),
+                     call_code("run_cell", {"context": scratch, "code": WARMUP_CELL, "envs": {}}),
+                     f"{GUEST}.last_info()",
+                     call_code("dispatch", {"op": "ctx_remove", "args": {"context_id": scratch}})]
+            warmed = await self.executor.run_jupyter(RunJupyterRequest(cells=cells, total_timeout=30.0,
+                                                                       session_id=ready.session_id))
+            if warmed.status.value != "Success" or not warmed.session_alive:
+                raise GuestError("internal", f"the warm-up cell failed: {warmed.message}")
+        except BaseException:
+            self.executor.end_session(ready.session_id)
+            raise
+        return ready
 
     def record(self, sandbox_id: str) -> Union[Sandbox, Ended, None]:
         """The live sandbox by that id, what is kept of an ended one, or None; the same lookups whichever."""
@@ -300,19 +348,16 @@ class Sandboxes:
 
     async def call_python(self, sandbox: Sandbox, code: str, timeout_s: float,
                           fetch: Optional[list[str]] = None) -> tuple[str, dict[str, str]]:
-        request = RunCodeRequest(code=code, language="python", session_id=sandbox.session_id,
-                                 run_timeout=min(max(timeout_s, 0.001), MAX_TIMEOUT_S), fetch_files=fetch or [])
-        response = await self._in_session(sandbox, self.executor.run_code(request))
+        response = await self._in_session(sandbox, self.executor.run_code(self._python(sandbox.session_id, code,
+                                                                                        timeout_s, fetch)))
         if response.session_alive is False:
             raise SandboxGone(sandbox.id, response.message)
-        result = response.run_result
-        if result is None or result.status.value != "Finished":
-            raise GuestError("deadline_exceeded" if result is not None and result.status.value == "TimeLimitExceeded"
-                             else "internal", response.message or "the call did not finish")
-        if MARK not in (result.stdout or ""):
-            stderr = (result.stderr or "").strip()[-2000:]
-            raise GuestError("internal", f"the sandbox gave no answer to the call: {stderr or response.message}")
-        return result.stdout or "", response.files
+        return checked(response)
+
+    @staticmethod
+    def _python(session_id: str, code: str, timeout_s: float, fetch: Optional[list[str]] = None) -> RunCodeRequest:
+        return RunCodeRequest(code=code, language="python", session_id=session_id,
+                              run_timeout=min(max(timeout_s, 0.001), MAX_TIMEOUT_S), fetch_files=fetch or [])
 
     async def run_cells(self, sandbox: Sandbox, cells: list[str], timeout_s: float) -> RunJupyterResponse:
         request = RunJupyterRequest(cells=cells, total_timeout=min(timeout_s, MAX_TIMEOUT_S),

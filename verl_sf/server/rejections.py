@@ -22,14 +22,19 @@ from verl_sf.errors import (
 from verl_sf.server.requests import get_metrics
 
 
+def _shown(name: str) -> str:
+    """A name a client sent, quoted, and cut short when it is longer than any id the server makes."""
+    return repr(name) if len(name) <= 128 else f"{name[:64]!r}... ({len(name)} characters)"
+
+
 def _detail(exc: VerlSfError) -> Any:
     """What `detail` says, in the words each route has always used."""
     if isinstance(exc, Overloaded):
         return f"server overloaded: {exc}"
     if isinstance(exc, SessionGone):
-        return f"session {exc.session_id!r} not found: {exc.reason}"
+        return f"session {_shown(exc.session_id)} not found: {exc.reason}"
     if isinstance(exc, SnapshotGone):
-        return f"snapshot {exc.snapshot_id!r} not found: {exc.reason}"
+        return f"snapshot {_shown(exc.snapshot_id)} not found: {exc.reason}"
     if isinstance(exc, ForkUnavailable):
         return f"this server cannot fork sessions: {exc}"
     if isinstance(exc, InvalidRequest):  # FastAPI's shape for a field

@@ -145,9 +145,10 @@ def _refusal(zygote: ForkHost, source: Optional[SessionJob]) -> Optional[str]:
     if source.call is not None or source.interpreter < 0 or source.forking:
         return "a call is running in it (a fork never copies a half-run call)"
     if not source.frozen and source.layers >= MAX_FORK_LAYERS - 1:
-        return (f"it was forked or snapshotted {source.layers} times, as often as a live session can be (each "
-                "puts it in a Landlock domain of its own, and Linux stacks 16): start sessions from a snapshot "
-                "taken earlier instead (a session started from a snapshot starts one domain deeper)")
+        return (f"it is in {source.layers} Landlock domains, as many as a live session can be (each fork or "
+                "snapshot puts it in one more, a live copy starts one deeper than its parent, and Linux stacks 16): "
+                "start sessions from a snapshot taken earlier instead (a session started from a snapshot starts "
+                "one domain deeper)")
     if "memory" not in source.groups and source.limits["memory"]:  # a copy's files would be counted nowhere
         files = _files_bytes(zygote, source)
         if files > source.limits["memory"]:

@@ -352,22 +352,36 @@ def _context(context_id):
     return context
 
 
-HISTORY = ("input_hist_parsed", "input_hist_raw", "output_hist", "output_hist_reprs", "dir_hist")
+HISTORY = ("input_hist_parsed", "input_hist_raw", "output_hist", "output_hist_reprs", "dir_hist",
+           "_i00", "_i", "_ii", "_iii")
+"""The history manager's record of a kernel's cells: its lists, and the inputs it shows as `_i`, `_ii`..."""
+SHOWN = ("_", "__", "___")
+"""The display hook's last values, which it shows as `_`, `__`, `___`."""
+
+
+def _state(shell):
+    return [getattr(shell.history_manager, name) for name in HISTORY], \
+        [getattr(shell.displayhook, name) for name in SHOWN]
+
+
+def _restore(shell, state):
+    history, shown = state
+    for name, value in zip(HISTORY, history, strict=True):
+        setattr(shell.history_manager, name, value)
+    for name, value in zip(SHOWN, shown, strict=True):
+        setattr(shell.displayhook, name, value)
 
 
 @contextlib.contextmanager
 def _entered(shell, context):
-    """The shell runs in the context's namespace, history and count until the block ends."""
-    history = shell.history_manager
-    saved = (shell.user_module, shell.execution_count, [getattr(history, name) for name in HISTORY],
-             sys.modules.get("__main__"))
+    """The shell runs in the context's namespace, history, shown values and count until the block ends."""
+    saved = (shell.user_module, shell.execution_count, _state(shell), sys.modules.get("__main__"))
     fresh = context["module"] is None
     if fresh:
         import types
         context["module"] = types.ModuleType("__main__")
-        context["history"] = [[""], [""], {}, {}, []]
-    for name, value in zip(HISTORY, context["history"], strict=True):
-        setattr(history, name, value)
+        context["history"] = [[""], [""], {}, {}, [], "", "", "", ""], ["", "", ""]
+    _restore(shell, context["history"])
     _bind(shell, context["module"])
     if fresh:
         shell.init_user_ns()
@@ -376,9 +390,9 @@ def _entered(shell, context):
         yield
     finally:
         context["count"] = shell.execution_count - 1
-        module, count, lists, main = saved
-        for name, value in zip(HISTORY, lists, strict=True):
-            setattr(history, name, value)
+        context["history"] = _state(shell)
+        module, count, state, main = saved
+        _restore(shell, state)
         _bind(shell, module)
         shell.execution_count = count
         if main is not None:
