@@ -349,3 +349,22 @@ def test_a_chain_of_forks_nests_eight_deep_and_the_refusal_names_the_domains(ser
     refused = fork(server, session, {"count": 1})
     assert refused.status_code == 409, refused.text
     assert "it is in 16 Landlock domains" in refused.json()["detail"], refused.text
+
+
+def test_a_child_that_exited_unreaped_does_not_block_a_fork(server: ServerHandle) -> None:
+    """A zombie runs nothing, so it is not a background process; the parent reaps it after, the copy
+    never had it (fork(2) copies no children)."""
+    parent = create(server)
+    run(server, parent, "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n"
+                        "while open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z':\n"
+                        "    time.sleep(0.01)")
+    response = fork(server, parent, {"count": 1})
+    assert response.status_code == 201, response.text
+    assert run(server, parent, "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))") == "7\n"
+    copy = response.json()["session_ids"][0]
+    assert run(server, copy, "try:\n    os.waitpid(pid, 0)\nexcept ChildProcessError:\n    print('none')") == "none\n"
+    alive = post(server, "/run_code", {"code": "import subprocess, time\np = subprocess.Popen(['sleep', '30'])",
+                                       "language": "python", "session_id": parent})
+    assert alive.status_code == 200
+    busy = fork(server, parent, {"count": 1})
+    assert busy.status_code == 409 and "1 background process" in busy.json()["detail"], busy.text

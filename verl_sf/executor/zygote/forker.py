@@ -144,8 +144,9 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
 
 def _check_alone(interpreter: int) -> None:
     """The stopped interpreter is the session's one thread and one process: no thread of its, no
-    child, no orphan taken in by the session's PID 1 (whose other children, the session's copies,
-    live in PID namespaces of their own) could run while the fork is made.  And it shares no
+    running child (one that exited unreaped runs nothing), no orphan taken in by the session's PID 1
+    (whose other children, the session's copies, live in PID namespaces of their own) could run while
+    the fork is made.  And it shares no
     writable memory that its copies would go on sharing."""
     threads = os.listdir(f"/proc/{interpreter}/task")
     if threads != [str(interpreter)]:
@@ -158,6 +159,7 @@ def _check_alone(interpreter: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             if pid != interpreter and os.stat(f"/proc/{pid}/ns/pid").st_ino == namespace:
                 children.append(pid)
+    children = [pid for pid in children if not procfs.ended(pid)]  # a zombie runs nothing
     if children:
         raise Refused(f"it has {len(children)} background process(es), which a fork does not copy and which "
                       "could reach the copies: end them first")

@@ -117,6 +117,23 @@ def parent(pid: int) -> int:
         return 0
 
 
+def ended(pid: int) -> bool:
+    """Whether every thread of `pid` has exited (a zombie waiting to be reaped, or gone): it runs
+    nothing more.  A leader that exited while its other threads run shows Z too, so each is read."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as fh:
+                if fh.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+                    return False
+        except (OSError, IndexError):
+            continue
+    return True
+
+
 def tree_memory(pid: int, skip: Collection[int] = ()) -> int:
     """Bytes of anonymous and shared memory the job's processes hold, each page split between the
     processes that map it (PSS), so pages still shared with the warm interpreter barely count;
