@@ -355,7 +355,8 @@ def test_bad_input_names_the_field(server: ServerHandle) -> None:
     assert not_json.status_code == 400 and "not JSON" in not_json.json()["message"]
     for body, field in (({"labels": ["a"]}, "labels"), ({"cpu": "two"}, "cpu"), ({"autoStopInterval": -3},
                         "autoStopInterval"), ({"env": {"A": 1}}, "env.A"), ({"buildInfo": {"dockerfileContent": "RUN x"}},
-                                                                             "buildInfo")):
+                                                                             "buildInfo"),
+                        ({"env": {"A=B": "1"}}, "env"), ({"labels": {"k": "v" * (1 << 20)}}, "labels")):
         answer = requests.post(url, json=body, headers=headers, timeout=10)
         assert answer.status_code == 422 and answer.json()["message"].startswith(field), (body, answer.text)
     assert requests.post(url, json={}, timeout=10).status_code == 401

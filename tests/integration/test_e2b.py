@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -139,6 +140,24 @@ def test_each_context_shows_its_own_last_inputs_and_values(sandbox: Sandbox) -> 
     assert sandbox.run_code("print((_i, _ii, _, __))").logs.stdout == \
         ["('6 * 7', \"[globals().get(name) for name in ('_i', '_ii', '_', '__')]\", 42, ['', '', None, None])\n"]
     assert sandbox.run_code("_i, _, __", context=context).text == "(\"'other'\", 'other', '')"
+
+
+def test_a_context_reads_nothing_of_another_or_of_the_servers_calls(sandbox: Sandbox) -> None:
+    """Each context is a kernel of its own: another's code, per-execution `envs`, values and last
+    error are not in its hidden names, in linecache (where IPython keeps cells' sources) or in `sys`."""
+    context = sandbox.create_code_context()
+    secret = sandbox.run_code("SECRET_CODE = 1\nraise ValueError('SECRET_ERROR')", context=context,
+                              envs={"SECRET_ENV": "SECRET_VALUE"})
+    assert secret.error is not None and secret.error.value == "SECRET_ERROR"
+    sandbox.run_code("6 * 7", context=context)
+    probe = ("import linecache, sys\nprint(repr(get_ipython().user_ns_hidden), repr(linecache.cache), "
+             "repr(getattr(sys, 'last_value', None)))")
+    seen = "".join(sandbox.run_code(probe).logs.stdout)
+    for leaked in ("SECRET", "42", "zygote.guest"):
+        assert leaked not in seen, (leaked, seen[:2000])
+    again = sandbox.run_code("import linecache, sys\nprint(any('SECRET_CODE' in ''.join(entry[2]) for entry in "
+                             "linecache.cache.values()), repr(sys.last_value))", context=context)
+    assert again.error is None and again.logs.stdout == ["True ValueError('SECRET_ERROR')\n"], again  # its own
 
 
 def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
@@ -301,6 +320,31 @@ def test_sandboxes_do_not_see_each_other(server: ServerHandle) -> None:
     finally:
         first.kill()
         second.kill()
+
+
+@pytest.mark.parametrize(("body", "field", "says"), [
+    ({"envVars": {"A=B": "1"}}, "envVars", "not a variable name"),
+    ({"envVars": {"": "1"}}, "envVars", "not a variable name"),
+    ({"envVars": {"A\u0000": "1"}}, "envVars", "not a variable name"),
+    ({"envVars": {"A": "x\u0000y"}}, "envVars", "NUL"),
+    ({"envVars": {f"V{i}": "" for i in range(5000)}}, "envVars", "more than 4096"),
+    ({"envVars": {"BIG": "x" * (2 << 20)}}, "envVars", "bytes, more than"),
+    ({"metadata": {"k": "v" * (1 << 20)}}, "metadata", "bytes, more than"),
+])
+def test_environment_and_metadata_a_sandbox_cannot_hold_are_400_naming_them(
+        server: ServerHandle, sandbox: Sandbox, body: dict[str, Any], field: str, says: str) -> None:
+    """Refused before any sandbox starts (no traceback from inside one), the server holding none of it."""
+    created = requests.post(server.url + "/v2/sandboxes", json={"templateID": "base", "timeout": 30, **body},
+                            headers={"X-API-Key": API_KEY}, timeout=60)
+    assert created.status_code == 400, created.text[:500]
+    message = created.json()["message"]
+    assert message.startswith(field) and says in message and "Traceback" not in message, message[:500]
+    if field == "envVars":  # and per execution: the code interpreter's /execute
+        execute = requests.post(server.url + "/execute", json={"code": "1", "env_vars": body["envVars"]}, timeout=60,
+                                headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999",
+                                         "X-Access-Token": sandbox._envd_access_token})
+        assert execute.status_code in (400, 422) and "env_vars" in execute.text, execute.text[:500]
+    assert sandbox.run_code("1 + 1").text == "2"
 
 
 def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> None:
@@ -479,5 +523,20 @@ def test_an_execution_past_the_in_flight_cap_is_a_503_with_retry_after() -> None
         assert refused.json() == {"code": 503, "message": refused.json()["message"]}
         assert refused.json()["message"].startswith("server overloaded: 1 runs in flight")
         assert other.run_code("1 + 1").text == "2"
+    finally:
+        stop_server(handle.process)
+
+
+def test_an_evicted_sandbox_says_it_was_evicted() -> None:
+    """At the server's session cap the longest-idle session is evicted, which may be a sandbox's
+    (docs/e2b.md, "Cap"): its owner's next call says why, not only that its session ended."""
+    handle = start_server("--slots", "2", "--preload", "", "--max-sessions", "2")
+    try:
+        box = Sandbox.create(timeout=60, api_url=handle.url, sandbox_url=handle.url, api_key=API_KEY)
+        for _ in range(2):
+            assert requests.post(handle.url + "/sessions", json={"language": "python"}, timeout=60).status_code == 201
+        with pytest.raises(SandboxException) as caught:
+            box.run_code("1")
+        assert "its session ended (evicted: the server's cap of 2 live sessions" in str(caught.value), caught.value
     finally:
         stop_server(handle.process)

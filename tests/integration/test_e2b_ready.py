@@ -18,6 +18,7 @@ PROBE = """import os
 print(sorted(name for name in dir() if not name.startswith('__')))
 print(len(In), dict(Out), [globals().get(name) for name in ('_', '__', '_i', '_ii', '_1')])
 print(os.getcwd(), os.environ.get('HOME'), os.environ.get('READY_PROBE'))
+print(sorted(get_ipython().user_ns_hidden), sorted(n for n in __import__('linecache').cache if n.startswith('<')))
 """
 
 NAMES = str(['In', 'Out', '_dh', '_i', '_i1', '_ih', '_ii', '_iii', '_oh', 'exit', 'get_ipython', 'open', 'os', 'quit'])
@@ -50,6 +51,7 @@ def test_a_ready_sandbox_holds_what_a_new_one_would(mode: str) -> None:
                 (count, lines), (count_started, lines_started) = probed(taken), probed(started)
                 assert (count, lines[:2]) == (count_started, lines_started[:2]) == \
                     (1, [NAMES, "2 {} [None, None, '', '', None]"])  # the warm-up cell left nothing in the kernel
+                assert lines[3] == lines_started[3] and "'_i1'" in lines[3]  # hidden names, cells' sources
                 for line in (lines[2], lines_started[2]):  # the home is /home/user but on the landlock rung
                     cwd, home, given = line.split()
                     assert cwd == home and given == "given"

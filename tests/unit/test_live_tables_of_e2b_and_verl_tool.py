@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, cast
+from typing import Any, Optional, cast
 
 import pytest
 
@@ -29,6 +29,9 @@ class StandIn:
         self.sessions.pop(session_id, None)
         self.ended.append(session_id)
         return closed_now()
+
+    def session_end_reason(self, session_id: str) -> Optional[str]:
+        return "evicted: the server's cap" if session_id == "session1" else None
 
 
 def sandboxes_with(*end_ats: float) -> tuple[Sandboxes, StandIn, list[Sandbox]]:
@@ -69,7 +72,7 @@ async def test_a_sandbox_whose_session_ended_is_gone_saying_so() -> None:
     assert list(sandboxes.table.live) == [second.id]
     assert sandboxes.end_reason(first.id) == "its session ended"
     del executor.sessions[second.session_id]
-    with pytest.raises(SandboxGone, match="its session ended"):  # a lookup finds out too
+    with pytest.raises(SandboxGone, match=r"its session ended \(evicted: the server's cap\)"):  # a lookup too, why
         sandboxes.get(second.id)
     with pytest.raises(SandboxGone, match="no such sandbox"):
         sandboxes.get("sbx-never")

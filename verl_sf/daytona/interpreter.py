@@ -27,6 +27,7 @@ from verl_sf.e2b.sandboxes import SandboxGone
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Overloaded
 from verl_sf.models import MAX_TIMEOUT_S
+from verl_sf.validation import Environment
 
 TIMED_OUT = 4008  # the SDK's WEBSOCKET_TIMEOUT_CODE
 BAD_REQUEST = 4400
@@ -37,7 +38,7 @@ REQUEST_WAIT_S = 30.0  # how long a client has, once connected, to send its requ
 class RunRequest(Body):
     code: StrictStr
     context_id: Optional[StrictStr] = Field(default=None, alias="contextId")
-    envs: Optional[dict[StrictStr, StrictStr]] = None
+    envs: Optional[Environment] = None
     timeout: Optional[StrictInt] = Field(default=None, ge=0)
 
 

@@ -35,6 +35,7 @@ from verl_sf.e2b.envd import buffered_multipart
 from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone
 from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.executor import Overloaded
+from verl_sf.validation import Environment
 
 VERSION = "v0.0.0-verl-sf"
 SHELL = "/bin/sh"
@@ -49,7 +50,7 @@ Handler = Callable[[web.Request, DaytonaSandbox, Box], Awaitable[web.StreamRespo
 class ExecuteRequest(Body):
     command: StrictStr
     cwd: Optional[StrictStr] = None
-    envs: Optional[dict[StrictStr, StrictStr]] = None
+    envs: Optional[Environment] = None
     timeout: Optional[StrictInt] = Field(default=None, ge=0)
 
 
@@ -57,7 +58,7 @@ class CodeRunRequest(Body):
     code: StrictStr
     language: Optional[StrictStr] = None
     argv: Optional[list[StrictStr]] = None
-    envs: Optional[dict[StrictStr, StrictStr]] = None
+    envs: Optional[Environment] = None
     timeout: Optional[StrictInt] = Field(default=None, ge=0)
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from verl_sf.daytona.sandboxes import DaytonaSandbox
 from verl_sf.errors import InputError, VerlSfError, answer_of
-from verl_sf.validation import first_error
+from verl_sf.validation import Environment, Metadata, first_error
 
 ORGANIZATION_ID = "verl-sf"
 TARGET = "local"
@@ -48,8 +48,8 @@ class CreateSandbox(Body):
     name: Optional[StrictStr] = Field(default=None, min_length=1, max_length=255)
     snapshot: Optional[StrictStr] = None
     user: Optional[StrictStr] = None
-    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    env: Environment = Field(default_factory=dict)
+    labels: Metadata = Field(default_factory=dict)
     public: StrictBool = False
     network_block_all: Optional[StrictBool] = Field(default=None, alias="networkBlockAll")
     network_allow_list: Optional[StrictStr] = Field(default=None, alias="networkAllowList")

@@ -20,7 +20,7 @@ from verl_sf.errors import answer_of
 from verl_sf.executor import Overloaded, closed
 from verl_sf.pages import BadCursor, page
 from verl_sf.tenancy import key_accepted, owner_of
-from verl_sf.validation import first_error
+from verl_sf.validation import Environment, Metadata, first_error
 
 CLIENT_ID = "verl-sf"
 
@@ -32,8 +32,8 @@ class NewSandbox(BaseModel):
 
     template_id: StrictStr = Field(alias="templateID")
     timeout: Optional[int] = Field(default=None, ge=0)
-    metadata: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-    env_vars: dict[StrictStr, StrictStr] = Field(default_factory=dict, alias="envVars")
+    metadata: Metadata = Field(default_factory=dict)
+    env_vars: Environment = Field(default_factory=dict, alias="envVars")
     auto_pause: bool = Field(default=False, alias="autoPause")
     volume_mounts: list[Any] = Field(default_factory=list, alias="volumeMounts")
     mcp: Optional[dict[str, Any]] = None

@@ -24,7 +24,7 @@ from verl_sf.e2b.connect import ConnectError
 from verl_sf.e2b.downloads import DownloadsFull, send
 from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxes, SandboxGone
 from verl_sf.errors import answer_of
-from verl_sf.validation import first_error
+from verl_sf.validation import Environment, first_error
 
 DEFAULT_RPC_TIMEOUT_S = 60.0
 USERS = ("user", "root")  # who a command may run as (root: zygote/root.py)
@@ -54,7 +54,7 @@ class MoveRequest(_Message):
 class ProcessConfig(_Message):
     cmd: str
     args: list[str] = Field(default_factory=list)
-    envs: dict[str, str] = Field(default_factory=dict)
+    envs: Environment = Field(default_factory=dict)
     cwd: Optional[str] = None
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import GUEST, Context, GuestError, Sandbox, Sandboxes, call_code
 from verl_sf.models import CellRunResult, RunJupyterResponse
-from verl_sf.validation import first_error
+from verl_sf.validation import Environment, first_error
 
 LANGUAGES = ("python",)
 MIME_FIELDS = {"text/plain": "text", "text/html": "html", "image/png": "png", "text/markdown": "markdown",
@@ -35,7 +35,7 @@ class ExecuteRequest(BaseModel):
     code: StrictStr
     context_id: Optional[StrictStr] = None
     language: Optional[StrictStr] = None
-    env_vars: Optional[dict[StrictStr, StrictStr]] = None
+    env_vars: Optional[Environment] = None
 
 
 class CreateContextRequest(BaseModel):

@@ -254,7 +254,7 @@ class Sandboxes:
         """The live sandbox by that id, what is kept of an ended one, or None; the same lookups whichever."""
         sandbox = self.table.live.get(sandbox_id)
         if sandbox is not None and sandbox.session_id not in self.executor.sessions:
-            self._forget(sandbox, "its session ended")
+            self._forget(sandbox, self._session_ended(sandbox))
         return self.table.live.get(sandbox_id) or self.table.ended(sandbox_id)
 
     def get(self, sandbox_id: str) -> Sandbox:
@@ -298,9 +298,13 @@ class Sandboxes:
     def _forget(self, sandbox: Sandbox, reason: str) -> None:
         self.table.forget(sandbox, Ended(reason, sandbox.owner, sandbox.access_token, sandbox.traffic_token))
 
+    def _session_ended(self, sandbox: Sandbox) -> str:
+        reason = self.executor.session_end_reason(sandbox.session_id)
+        return f"its session ended ({reason})" if reason else "its session ended"
+
     def _prune(self) -> None:
         sessions = self.executor.sessions
-        for sandbox, reason in self.table.due(lambda s: None if s.session_id in sessions else "its session ended"):
+        for sandbox, reason in self.table.due(lambda s: None if s.session_id in sessions else self._session_ended(s)):
             self._forget(sandbox, reason)
 
     # ---- calls into the sandbox ----------------------------------------------------------------

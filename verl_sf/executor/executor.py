@@ -204,6 +204,10 @@ class Executor:
     def session_info(self, session_id: str) -> SessionInfo:
         return self._sessions.info(session_id)
 
+    def session_end_reason(self, session_id: str) -> Optional[str]:
+        """Why a session that ended did (kept for a while), or None."""
+        return self._sessions.table.ended(session_id)
+
     def end_session(self, session_id: str) -> Closing[Closed]:
         """End a session now; the future is done once every process of it is killed (`closed` waits for it)."""
         return self._sessions.end_record(self._sessions.table.get(session_id), "ended by DELETE /sessions")

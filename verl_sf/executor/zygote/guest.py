@@ -15,6 +15,7 @@ import base64
 import builtins
 import contextlib
 import json
+import linecache
 import os
 import select
 import shutil
@@ -35,7 +36,7 @@ READ_CHUNK = 1 << 16
 MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by default)
 
 _home = os.getcwd()  # set again by `setup`
-_contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "history", "cwd": local path, "count"}
+_contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "state", "cwd": local path, "count"}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
 _last: dict[str, Any] = {"count": 0, "main": None}
 _alias = {"home": HOME_ALIAS}
@@ -322,7 +323,7 @@ def env_update(values, unset, unset_value_prefix):
 # `_`) and execution count, its own working directory.  Cells run in IPython's shell (the session's
 # cells interpreter); a context's namespace is made on its first execution.
 def _new_context(cwd):
-    return {"module": None, "history": None, "cwd": cwd, "count": 0}
+    return {"module": None, "state": None, "cwd": cwd, "count": 0}
 
 
 def ctx_create(context_id, cwd):
@@ -335,7 +336,7 @@ def ctx_create(context_id, cwd):
 
 def ctx_restart(context_id):
     context = _context(context_id)
-    context.update(module=None, history=None, count=0)
+    context.update(module=None, state=None, count=0)
     return None
 
 
@@ -357,31 +358,66 @@ HISTORY = ("input_hist_parsed", "input_hist_raw", "output_hist", "output_hist_re
 """The history manager's record of a kernel's cells: its lists, and the inputs it shows as `_i`, `_ii`..."""
 SHOWN = ("_", "__", "___")
 """The display hook's last values, which it shows as `_`, `__`, `___`."""
+LAST_ERROR = ("last_type", "last_value", "last_traceback", "last_exc")
+"""What `sys` keeps of the last uncaught error (`%debug`, `%tb` read it)."""
+UNSET = object()
+WRAPPER = "__import__('zygote.guest'"
+"""How the server's calls into this module begin (they carry a call's code and `envs`)."""
 
 
-def _state(shell):
-    return [getattr(shell.history_manager, name) for name in HISTORY], \
-        [getattr(shell.displayhook, name) for name in SHOWN]
+def _fresh_state():
+    return {"history": [[""], [""], {}, {}, [], "", "", "", ""], "shown": ["", "", ""], "hidden": {},
+            "error": [UNSET] * len(LAST_ERROR), "lines": {}}
+
+
+def _state(shell, lines):
+    return {"history": [getattr(shell.history_manager, name) for name in HISTORY],
+            "shown": [getattr(shell.displayhook, name) for name in SHOWN], "hidden": shell.user_ns_hidden,
+            "error": [getattr(sys, name, UNSET) for name in LAST_ERROR], "lines": lines}
 
 
 def _restore(shell, state):
-    history, shown = state
-    for name, value in zip(HISTORY, history, strict=True):
+    for name, value in zip(HISTORY, state["history"], strict=True):
         setattr(shell.history_manager, name, value)
-    for name, value in zip(SHOWN, shown, strict=True):
+    for name, value in zip(SHOWN, state["shown"], strict=True):
         setattr(shell.displayhook, name, value)
+    shell.user_ns_hidden = state["hidden"]
+    for name, value in zip(LAST_ERROR, state["error"], strict=True):
+        if value is not UNSET:
+            setattr(sys, name, value)
+        elif hasattr(sys, name):
+            delattr(sys, name)
+
+
+def _lines_entered(context_lines):
+    """linecache (where IPython keeps each cell's source, for tracebacks and `inspect`) holds the
+    context's own cells only: the server's calls are dropped, the context's put back; returns the
+    names it held before."""
+    for name, entry in list(linecache.cache.items()):
+        if len(entry) == 4 and entry[2] and entry[2][0].startswith(WRAPPER):
+            del linecache.cache[name]
+    outside = set(linecache.cache)
+    linecache.cache.update(context_lines)
+    return outside
+
+
+def _lines_left(outside):
+    """What the context added to linecache, taken out of it."""
+    return {name: linecache.cache.pop(name) for name in list(linecache.cache) if name not in outside}
 
 
 @contextlib.contextmanager
 def _entered(shell, context):
-    """The shell runs in the context's namespace, history, shown values and count until the block ends."""
-    saved = (shell.user_module, shell.execution_count, _state(shell), sys.modules.get("__main__"))
+    """The shell runs in the context's namespace, history, shown values, hidden names, last error,
+    cached cell sources and count until the block ends: a context is a kernel of its own, as in E2B."""
     fresh = context["module"] is None
     if fresh:
         import types
         context["module"] = types.ModuleType("__main__")
-        context["history"] = [[""], [""], {}, {}, [], "", "", "", ""], ["", "", ""]
-    _restore(shell, context["history"])
+        context["state"] = _fresh_state()
+    outside = _lines_entered(context["state"]["lines"])
+    saved = (shell.user_module, shell.execution_count, _state(shell, {}), sys.modules.get("__main__"))
+    _restore(shell, context["state"])
     _bind(shell, context["module"])
     if fresh:
         shell.init_user_ns()
@@ -390,7 +426,7 @@ def _entered(shell, context):
         yield
     finally:
         context["count"] = shell.execution_count - 1
-        context["history"] = _state(shell)
+        context["state"] = _state(shell, _lines_left(outside))
         module, count, state, main = saved
         _restore(shell, state)
         _bind(shell, module)
