@@ -150,11 +150,18 @@ def test_a_context_reads_nothing_of_another_or_of_the_servers_calls(sandbox: San
                               envs={"SECRET_ENV": "SECRET_VALUE"})
     assert secret.error is not None and secret.error.value == "SECRET_ERROR"
     sandbox.run_code("6 * 7", context=context)
-    probe = ("import linecache, sys\nprint(repr(get_ipython().user_ns_hidden), repr(linecache.cache), "
-             "repr(getattr(sys, 'last_value', None)))")
+    probe = ("import linecache, sys\nshell = get_ipython()\nprint(repr(shell.user_ns_hidden), repr(linecache.cache), "
+             "repr(getattr(sys, 'last_value', None)), repr(shell.last_execution_result), "
+             "repr(getattr(shell, '_last_input_line', None)), repr(shell.compile._filename_map))")
     seen = "".join(sandbox.run_code(probe).logs.stdout)
-    for leaked in ("SECRET", "42", "zygote.guest"):
+    for leaked in ("SECRET", "42", "zygote.guest", "ipython-input-2"):
         assert leaked not in seen, (leaked, seen[:2000])
+    # The contexts share one interpreter (docs/e2b.md), but what the server's calls carried, such as
+    # another execution's `envs`, is held nowhere in it once that execution is over.
+    held = sandbox.run_code("import gc\nneedle = 'SECRET_' + 'VALUE'  # the probe's own source must not match\n"
+                            "sum(needle in repr(o) for o in gc.get_objects() "
+                            "if isinstance(o, (dict, list, tuple)) and o is not globals())")
+    assert held.text == "0", held
     again = sandbox.run_code("import linecache, sys\nprint(any('SECRET_CODE' in ''.join(entry[2]) for entry in "
                              "linecache.cache.values()), repr(sys.last_value))", context=context)
     assert again.error is None and again.logs.stdout == ["True ValueError('SECRET_ERROR')\n"], again  # its own

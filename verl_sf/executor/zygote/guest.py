@@ -360,6 +360,8 @@ SHOWN = ("_", "__", "___")
 """The display hook's last values, which it shows as `_`, `__`, `___`."""
 LAST_ERROR = ("last_type", "last_value", "last_traceback", "last_exc")
 """What `sys` keeps of the last uncaught error (`%debug`, `%tb` read it)."""
+LAST_CELL = ("last_execution_result", "last_execution_succeeded", "_last_input_line")
+"""What the shell keeps of the last cell it ran."""
 UNSET = object()
 WRAPPER = "__import__('zygote.guest'"
 """How the server's calls into this module begin (they carry a call's code and `envs`)."""
@@ -367,13 +369,15 @@ WRAPPER = "__import__('zygote.guest'"
 
 def _fresh_state():
     return {"history": [[""], [""], {}, {}, [], "", "", "", ""], "shown": ["", "", ""], "hidden": {},
-            "error": [UNSET] * len(LAST_ERROR), "lines": {}}
+            "error": [UNSET] * len(LAST_ERROR), "cell": [None, True, UNSET], "cells": {}, "lines": {}}
 
 
 def _state(shell, lines):
     return {"history": [getattr(shell.history_manager, name) for name in HISTORY],
             "shown": [getattr(shell.displayhook, name) for name in SHOWN], "hidden": shell.user_ns_hidden,
-            "error": [getattr(sys, name, UNSET) for name in LAST_ERROR], "lines": lines}
+            "error": [getattr(sys, name, UNSET) for name in LAST_ERROR],
+            "cell": [getattr(shell, name, UNSET) for name in LAST_CELL], "cells": shell.compile._filename_map,
+            "lines": lines}
 
 
 def _restore(shell, state):
@@ -382,20 +386,44 @@ def _restore(shell, state):
     for name, value in zip(SHOWN, state["shown"], strict=True):
         setattr(shell.displayhook, name, value)
     shell.user_ns_hidden = state["hidden"]
-    for name, value in zip(LAST_ERROR, state["error"], strict=True):
-        if value is not UNSET:
-            setattr(sys, name, value)
-        elif hasattr(sys, name):
-            delattr(sys, name)
+    shell.compile._filename_map = state["cells"]  # each cell's name (a hash of its code) and number
+    for owner, names, values in ((sys, LAST_ERROR, state["error"]), (shell, LAST_CELL, state["cell"])):
+        for name, value in zip(names, values, strict=True):
+            if value is not UNSET:
+                setattr(owner, name, value)
+            elif hasattr(owner, name):
+                delattr(owner, name)
 
 
-def _lines_entered(context_lines):
+def _forget_calls(shell, state):
+    """The shell's own history, what it queued for its history database, and the names it set for it
+    in its namespace (the server's calls into this module, with their code and `envs`, and what they
+    showed), emptied: what earlier calls carried is then nowhere in the interpreter."""
+    manager = shell.history_manager
+    with manager.db_input_cache_lock, manager.db_output_cache_lock:
+        manager.db_input_cache.clear()
+        manager.db_output_cache.clear()
+    history = state["history"]
+    for inputs in history[:2]:
+        del inputs[1:]
+    for outputs in history[2:4]:
+        outputs.clear()
+    history[5:] = [""] * (len(HISTORY) - 5)
+    state["shown"][:] = [""] * len(SHOWN)
+    state["cell"][:] = _fresh_state()["cell"]
+    for names in (shell.user_ns, state["hidden"]):
+        for name in [name for name in names if name.lstrip("_i").isdigit() or name in ("_i", "_ii", "_iii")]:
+            del names[name]
+
+
+def _lines_entered(shell, context_lines):
     """linecache (where IPython keeps each cell's source, for tracebacks and `inspect`) holds the
     context's own cells only: the server's calls are dropped, the context's put back; returns the
     names it held before."""
     for name, entry in list(linecache.cache.items()):
         if len(entry) == 4 and entry[2] and entry[2][0].startswith(WRAPPER):
             del linecache.cache[name]
+            shell.compile._filename_map.pop(name, None)
     outside = set(linecache.cache)
     linecache.cache.update(context_lines)
     return outside
@@ -408,15 +436,18 @@ def _lines_left(outside):
 
 @contextlib.contextmanager
 def _entered(shell, context):
-    """The shell runs in the context's namespace, history, shown values, hidden names, last error,
-    cached cell sources and count until the block ends: a context is a kernel of its own, as in E2B."""
+    """The shell runs in the context's namespace, history, shown values, hidden names, last error and
+    cell, cells' names and sources and count until the block ends: a context is a kernel of its own,
+    as in E2B, but for the interpreter they share (one context's objects are reachable from another's
+    through `gc`: docs/e2b.md)."""
     fresh = context["module"] is None
     if fresh:
         import types
         context["module"] = types.ModuleType("__main__")
         context["state"] = _fresh_state()
-    outside = _lines_entered(context["state"]["lines"])
+    outside = _lines_entered(shell, context["state"]["lines"])
     saved = (shell.user_module, shell.execution_count, _state(shell, {}), sys.modules.get("__main__"))
+    _forget_calls(shell, saved[2])
     _restore(shell, context["state"])
     _bind(shell, context["module"])
     if fresh:
