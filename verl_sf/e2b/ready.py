@@ -49,18 +49,20 @@ class ReadyBoxes:
         return sum(len(queue) for queue in self._queues.values())
 
     def take(self, home_alias: Optional[str], timeout_s: float) -> Optional[Ready]:
-        """A ready sandbox for `home_alias` whose session lives `timeout_s` more (its lifetime counts
-        from its start), or None; the queue is refilled behind it either way."""
+        """The oldest ready sandbox for `home_alias` whose session lives `timeout_s` more (its lifetime
+        counts from its start), or None; those whose session ended are dropped, those too old for
+        this timeout kept for other creates; the queue is refilled behind it either way."""
         queue = self._queues[home_alias]
+        lifetime_s = self.executor.config.session_max_lifetime_s
         now = time.time()
         taken = None
-        while queue and taken is None:
-            ready = queue.popleft()
-            if ready.session_id in self.executor.sessions and \
-                    now - ready.made_at + timeout_s <= self.executor.config.session_max_lifetime_s:
+        for ready in list(queue):
+            if ready.session_id not in self.executor.sessions:
+                queue.remove(ready)
+            elif now - ready.made_at + timeout_s <= lifetime_s:
+                queue.remove(ready)
                 taken = ready
-            else:
-                self._end(ready)
+                break
         self._fill(home_alias)
         return taken
 
