@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Optional
 
-from verl_sf.e2b.config import E2BConfig
+from verl_sf.e2b.config import BoxApiConfig
 from verl_sf.errors import SessionGone, VerlSfError
 from verl_sf.executor import Executor
 
@@ -38,7 +38,7 @@ Starter = Callable[[Optional[str]], Awaitable[Ready]]
 
 
 class ReadyBoxes:
-    def __init__(self, executor: Executor, config: E2BConfig, start: Starter):
+    def __init__(self, executor: Executor, config: BoxApiConfig, start: Starter):
         self.executor = executor
         self.config = config
         self._start = start
