@@ -69,6 +69,8 @@ def role(comm: str, pid: int, roles: dict[int, str]) -> str:
         return roles[pid]
     if comm == "verl-sf-ready":
         return "child setting up"
+    if comm == "verl-sf-templat":
+        return "template (forks children)"
     if comm.startswith(("kworker", "ksoftirqd", "rcu", "kdamond", "kcompactd", "migration", "perf")):
         return "kernel threads"
     return "run"

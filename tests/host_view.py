@@ -67,8 +67,9 @@ def session_zygote(executor: Executor, session_id: str) -> int:
 
 
 def run_processes(server_pid: int) -> list[int]:
-    """Processes of a server's runs: below a zygote, but for the children each zygote forks ahead of
-    the next run (named verl-sf-ready until it has one) and such a child's root helper."""
+    """Processes of a server's runs: below a zygote, but for its template (verl-sf-templat), the
+    children it forks ahead of the next run (named verl-sf-ready until it has one) and such a
+    child's root helper."""
     tree = descendants(server_pid)
     warm = set(zygotes(server_pid))
     runs = []
@@ -76,6 +77,7 @@ def run_processes(server_pid: int) -> list[int]:
         ancestor = tree.get(pid)
         while ancestor is not None and ancestor not in warm:
             ancestor = tree.get(ancestor)
-        if ancestor is not None and "verl-sf-ready" not in (comm(pid), comm(tree[pid])):
+        if ancestor is not None and "verl-sf-ready" not in (comm(pid), comm(tree[pid])) \
+                and comm(pid) != "verl-sf-templat":
             runs.append(pid)
     return runs

@@ -13,7 +13,7 @@ import signal
 import socket
 from typing import Optional, Protocol
 
-from . import forker, linux, tracing
+from . import forker, tracing
 from .child import Blueprint
 from .job import JobHost
 from .messages import ForkedSession, SessionForkHead
@@ -26,7 +26,6 @@ class ForkHost(JobHost, Protocol):
 
     blueprint: Blueprint
     sequence: int
-    pidns_fd: int
     req_fd: int
     rep_fd: int
 
@@ -54,9 +53,6 @@ class Forking:
                 zygote.groups.release(group, True)
             raise
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # In our own PID namespace (children otherwise go to the one made for the next run), where it
-        # sees the session's pid as we do.
-        linux.check(linux.libc.setns(zygote.pidns_fd, linux.CLONE_NEWPID), "setns(CLONE_NEWPID)")
         self.pid = os.fork()
         if self.pid == 0:
             ours.close()

@@ -22,7 +22,11 @@ NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLO
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME = 1024, 2048, 1 << 18, 1 << 21
 PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 4, 15, 24, 38, 22
-PR_SET_CHILD_SUBREAPER = 36
+PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 36, 1
+CLONE_PARENT, CLONE_CHILD_SETTID = 0x8000, 0x01000000
+# clone(2), not clone3 (a container's default profile answers ENOSYS to it): its number, and whether
+# the child's tid pointer comes after tls, as everywhere but x86_64.
+CLONE_CALL = {"x86_64": (56, False), "aarch64": (220, True)}.get(os.uname().machine, (56, False))
 SECCOMP_MODE_FILTER = 2
 CAPABILITY_VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3: two 32-bit halves per set
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
@@ -39,6 +43,15 @@ libc.syscall.restype = ctypes.c_long
 # Looked up (dlsym) once here rather than in every run, whose lookups would copy pages.
 for _name in ("capget", "capset", "mount", "prctl", "setns", "unshare", "syscall"):
     getattr(libc, _name)
+
+
+# Holds the GIL across the call, as os.fork does: the child starts from where the parent called.
+python_libc = ctypes.PyDLL(None, use_errno=True)
+python_libc.syscall.restype = ctypes.c_long
+libc.pthread_self.restype = ctypes.c_void_p
+# Where glibc keeps a thread's tid in its descriptor, as it tells debuggers (libthread_db).
+THREAD_TID_OFFSET = (ctypes.c_uint32 * 3).in_dll(libc, "_thread_db_pthread_tid")[2]
+
 
 
 class CapHeader(ctypes.Structure):
@@ -156,6 +169,29 @@ def new_network() -> None:
 def no_new_privs() -> None:
     """No exec from here on gains privileges (setuid bits, file capabilities)."""
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def fork_sibling() -> int:
+    """os.fork(), but the child is our parent's (CLONE_PARENT), as glibc's fork makes it: the
+    child's tid in its thread descriptor, Python's fork hooks and state on both sides."""
+    number, tid_last = CLONE_CALL
+    tid = ctypes.c_void_p(libc.pthread_self() + THREAD_TID_OFFSET)
+    # The exit signal is our own's (SIGCHLD, to the parent we share).
+    flags = ctypes.c_ulong(CLONE_PARENT | CLONE_CHILD_SETTID)
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid: int = python_libc.syscall(number, flags, None, None, *((None, tid) if tid_last else (tid, None)))
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        check(-1, "clone(CLONE_PARENT)")
+    return pid
+
+
+def die_with_parent() -> None:
+    """SIGKILL once the parent is gone."""
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
 
 
 def become_subreaper() -> None:

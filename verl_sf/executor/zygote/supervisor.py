@@ -1,8 +1,9 @@
 """The zygote's own loop: requests in, one pre-forked child per run or session, replies out.
 
 Requests arrive on fd 0 and replies leave on fd 1, a line each (see messages.py).  A child is
-forked ahead of time, its isolation set up, and waits for its job on a pipe: a request only pays
-for handing it over.  The loop polls every job's pipes and pidfd and keeps their clocks.
+forked ahead of time (by the template, template.py: never by the zygote, whose heap holds earlier
+jobs' data), its isolation set up, and waits for its job on a pipe: a request only pays for handing
+it over.  The loop polls every job's pipes and pidfd and keeps their clocks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 from typing import Optional
 
 from . import fork_request, linux, procfs
-from .child import Blueprint, Child, Mount
+from .child import Blueprint, Mount
 from .job import Job, Watcher
 from .messages import Head, Reply, ZygoteConfig
 from .python_runner import install_stdio, stdio_for_runs
@@ -27,10 +28,12 @@ from .run import Run
 from .run_groups import Groups, RunGroups
 from .seccomp import compiled_filter
 from .session import SessionJob
-from .warmup import preload, reseed_generators
+from .template import Template, TemplateFailed
+from .warmup import preload
 from .wire import READ_CHUNK, Lines, dumps, loads, readable, write_all
 
 Ready = tuple[int, int, int, int, int, Groups]  # pid, stdout, stderr, fd 3 and job pipe ends, cgroups
+Ends = tuple[int, int, int, int, Groups]  # a child ordered from the template: its Ready but the pid
 MAX_FREE_NETWORKS = 256  # network namespaces kept for reuse
 ENDED_KEPT = 4096  # ended sessions whose reason a late call is still told
 # Plain children kept ready: two, so that one forked as the last run ended has finished setting up
@@ -94,6 +97,10 @@ class Zygote:
         self.poller = select.poll()
         self.poller.register(self.req_fd, select.POLLIN)
         self.requests = Lines()
+        # Last, once the zygote is all set up and before any request: it forks every child.
+        self.template = Template(self.blueprint, self.pidns_fd, [self.req_fd, self.rep_fd])
+        self.poller.register(self.template.socket.fileno(), select.POLLIN)
+        self.ordered: collections.deque[tuple[bool, Ends, int]] = collections.deque()  # rooted, ends, network
 
     def jobs(self) -> list[Job]:
         return [*self.runs.values(), *self.sessions.values()]
@@ -110,6 +117,9 @@ class Zygote:
                     if not self._read_requests():
                         self._shutdown()
                         return
+                    continue
+                if fd == self.template.socket.fileno():
+                    self._take_forked()
                     continue
                 if not readable(fd):
                     continue  # drained, closed or reused since the poll: a read now would wait
@@ -189,6 +199,10 @@ class Zygote:
         for ready in (ready for kind in self.ready.values() for ready in kind):
             for fd in ready[1:5]:
                 os.close(fd)
+        for _, ends, _ in self.ordered:
+            for fd in ends[:4]:
+                os.close(fd)
+        self.template.close()
 
     # ---- children ------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -197,10 +211,14 @@ class Zygote:
         second plain one is forked once no run waits for its answer (the zygote's fork is its own CPU)."""
         depth = READY_DEPTH_BUSY if self.runs else READY_DEPTH
         for rooted in (False, True) if self.rooted_wanted else (False,):
-            while len(self.ready[rooted]) < depth[rooted]:
-                self.ready[rooted].append(self._fork_child(rooted))
+            while len(self.ready[rooted]) + self._ordered(rooted) < depth[rooted]:
+                self._order_child(rooted)
 
-    def _fork_child(self, rooted: bool) -> Ready:
+    def _ordered(self, rooted: bool) -> int:
+        return sum(1 for kind, _, _ in self.ordered if kind == rooted)
+
+    def _order_child(self, rooted: bool) -> None:
+        """Ask the template for the next child: it gets one end of each of its pipes, we keep the other."""
         self.sequence += 1
         groups = self.groups.make(self.sequence)
         out_r, out_w = os.pipe()
@@ -208,33 +226,38 @@ class Zygote:
         meta_r, meta_w = os.pipe()
         # A socket, not a pipe: a fast-path run's child sends its exit listener back on it (exits.py).
         job_r, job_w = (end.detach() for end in socket.socketpair())
-        reseed_generators()
         network = self.free_networks.pop() if self.isolated and self.free_networks else -1
-        if self.isolated:
-            # The child becomes PID 1 of a brand-new PID namespace.
-            linux.check(linux.libc.setns(self.pidns_fd, linux.CLONE_NEWPID), "setns")
-            linux.check(linux.libc.unshare(linux.CLONE_NEWPID), "unshare(CLONE_NEWPID)")
-        pid = os.fork()
-        if pid == 0:
-            try:
-                for fd in (out_r, err_r, meta_r, job_w, self.req_fd, self.rep_fd):
-                    os.close(fd)
-                Child(self.blueprint, groups, self.sequence, network, rooted).setup(job_r, out_w, err_w, meta_w)
-            except BaseException:
-                try:
-                    os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
-                finally:
-                    os._exit(126)
-        for fd in (out_w, err_w, meta_w, job_r):
+        theirs = [job_r, out_w, err_w, meta_w]
+        self.template.order({"sequence": self.sequence, "groups": groups, "rooted": rooted, "network": network >= 0},
+                            theirs + ([network] if network >= 0 else []))
+        for fd in theirs:
             os.close(fd)
+        self.ordered.append((rooted, (out_r, err_r, meta_r, job_w, groups), network))
+
+    def _take_forked(self) -> None:
+        """The template's answer to the oldest order: the child, now ready (or why it could not be forked)."""
+        rooted, ends, network = self.ordered[0]
+        try:
+            pid = self.template.answer()
+        except TemplateFailed:
+            self.ordered.popleft()
+            for fd in ends[:4]:
+                os.close(fd)
+            self.groups.release(ends[4], True)
+            if network >= 0:
+                self.free_networks.append(network)
+            raise
+        self.ordered.popleft()
+        self.ready[rooted].append((pid, *ends))
         self.ready_networks[pid] = network
-        return pid, out_r, err_r, meta_r, job_w, groups
 
     def take_ready(self, rooted: bool = False) -> Ready:
         """A pre-forked child for a job; `rooted`: one with a root helper (sessions that asked for root)."""
         self.rooted_wanted |= rooted
-        if not self.ready[rooted]:
-            self.ready[rooted].append(self._fork_child(rooted))
+        if not self.ready[rooted] and not self._ordered(rooted):
+            self._order_child(rooted)
+        while not self.ready[rooted]:
+            self._take_forked()
         ready = self.ready[rooted].pop(0)  # the oldest: the likeliest to have finished its set-up
         pid = ready[0]
         network = self.ready_networks.pop(pid)
@@ -291,8 +314,11 @@ class Zygote:
         """Without PID namespaces: every child of ours that is no job's PID 1 nor the ready child was
         orphaned by a job that has ended (a job's PID 1 is a subreaper while it lives): kill it and
         all below it, and collect it, before the job's reply leaves."""
+        while self.ordered:  # a child the template forked and has not told us of yet is no stray
+            self._take_forked()
         known = {job.pid for job in (*self.jobs(), *self.reaping.values())}
         known.update(ready[0] for kind in self.ready.values() for ready in kind)
+        known.add(self.template.pid)
         for _ in range(64):
             strays = [pid for pid in procfs.children(os.getpid()) if pid not in known]
             if not strays:

@@ -1,0 +1,117 @@
+"""The template: a copy of the warm zygote, made before any request, that forks every child.
+
+The zygote relays every job's traffic (code, files, `envs` in; output and records out) through its
+heap, and freed memory is not cleared: a child forked from it would hold earlier jobs' data, which
+its code could read from its own memory.  So the zygote never forks a child itself.  It asks the
+template, which holds no job's data and only ever receives the child's pipe ends and small orders,
+and which forks with CLONE_PARENT (linux.fork_sibling): the child is the zygote's, to wait for
+and reap as before.  Orders are answered in the order sent, a pid (or an error) each.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import NoReturn, TypedDict
+
+from . import linux
+from .child import Blueprint, Child
+from .run_groups import Groups
+from .warmup import reseed_generators
+from .wire import dumps, loads
+
+TEMPLATE_NAME = b"verl-sf-templat"  # what `ps` shows (15 characters at most)
+ORDER_FDS = 5  # job socket, stdout, stderr and fd 3 ends of the child, and a network namespace to join
+
+
+class Order(TypedDict):
+    """One child to fork: its sequence number (its name and uid on the landlock rung), its cgroups,
+    whether it gets a root helper, and whether a network namespace comes with the descriptors."""
+
+    sequence: int
+    groups: Groups
+    rooted: bool
+    network: bool
+
+
+class TemplateFailed(OSError):
+    """The template could not fork a child (errno and text as the fork failed there)."""
+
+
+class Template:
+    """The zygote's side: orders out, pids back."""
+
+    def __init__(self, blueprint: Blueprint, pidns_fd: int, closed: list[int]):
+        self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                self.socket.close()
+                for fd in closed:
+                    os.close(fd)
+                _serve(theirs, blueprint, pidns_fd)
+            except BaseException:
+                os.write(2, f"verl-sf: the zygote's template failed: {traceback.format_exc()}".encode())
+            os._exit(1)
+        theirs.close()
+
+    def order(self, order: Order, fds: list[int]) -> None:
+        socket.send_fds(self.socket, [dumps(order)], fds)
+
+    def answer(self) -> int:
+        """The pid of the oldest child ordered and not yet answered (blocks until it is forked)."""
+        message = self.socket.recv(4096)
+        if not message:
+            raise TemplateFailed(0, "the zygote's template exited (its error is in the server log)")
+        if message.startswith(b"error "):
+            number, _, text = message[6:].partition(b" ")
+            raise TemplateFailed(int(number), f"a child could not be forked: {text.decode(errors='replace')}")
+        return int(message)
+
+    def close(self) -> None:
+        self.socket.close()
+        os.waitpid(self.pid, 0)
+
+
+def _serve(channel: socket.socket, blueprint: Blueprint, pidns_fd: int) -> NoReturn:
+    """The template's loop: fork a child per order, until the zygote closes the channel."""
+    linux.set_name(TEMPLATE_NAME)
+    linux.die_with_parent()
+    while True:
+        message, fds, _, _ = socket.recv_fds(channel, 65536, ORDER_FDS)
+        if not message:
+            os._exit(0)
+        order: Order = loads(message.decode())
+        try:
+            pid = _fork(order, fds, blueprint, pidns_fd, channel)
+        except OSError as exc:
+            channel.send(b"error %d %s" % (exc.errno or 0, str(exc).encode()))
+        else:
+            channel.send(b"%d" % pid)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _fork(order: Order, fds: list[int], blueprint: Blueprint, pidns_fd: int, channel: socket.socket) -> int:
+    job_r, out_w, err_w, meta_w, *network = fds
+    groups: Groups = {controller: (base, name) for controller, (base, name) in order["groups"].items()}
+    reseed_generators()
+    if blueprint.isolated:
+        # The child becomes PID 1 of a brand-new PID namespace.
+        linux.check(linux.libc.setns(pidns_fd, linux.CLONE_NEWPID), "setns")
+        linux.check(linux.libc.unshare(linux.CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    pid = linux.fork_sibling()
+    if pid == 0:
+        try:
+            channel.close()
+            child = Child(blueprint, groups, order["sequence"], network[0] if order["network"] else -1,
+                          order["rooted"])
+            child.setup(job_r, out_w, err_w, meta_w)
+        except BaseException:
+            try:
+                os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
+            finally:
+                os._exit(126)
+    return pid
