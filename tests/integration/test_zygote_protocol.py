@@ -244,3 +244,18 @@ def test_the_second_ready_child_is_forked_once_no_run_waits(zyg: Zygote) -> None
     assert _ready_children(zyg) == 1
     assert zyg.reply_to(50)["stdout"] == "tick\n" * 20
     wait_until(lambda: _ready_children(zyg) == 2, 30, "the second child is forked once the answer has left")
+
+
+def test_a_burst_of_runs_each_gets_its_answer_while_the_template_forks_their_children(zyg: Zygote) -> None:
+    """Runs arrive faster than children are forked: a run's start waits for the template's next
+    child, and the loop then finds that answer taken.  Every run is answered, and the zygote serves on."""
+    for round_ in range(5):
+        batch = "".join(json.dumps({"op": "run", "id": 1000 * round_ + i, "limits": LIMITS, "compile_timeout": 0,
+                                    "exec": False}) + "\t" +
+                        json.dumps({**BODY_LIMITS, "mode": "python", "code": f"print({i})", "files": {}, "stdin": None})
+                        + "\n" for i in range(16))
+        assert zyg.process.stdin is not None
+        zyg.process.stdin.write(batch.encode())  # one write: the zygote reads them all in one go
+        zyg.process.stdin.flush()
+        for i in range(16):
+            assert zyg.reply_to(1000 * round_ + i)["stdout"] == f"{i}\n"

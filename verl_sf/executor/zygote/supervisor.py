@@ -119,7 +119,8 @@ class Zygote:
                         return
                     continue
                 if fd == self.template.socket.fileno():
-                    self._take_forked()
+                    if readable(fd):  # else a job's start took the answer since the poll
+                        self._take_forked()
                     continue
                 if not readable(fd):
                     continue  # drained, closed or reused since the poll: a read now would wait
@@ -236,18 +237,18 @@ class Zygote:
 
     def _take_forked(self) -> None:
         """The template's answer to the oldest order: the child, now ready (or why it could not be forked)."""
-        rooted, ends, network = self.ordered[0]
         try:
             pid = self.template.answer()
         except TemplateFailed:
-            self.ordered.popleft()
-            for fd in ends[:4]:
-                os.close(fd)
-            self.groups.release(ends[4], True)
-            if network >= 0:
-                self.free_networks.append(network)
+            if self.ordered:
+                _, ends, network = self.ordered.popleft()
+                for fd in ends[:4]:
+                    os.close(fd)
+                self.groups.release(ends[4], True)
+                if network >= 0:
+                    self.free_networks.append(network)
             raise
-        self.ordered.popleft()
+        rooted, ends, network = self.ordered.popleft()
         self.ready[rooted].append((pid, *ends))
         self.ready_networks[pid] = network
 
