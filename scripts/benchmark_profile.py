@@ -70,7 +70,7 @@ def role(comm: str, pid: int, roles: dict[int, str]) -> str:
     if comm == "verl-sf-ready":
         return "child setting up"
     if comm == "verl-sf-templat":
-        return "template (forks children)"
+        return "template"
     if comm.startswith(("kworker", "ksoftirqd", "rcu", "kdamond", "kcompactd", "migration", "perf")):
         return "kernel threads"
     return "run"

@@ -67,8 +67,8 @@ def test_profiles_a_real_server_under_load(tmp_path: Path) -> None:
     found = json.loads(output.read_text())
     assert found["runs"] > 0 and found["cpu_ms_per_run"] > 0
     roles = found["roles"]
-    # The server, its zygote, runs and the children forked ahead of them all took CPU.
-    assert {"server", "zygote", "run", "child setting up", "load generator"} <= set(roles)
-    assert "fork" in roles["zygote"]["activities"] and "exit" in roles["run"]["activities"]
+    # The server, its zygote, its template, runs and the children forked ahead of them all took CPU.
+    assert {"server", "zygote", "template", "run", "child setting up", "load generator"} <= set(roles)
+    assert "fork" in roles["template"]["activities"] and "exit" in roles["run"]["activities"]
     assert abs(sum(role["share"] for role in roles.values()) - 1.0) < 1e-6
     assert "ms of machine CPU per run" in result.stdout
