@@ -259,3 +259,26 @@ def test_a_burst_of_runs_each_gets_its_answer_while_the_template_forks_their_chi
         zyg.process.stdin.flush()
         for i in range(16):
             assert zyg.reply_to(1000 * round_ + i)["stdout"] == f"{i}\n"
+
+
+def test_the_zygote_never_waits_for_its_template(zyg: Zygote) -> None:
+    """Under a fork bomb the template's fork can take minutes (every fork of the family queues on one
+    lock): the zygote's loop goes on meanwhile.  With the template stopped, runs on the children
+    already ready still time out on time, a run that finds none fails at its client's deadline as a
+    sandbox error, and once the template forks again runs are served."""
+    wait_until(lambda: sum(comm(pid) == READY for pid in _children(zyg.process.pid)) == 2, 30, "two ready children")
+    [template] = [pid for pid in _children(zyg.process.pid) if comm(pid) == "verl-sf-templat"]
+    os.kill(template, signal.SIGSTOP)
+    try:
+        slow = {"limits": {**LIMITS, "timeout": 1.0, "hard_timeout": 3.0}}
+        for job_id in (60, 61):
+            zyg.run(job_id, "import time\ntime.sleep(60)", **slow)
+        zyg.run(62, "print('never')", **slow)
+        for job_id in (60, 61):
+            assert zyg.reply_to(job_id)["status"] == "TimeLimitExceeded"
+        failed = zyg.reply_to(62)
+        assert failed["kind"] == "failed" and "no child could be forked" in failed["error"], failed
+    finally:
+        os.kill(template, signal.SIGCONT)
+    zyg.run(63, "print('served')")
+    assert zyg.reply_to(63)["stdout"] == "served\n"

@@ -101,6 +101,10 @@ class Zygote:
         self.template = Template(self.blueprint, self.pidns_fd, [self.req_fd, self.rep_fd])
         self.poller.register(self.template.socket.fileno(), select.POLLIN)
         self.ordered: collections.deque[tuple[bool, Ends, int]] = collections.deque()  # rooted, ends, network
+        # Jobs that came when no child was ready, with the time their client stops waiting: the loop
+        # never waits for the template (under a fork bomb its fork can take minutes), so kills go on.
+        self.waiting: collections.deque[tuple[Job, float]] = collections.deque()
+        self.order_failed = False  # the template's last fork failed: no more are ordered until a request comes
 
     def jobs(self) -> list[Job]:
         return [*self.runs.values(), *self.sessions.values()]
@@ -132,10 +136,12 @@ class Zygote:
             now = time.monotonic()
             for job in self.jobs():
                 job.on_time(self, now)
+            self._expire_waiting(now)
             self.prepare()
 
     def _next_timer(self) -> Optional[float]:
         deadlines = [d for d in (job.next_timer() for job in self.jobs()) if d is not None]
+        deadlines += [until for _, until in self.waiting]
         return min(deadlines) - time.monotonic() if deadlines else None
 
     def _read_requests(self) -> bool:
@@ -159,10 +165,11 @@ class Zygote:
                 return True
 
     def _dispatch(self, head: Head, body: bytes) -> None:
+        self.order_failed = False
         if head["op"] == "run":
-            Run(self, head, body).start(self)
+            self._start(Run(self, head, body))
         elif head["op"] == "open":
-            SessionJob(self, head, body).start(self)
+            self._start(SessionJob(self, head, body))
         elif head["op"] == "call":
             session = self.sessions.get(head["session"])
             if session is None or not session.alive:
@@ -178,10 +185,12 @@ class Zygote:
             run = self.runs.get(head["id"])
             if run is not None:
                 run.kill(self, "cancelled")
+            self._unqueue(head["id"])
         elif head["op"] == "close":
             closed = self.sessions.get(head["session"])
             if closed is not None:
                 closed.kill(self, "closed")
+            self._unqueue(head["session"])
             self.reply({"kind": "closed", "id": head["id"]})  # every process of it killed: none runs code again
         elif head["op"] == "interrupt":
             interrupted = self.sessions.get(head["session"])
@@ -206,13 +215,49 @@ class Zygote:
         self.template.close()
 
     # ---- children ------------------------------------------------------------------------------
+    def _start(self, job: Job) -> None:
+        """Start a job on a ready child, or queue it until the template forks one."""
+        self.rooted_wanted |= job.rooted
+        self.waiting.append((job, time.monotonic() + job.limits["hard_timeout"]))
+        self._start_waiting()
+        self.prepare()
+
+    def _start_waiting(self) -> None:
+        """Each queued job whose kind of child is ready starts, oldest first."""
+        for entry in list(self.waiting):
+            job = entry[0]
+            if not self.ready[job.rooted]:
+                continue
+            self.waiting.remove(entry)
+            try:
+                job.start(self)
+            except Exception as exc:  # as _read_requests answers a request it could not take
+                self.reply({"kind": "failed", "id": job.id, "error": f"verl-sf zygote error: {exc!r}\n"
+                                                                    f"{traceback.format_exc()}"})
+
+    def _expire_waiting(self, now: float) -> None:
+        for entry in [entry for entry in self.waiting if entry[1] <= now]:
+            self.waiting.remove(entry)
+            self._fail_waiting(entry[0], "no child could be forked for it before its client's deadline (the "
+                                         "sandbox is overloaded, e.g. by a fork bomb)")
+
+    def _fail_waiting(self, job: Job, why: str) -> None:
+        self.reply({"kind": "failed", "id": job.id, "error": f"verl-sf: {why}"})
+
+    def _unqueue(self, job_id: int) -> None:
+        for entry in [entry for entry in self.waiting if entry[0].id == job_id]:
+            self.waiting.remove(entry)
+
     def prepare(self) -> None:
         """Fork the next children ahead of time, namespaces and all, so a request only pays for
         handing one its job.  Each waits on its job socket; the zygote closing that ends it.  The
         second plain one is forked once no run waits for its answer (the zygote's fork is its own CPU)."""
+        if self.order_failed:
+            return
         depth = READY_DEPTH_BUSY if self.runs else READY_DEPTH
         for rooted in (False, True) if self.rooted_wanted else (False,):
-            while len(self.ready[rooted]) + self._ordered(rooted) < depth[rooted]:
+            wanted = depth[rooted] + sum(1 for job, _ in self.waiting if job.rooted == rooted)
+            while len(self.ready[rooted]) + self._ordered(rooted) < wanted:
                 self._order_child(rooted)
 
     def _ordered(self, rooted: bool) -> int:
@@ -236,29 +281,36 @@ class Zygote:
         self.ordered.append((rooted, (out_r, err_r, meta_r, job_w, groups), network))
 
     def _take_forked(self) -> None:
-        """The template's answer to the oldest order: the child, now ready (or why it could not be forked)."""
+        """The template's answer to the oldest order: the child, now ready, and a queued job started
+        on it.  If it could not be forked, the oldest job waiting for that kind fails with why; if
+        the template is gone, so is the zygote (the server starts another)."""
         try:
             pid = self.template.answer()
-        except TemplateFailed:
-            if self.ordered:
-                _, ends, network = self.ordered.popleft()
-                for fd in ends[:4]:
-                    os.close(fd)
-                self.groups.release(ends[4], True)
-                if network >= 0:
-                    self.free_networks.append(network)
-            raise
+        except TemplateFailed as exc:
+            if not self.ordered or not exc.errno:
+                raise
+            rooted, ends, network = self.ordered.popleft()
+            for fd in ends[:4]:
+                os.close(fd)
+            self.groups.release(ends[4], True)
+            if network >= 0:
+                self.free_networks.append(network)
+            self.order_failed = True
+            for entry in self.waiting:
+                if entry[0].rooted == rooted:
+                    self.waiting.remove(entry)
+                    self._fail_waiting(entry[0], str(exc))
+                    break
+            return
         rooted, ends, network = self.ordered.popleft()
         self.ready[rooted].append((pid, *ends))
         self.ready_networks[pid] = network
+        self._start_waiting()
 
     def take_ready(self, rooted: bool = False) -> Ready:
-        """A pre-forked child for a job; `rooted`: one with a root helper (sessions that asked for root)."""
+        """A pre-forked child for a job (there is one: _start saw to it); `rooted`: one with a root
+        helper (sessions that asked for root)."""
         self.rooted_wanted |= rooted
-        if not self.ready[rooted] and not self._ordered(rooted):
-            self._order_child(rooted)
-        while not self.ready[rooted]:
-            self._take_forked()
         ready = self.ready[rooted].pop(0)  # the oldest: the likeliest to have finished its set-up
         pid = ready[0]
         network = self.ready_networks.pop(pid)
@@ -315,13 +367,14 @@ class Zygote:
         """Without PID namespaces: every child of ours that is no job's PID 1 nor the ready child was
         orphaned by a job that has ended (a job's PID 1 is a subreaper while it lives): kill it and
         all below it, and collect it, before the job's reply leaves."""
-        while self.ordered:  # a child the template forked and has not told us of yet is no stray
-            self._take_forked()
-        known = {job.pid for job in (*self.jobs(), *self.reaping.values())}
-        known.update(ready[0] for kind in self.ready.values() for ready in kind)
-        known.add(self.template.pid)
         for _ in range(64):
+            known = {job.pid for job in (*self.jobs(), *self.reaping.values())}
+            known.update(ready[0] for kind in self.ready.values() for ready in kind)
+            known.add(self.template.pid)
             strays = [pid for pid in procfs.children(os.getpid()) if pid not in known]
+            if strays and self.ordered:  # one may be a child the template forked and has not told us of yet
+                self._take_forked()
+                continue
             if not strays:
                 return
             for pid in strays:
