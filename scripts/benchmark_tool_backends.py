@@ -17,6 +17,8 @@ Examples:
   python scripts/benchmark_tool_backends.py --backend verl-sf --server-arg=--no-fast-path
   # bursts of slow code (loops beside short runs, sleeps, the medium case) against the naive baseline
   python scripts/benchmark_tool_backends.py --backend subprocess verl-sf --scenarios --bursts loops sleeps medium
+  # fork bombs beside short runs (verl-sf only: the baseline bounds no processes)
+  python scripts/benchmark_tool_backends.py --backend verl-sf --scenarios --bursts bombs
   # one chart over earlier runs
   python scripts/benchmark_tool_backends.py --compare outputs/subprocess/2025... outputs/verl-sf/2025...
 
@@ -89,7 +91,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="bursts of slow code, each sent once with verl's client deadline (see bench/bursts.py); "
                              "default: none")
     parser.add_argument("--burst-scale", type=float, default=1.0,
-                        help="multiplies every burst's size (1: 100 loops, 64 sleeps, 256 medium programs)")
+                        help="multiplies every burst's size (1: 100 loops, 64 sleeps, 256 medium programs, "
+                             "16 bombs and 40 short runs)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: concurrency {' '.join(map(str, QUICK_CONCURRENCY))}, warmup {QUICK_WARMUP}, "
                              f"iterations {QUICK_ITERATIONS} (explicit flags still win)")
@@ -280,6 +283,9 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
                     write_json(out_dir / "summary.json", summary)
                     write_csv(out_dir / "results.csv", summary["results"], CSV_COLUMNS)
             for burst_name in args.bursts:
+                if burst_name in bursts.NEEDS_BOUNDS and not backend.bounds_processes:
+                    bar.write(f"{label} burst {burst_name}: not run (this backend does not bound a run's processes)")
+                    continue
                 bar.set_postfix_str(f"burst {burst_name}")
                 row = await bursts.BURSTS[burst_name](backend, args.burst_scale)
                 summary["bursts"].append(row)
@@ -307,6 +313,8 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         print(bursts.terminal_table(label, summary["bursts"]))
     if "sessions" in summary:
         print(sessions_table(summary["sessions"]))
+    if not summary["results"] and not summary["bursts"]:
+        return None  # nothing it could run: nothing saved, nothing to compare
     print(f"saved {out_dir}")
     return out_dir
 

@@ -21,6 +21,13 @@ def host_uid(pid: int) -> int:
     return int(status.split("\nUid:\t", 1)[1].split()[0]) if "\nUid:\t" in status else -1
 
 
+def kill_queued(pid: int) -> bool:
+    """Whether SIGKILL is pending for `pid` (it runs no more of its own code, only its exit); False if gone."""
+    status = _read(f"/proc/{pid}/status")
+    pending = [line.split()[1] for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(int(mask, 16) & 1 << 8 for mask in pending)
+
+
 def comm(pid: int) -> str:
     return _read(f"/proc/{pid}/comm").strip()
 

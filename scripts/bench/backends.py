@@ -48,6 +48,8 @@ class BackendSkipped(VerlSfError, RuntimeError):
 class BenchBackend(SandboxBackend):
     """A `SandboxBackend` the benchmark can also start, and whose memory it can watch."""
 
+    bounds_processes = True  # a run's processes are capped and end with it (the fork-bomb burst needs that)
+
     async def start(self, max_concurrency: int) -> None:
         """Acquire what `run_code` needs (sessions, servers, sandboxes) for this many calls at once."""
 
@@ -113,6 +115,7 @@ class SubprocessBackend(BenchBackend):
     """The naive baseline: a fresh `python -c CODE` per call, no isolation, no queue."""
 
     name = "subprocess"
+    bounds_processes = False
 
     def __init__(self) -> None:
         self._workdir: Optional[tempfile.TemporaryDirectory] = None
@@ -140,6 +143,7 @@ class DockerBackend(BenchBackend):
     """One `docker run --rm` container per call, the guide's container baseline."""
 
     name = "docker"
+    bounds_processes = False  # `docker run` sets no pids limit
 
     def __init__(self, image: str, memory: str) -> None:
         self.image, self.memory = image, memory

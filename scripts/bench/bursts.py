@@ -11,6 +11,10 @@ scores it -1 (API error), a fake zero in the reward.
 - sleeps: `scale` x 64 x `time.sleep(60)` with run_timeout 5: how many answered in time.
 - medium: `scale` x 256 programs of ~0.3 s CPU each from `scale` x 64 clients, run_timeout 10:
   how many come back correct, and the slowest reply.
+- bombs: `scale` x 16 fork bombs (run_timeout 5) sent with `scale` x 40 short runs (a sleep of up to
+  0.5 s, then `print(6*7)`): how many short runs come back correct, and their p50/p99.  Only on
+  backends that bound and end a run's processes (`BenchBackend.bounds_processes`): on the naive
+  baseline a fork bomb would take the machine.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ SHORT, SHORT_EXPECTED = "print(6 * 7)", "42\n"
 # ~0.3 s of CPU wherever it runs: the program counts its own CPU time.
 MEDIUM, MEDIUM_EXPECTED = "import time\nwhile time.process_time() < 0.3:\n    pass\nprint('ok')\n", "ok\n"
 SHORT_STREAM_CLIENTS = 4
+BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
 
 
 @dataclasses.dataclass
@@ -123,14 +128,33 @@ async def medium(backend: BenchBackend, scale: float) -> dict:
     return _row("medium", replies, _printed(MEDIUM_EXPECTED), time.perf_counter() - started)
 
 
+async def bombs(backend: BenchBackend, scale: float) -> dict:
+    bomb = RunCodeRequest(code=BOMB, language="python", run_timeout=5)
+    # Their sleeps spread the short runs over the bombs' first half second, when they fork most.
+    shorts = [RunCodeRequest(code=f"import time\ntime.sleep({i % 10 / 20})\n{SHORT}", language="python",
+                             run_timeout=10) for i in range(max(1, round(40 * scale)))]
+    started = time.perf_counter()
+    bomb_replies, short_replies = await asyncio.gather(
+        asyncio.gather(*(timed_call(backend, bomb) for _ in range(max(1, round(16 * scale))))),
+        asyncio.gather(*(timed_call(backend, short) for short in shorts)))
+    row = _row("bombs", bomb_replies, _timed_out, time.perf_counter() - started)
+    latencies = [r.latency_s for r in short_replies]
+    row.update(short_calls=len(short_replies),
+               short_ok=sum(1 for r in short_replies if r.response is not None
+                            and _printed(SHORT_EXPECTED)(r.response)),
+               short_p50_s=percentile(latencies, 0.50), short_p99_s=percentile(latencies, 0.99))
+    return row
+
+
 BURSTS: dict[str, Callable[[BenchBackend, float], Awaitable[dict]]] = {
-    "loops": loops, "sleeps": sleeps, "medium": medium}
+    "loops": loops, "sleeps": sleeps, "medium": medium, "bombs": bombs}
+NEEDS_BOUNDS = {"bombs"}
 
 
 def connections_needed(names: list[str], scale: float) -> int:
     """Concurrent calls the bursts make (each needs its own connection, or the client would queue them)."""
     sizes = {"loops": round(100 * scale) + SHORT_STREAM_CLIENTS, "sleeps": round(64 * scale),
-             "medium": round(64 * scale)}
+             "medium": round(64 * scale), "bombs": round(56 * scale)}
     return max((max(1, sizes[name]) for name in names), default=1)
 
 

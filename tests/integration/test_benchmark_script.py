@@ -211,6 +211,20 @@ def test_bursts_alone_against_the_baseline_write_their_table_and_comparison(tmp_
     assert result.stdout.count(" bursts\n") == 2  # one terminal table per backend
 
 
+def test_the_fork_bomb_burst_runs_where_a_runs_processes_are_bounded_and_nowhere_else(tmp_path: Path) -> None:
+    """Two fork bombs beside five short runs: on verl-sf the bombs are answered TimeLimitExceeded in
+    time and every short run is correct; the naive baseline is not given them (it bounds nothing)."""
+    result = run_script("--backend", "subprocess", "verl-sf", "--scenarios", "--bursts", "bombs",
+                        "--burst-scale", "0.125", SMALL_SERVER, "--output-root", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.split()[0] for line in result.stdout.splitlines()
+            if line.endswith("burst bombs: not run (this backend does not bound a run's processes)")] == ["subprocess"]
+    assert not (tmp_path / "subprocess").exists() and not (tmp_path / "compare").exists()
+    _, rows = read_csv(only_subdir(tmp_path / "verl-sf") / "bursts.csv")
+    assert [(r["burst"], r["calls"], r["answered_in_time"], r["expected_verdicts"], r["short_calls"], r["short_ok"])
+            for r in rows] == [("bombs", "2", "2", "2", "5", "5")], rows
+
+
 def test_unavailable_backends_are_skipped_with_a_reason(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN")}
     env["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker-engine.sock"  # whether or not a docker CLI exists

@@ -153,6 +153,32 @@ def test_the_medium_case_more_runs_than_cores_needing_some_cpu_each_all_succeed(
     assert all(body["run_result"]["stdout"] == "ok\n" for _, _, body in results)
 
 
+SPINNERS = "import os\nfor _ in range(150):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
+# Spins for 2 s of wall time and says how much CPU it got meanwhile.
+CPU_SHARE = "import time\nstart = time.monotonic()\nwhile time.monotonic() - start < 2:\n    pass\nprint(time.process_time())\n"
+
+
+def test_a_run_of_many_processes_gets_the_cpu_of_one_run(two_slots: ServerHandle) -> None:
+    """151 spinning processes of one run beside a one-process run: each run is a cpu group of its own
+    (cgroup v1, as root), so the lone process gets about a core of this machine's two, where in one
+    group with them it got 1/151 of the CPU (both demoted alike past their first slice)."""
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            spinners = asyncio.ensure_future(post(session, two_slots.url,
+                                                  {"code": SPINNERS, "language": "python", "run_timeout": 8}))
+            await asyncio.to_thread(wait_until, lambda: health(two_slots)["in_flight"] == 1, 30, "the spinners")
+            await asyncio.sleep(1)  # past their first slice: demoted, all 151 of them
+            _, _, alone = await post(session, two_slots.url, {"code": CPU_SHARE, "language": "python"})
+            _, _, spun = await spinners
+            return alone, spun
+
+    assert health(two_slots)["limits"]["cpu"].startswith("cgroup per run"), health(two_slots)
+    alone, spun = asyncio.run(scenario())
+    assert spun["run_result"]["status"] == "TimeLimitExceeded", spun
+    assert alone["status"] == "Success", alone
+    assert float(alone["run_result"]["stdout"]) >= 1.0, alone  # of 2 s: a core's half at least, not 1/151 of one
+
+
 def test_past_the_in_flight_cap_a_burst_gets_503_with_retry_after_at_once() -> None:
     server = start_server("--slots", "1", "--max-in-flight", "4", "--preload", "")
     try:

@@ -15,12 +15,13 @@ reclaim and kill inside it, and a zygote there would wait in that reclaim on its
 every run it holds.  (v2 moves a process only within a delegated subtree, so there the zygote's
 leaf stays inside its sandbox's group.)
 
-Also under v1, every sandbox's processes live in one group of the `cpu` controller,
-`verl-sf-<pid>-<id>`: the kernel's autogroups (`sched_autogroup_enabled`) give each session, and so
-each run (a run calls setsid), as large a share of the CPU as the server's, whatever its nice, in
-the root group only.  100 runs spinning then left the server a hundredth of the machine, and a run
-demoted to nice 19 competed as before; in a group of their own the runs share, by nice, what the
-server does not use.
+Also under v1, where a `cpu` hierarchy is ours to write, the sandboxes live in a group of it,
+`verl-sf-<pid>-<id>/<sandbox>`, and each run and session in a group of its own below: the kernel's
+autogroups (`sched_autogroup_enabled`) give each session, and so each run (a run calls setsid), as
+large a share of the CPU as the server's, whatever its nice, in the root group only.  100 runs
+spinning then left the server a hundredth of the machine.  A group per run weighs a run of 150
+spinning processes as one: a run past its first slice drops to the lowest weight (`cpu.shares`),
+not by renicing its processes, which only orders them against each other.
 """
 
 from __future__ import annotations
@@ -171,8 +172,9 @@ class CgroupManager:
                    str(self.memory_cap_bytes))
 
     def _cpu_group(self) -> None:
-        """v1: the zygotes (and so every run, which inherits it) in a group of the cpu controller, where
-        one is mounted and ours to write; without one they keep the root group, as before."""
+        """v1: a group of the cpu controller for the sandboxes, each delegated one below it where its
+        zygote makes a group per run, where one is mounted and ours to write; without one they keep
+        the root group."""
         base = self.root / "cpu"
         if not (base / "cpu.shares").exists():
             return
@@ -183,7 +185,7 @@ class CgroupManager:
             log.warning("verl-sf: no cpu cgroup for the sandboxes (%s): each run competes for the CPU as its own "
                         "autogroup, with the server", exc)
             return
-        self._tops["cpu"] = self._homes["cpu"] = base / self.name
+        self._tops["cpu"] = self._parents["cpu"] = base / self.name
 
     def _v2_base(self) -> Path:
         """The top of the tree if we may write there, else our own delegated group."""
@@ -198,6 +200,11 @@ class CgroupManager:
             _write(leaf / "cgroup.procs", pid)
         _write(own / "cgroup.subtree_control", "+memory +pids")
         return own
+
+    @property
+    def cpu_per_run(self) -> bool:
+        """Whether each run and session weighs alike for the CPU, in a cpu group of its own."""
+        return "cpu" in self._parents
 
     def sandbox(self, name: str) -> Optional[SandboxCgroup]:
         if not self.available:

@@ -28,7 +28,7 @@ from .messages import (
     StageResult,
     ZygoteConfig,
 )
-from .run_groups import Groups, RunGroups
+from .run_groups import DEMOTED, KILLED, Groups, RunGroups
 from .wire import READ_CHUNK, Lines, loads, readable, write_all
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
@@ -241,12 +241,13 @@ class Job:
     def on_tick(self, zygote: JobHost, now: float) -> None:
         raise NotImplementedError
 
-    def past_deadline(self, now: float) -> bool:
+    def past_deadline(self, zygote: JobHost, now: float) -> bool:
         """Keep the stage's clock: demote it past its first slice, sample it, and at its deadline
         mark it timed out (starved: cut off by the client's deadline before it had its own time-out
         of running time)."""
         if not self.demoted and now >= self.stage_started + self.demote_after:
             self.demoted = True
+            zygote.groups.weigh(self.groups, DEMOTED)
         if self.demoted:
             self.sample()
         if now < self.deadline():
@@ -279,14 +280,15 @@ class Job:
 
     # -- endings ---------------------------------------------------------------------------------
     def kill(self, zygote: JobHost, reason: str) -> None:
-        self.note_kill(reason)
+        self.note_kill(zygote, reason)
         if zygote.isolated:
             linux.kill(self.pid, True)  # PID 1 of its namespace: the kernel kills the rest
         elif not self.exited:
             procfs.kill_all(self.pid)
 
-    def note_kill(self, reason: str) -> None:
+    def note_kill(self, zygote: JobHost, reason: str) -> None:
         """Why the job ends, and when the kill was sent."""
+        zygote.groups.weigh(self.groups, KILLED)
         self.end_reason = self.end_reason or reason
         self.alive = False
         if self.killed_at is None and not self.exited:

@@ -62,7 +62,7 @@ class Run(Job):
         if self.exited:
             super().kill(zygote, reason)
         else:
-            self.note_kill(reason)
+            self.note_kill(zygote, reason)
             self.end_now(zygote, signal.SIGKILL)  # kills it all, answering with a SIGKILLed process's wait status
 
     def on_exit_call(self, zygote: JobHost) -> None:
@@ -91,7 +91,7 @@ class Run(Job):
                 self.program_done = float(record["cpu_time"])  # answered after this read (on_event)
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
-        if self.past_deadline(now):
+        if self.past_deadline(zygote, now):
             self.kill(zygote, "timed out")
 
     def on_exit(self, zygote: JobHost) -> None:

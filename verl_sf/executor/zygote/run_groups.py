@@ -1,7 +1,7 @@
-"""One cgroup per job (memory and pids caps), below the sandbox's delegated directories, which the
-zygote reaches through descriptors only.  Emptied groups are reused rather than made and removed
-per run; the limits last written to each are remembered so a reused group is written only when a
-value changes."""
+"""One cgroup per job (memory and pids caps; its CPU weight under cgroup v1), below the sandbox's
+delegated directories, which the zygote reaches through descriptors only.  Emptied groups are
+reused rather than made and removed per run; the limits last written to each are remembered so a
+reused group is written only when a value changes."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from .messages import ZYGOTE_LEAF, Limits, MemoryScope, ZygoteConfig
 
 Group = tuple[int, str]  # (descriptor of the delegated directory, the group's name below it)
 Groups = dict[str, Group]  # controller -> group
+# A job's cpu.shares: in its first slice (the kernel's default); past it (the least); being killed
+# (the most: its processes, SIGKILL pending, take a CPU first to end rather than wait behind every job).
+FRESH, DEMOTED, KILLED = "1024", "2", "262144"
 
 
 class RunGroups:
@@ -50,11 +53,12 @@ class RunGroups:
             for base, name in set(groups.values()):
                 with contextlib.suppress(OSError):
                     os.rmdir(name, dir_fd=base)
-                for controller in ("memory.max", "memory.limit_in_bytes", "pids.max"):
+                for controller in ("memory.max", "memory.limit_in_bytes", "pids.max", "cpu.shares"):
                     self.written.pop(((base, name), controller), None)
             return
         if "memory" in groups and not self.v2:
             write(groups["memory"], "memory.failcnt", "0")  # a later kill then says whose cap it was
+        self.weigh(groups, FRESH)  # the next child sets up in it ahead of its job
         self.free.append(groups)
 
     def set_limits(self, groups: Groups, limits: Limits, memory: bool = True) -> None:
@@ -64,6 +68,13 @@ class RunGroups:
                               str(limits["memory"]))
         if "pids" in groups:
             self._write_limit(groups["pids"], "pids.max", str(limits["nproc"] + 8))
+        self.weigh(groups, FRESH)  # a reused group, or a session's next call, starts in its first slice
+
+    def weigh(self, groups: Groups, shares: str) -> None:
+        """A job's CPU weight against every other job, however many processes it has (FRESH, DEMOTED, KILLED)."""
+        if "cpu" in groups:
+            with contextlib.suppress(OSError):
+                self._write_limit(groups["cpu"], "cpu.shares", shares)
 
     def _write_limit(self, group: Group, name: str, value: str) -> None:
         if self.written.get((group, name)) != value:

@@ -17,7 +17,7 @@ from . import procfs, root
 from .interrupts import Interrupt
 from .job import Job, JobHost
 from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
-from .run_groups import Groups
+from .run_groups import DEMOTED, Groups
 from .wire import loads, write_all
 
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
@@ -157,7 +157,7 @@ class SessionJob(Job):
                 self.interrupted.repeated = True
                 self._send_interrupt()
             return
-        if self.past_deadline(now):
+        if self.past_deadline(zygote, now):
             self.interrupt(now)
 
     def interrupt(self, now: float) -> None:
@@ -189,9 +189,12 @@ class SessionJob(Job):
         self.interrupted = None
         zygote.reply(reply)
         # What a call left running in the background drops to the lowest CPU priority (after the reply:
-        # it is a walk of /proc, and nothing of the call waits for it).
-        for pid in self.background():
+        # it is a walk of /proc, and nothing of the call waits for it); the next call raises the group again.
+        background = self.background()
+        for pid in background:
             procfs.demote_tree(pid)
+        if background:
+            zygote.groups.weigh(self.groups, DEMOTED)
 
     # -- ending ----------------------------------------------------------------------------------
     def on_event(self, zygote: JobHost, fd: int) -> None:
