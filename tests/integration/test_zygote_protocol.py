@@ -282,3 +282,36 @@ def test_the_zygote_never_waits_for_its_template(zyg: Zygote) -> None:
         os.kill(template, signal.SIGCONT)
     zyg.run(63, "print('served')")
     assert zyg.reply_to(63)["stdout"] == "served\n"
+
+
+def test_a_runs_clock_starts_once_its_child_has_read_its_job(zyg: Zygote) -> None:
+    """Under a fork storm a ready child's set-up (its cgroup join) can wait seconds on the kernel's
+    locks while its job waits unread: its run_timeout does not run meanwhile, and a child that has
+    not started by the client's deadline is answered as starved (the server's fault, not the code's)."""
+    def stopped_ready_children() -> list[int]:
+        wait_until(lambda: sum(comm(pid) == READY for pid in _children(zyg.process.pid)) == 2, 30, "two ready children")
+        ready = [pid for pid in _children(zyg.process.pid) if comm(pid) == READY]
+        for pid in ready:
+            os.kill(pid, signal.SIGSTOP)
+        return ready
+
+    ready = stopped_ready_children()
+    try:
+        zyg.run(70, "print('late')", limits={**LIMITS, "timeout": 0.5, "hard_timeout": 10.0})
+        time.sleep(2)  # four run_timeouts, its child stopped before it read its job
+    finally:
+        for pid in ready:
+            with contextlib.suppress(ProcessLookupError):  # killed at its time-out meanwhile
+                os.kill(pid, signal.SIGCONT)
+    late = zyg.reply_to(70)
+    assert late["status"] == "Finished" and late["stdout"] == "late\n", late
+
+    ready = stopped_ready_children()
+    try:
+        zyg.run(71, "print('never')", limits={**LIMITS, "timeout": 0.5, "hard_timeout": 1.5})
+        never = zyg.reply_to(71)
+    finally:
+        for pid in ready:
+            with contextlib.suppress(ProcessLookupError):  # killed at its time-out meanwhile
+                os.kill(pid, signal.SIGCONT)
+    assert never["status"] == "TimeLimitExceeded" and never["cpu_starved"] and never["stdout"] == "", never

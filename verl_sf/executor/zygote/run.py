@@ -14,7 +14,7 @@ from typing import Any, Optional
 from . import exits
 from .job import Job, JobHost
 from .messages import RunHead, RunReply, StageResult
-from .wire import readable
+from .wire import readable, unsent
 
 
 class Run(Job):
@@ -23,6 +23,7 @@ class Run(Job):
         self.head = head
         self.compile_result: Optional[StageResult] = None
         self.program_done: Optional[float] = None  # an exec run's program ended: its CPU seconds
+        self.taken = False  # its child has read its job: its clock runs
 
     def register(self, zygote: JobHost) -> None:
         zygote.runs[self.id] = self
@@ -34,11 +35,13 @@ class Run(Job):
         super().start(zygote)
         if self.job_w < 0:
             return
-        if zygote.cfg["ipython"] and not self.head["exec"]:  # a cells run's child sends its exit listener on it
+        if self._sends_listener(zygote):
             zygote.watch(self, (self.job_w,))
-        else:
-            os.close(self.job_w)  # a run reads its job to the end
-            self.job_w = -1
+        # Otherwise kept until the child has read its job (on_tick), then closed: a run reads its job to the end.
+
+    def _sends_listener(self, zygote: JobHost) -> bool:
+        """A cells run's child sends its exit listener on its job socket (exits.py)."""
+        return bool(zygote.cfg["ipython"]) and not self.head["exec"]
 
     def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.job_w:
@@ -91,6 +94,16 @@ class Run(Job):
                 self.program_done = float(record["cpu_time"])  # answered after this read (on_event)
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
+        if not self.taken and self.job_w >= 0:
+            if unsent(self.job_w):
+                # Its child is still setting up (under a fork storm its cgroup join waits on the kernel's
+                # cgroup lock): no code of the run's has started, so neither has its clock.
+                self.stage_started = now
+            else:
+                self.taken = True  # it can never put the job back: nothing of the run's can forge this
+                if not self._sends_listener(zygote):
+                    os.close(self.job_w)
+                    self.job_w = -1
         if self.past_deadline(zygote, now):
             self.kill(zygote, "timed out")
 

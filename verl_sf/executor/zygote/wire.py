@@ -3,10 +3,14 @@ searches each byte once (a peer that never sends a newline costs nothing but its
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import select
 from typing import Any
+
+SIOCOUTQ = 0x5411  # <linux/sockios.h>, the same number as TIOCOUTQ on every architecture we run on
 
 READ_CHUNK = 1 << 16
 
@@ -38,6 +42,16 @@ def readable(fd: int) -> bool:
     probe = select.poll()
     probe.register(fd, select.POLLIN)
     return bool(probe.poll(0))
+
+
+def unsent(fd: int) -> int:
+    """Bytes written to a socket that its peer has not read yet (SIOCOUTQ); 0 if it cannot say."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, SIOCOUTQ, count, True)
+    except OSError:
+        return 0
+    return count[0]
 
 
 def write_all(fd: int, data: bytes) -> None:
