@@ -20,8 +20,8 @@ Also under v1, where a `cpu` hierarchy is ours to write, the sandboxes live in a
 autogroups (`sched_autogroup_enabled`) give each session, and so each run (a run calls setsid), as
 large a share of the CPU as the server's, whatever its nice, in the root group only.  100 runs
 spinning then left the server a hundredth of the machine.  A group per run weighs a run of 150
-spinning processes as one: a run past its first slice drops to the lowest weight (`cpu.shares`),
-not by renicing its processes, which only orders them against each other.
+spinning processes as one: a run past its first slice drops to the lowest weight (`cpu.shares`);
+renicing its processes, done too, orders them only against each other.
 """
 
 from __future__ import annotations
