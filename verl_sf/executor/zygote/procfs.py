@@ -21,14 +21,18 @@ def tree(pid: int, limit: int = 1024, skip: Collection[int] = ()) -> Iterator[in
 
 
 def children(pid: int) -> list[int]:
-    """`pid`'s children, of every thread."""
+    """`pid`'s children, of every thread (one thread exiting meanwhile must not hide the others')."""
     found: list[int] = []
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
             with open(f"/proc/{pid}/task/{task}/children", "rb") as fh:
                 found.extend(int(child) for child in fh.read().split())
-    except (OSError, ValueError):
-        pass
+        except (OSError, ValueError):
+            continue
     return found
 
 
@@ -57,6 +61,7 @@ def kill_all(pid: int) -> None:
                     # Its exit then runs beside the zygote rather than in its place (a woken task of
                     # equal weight takes the waker's CPU: ~0.5 ms of teardown per run, measured).
                     os.setpriority(os.PRIO_PROCESS, current, 19)
+                with contextlib.suppress(OSError):
                     os.kill(current, signal.SIGKILL)
                 killed.add(current)
                 fresh = True
