@@ -23,7 +23,6 @@ class Run(Job):
         self.head = head
         self.compile_result: Optional[StageResult] = None
         self.program_done: Optional[float] = None  # an exec run's program ended: its CPU seconds
-        self.taken = False  # its child has read its job: its clock runs
 
     def register(self, zygote: JobHost) -> None:
         zygote.runs[self.id] = self
@@ -94,16 +93,14 @@ class Run(Job):
                 self.program_done = float(record["cpu_time"])  # answered after this read (on_event)
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
-        if not self.taken and self.job_w >= 0:
+        if self.job_w >= 0:  # until its child has read its job (a cells run's: until its listener came)
             if unsent(self.job_w):
                 # Its child is still setting up (under a fork storm its cgroup join waits on the kernel's
                 # cgroup lock): no code of the run's has started, so neither has its clock.
                 self.stage_started = now
-            else:
-                self.taken = True  # it can never put the job back: nothing of the run's can forge this
-                if not self._sends_listener(zygote):
-                    os.close(self.job_w)
-                    self.job_w = -1
+            elif not self._sends_listener(zygote):  # read: nothing of the run's can put it back
+                os.close(self.job_w)
+                self.job_w = -1
         if self.past_deadline(zygote, now):
             self.kill(zygote, "timed out")
 
