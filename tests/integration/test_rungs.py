@@ -20,7 +20,14 @@ import requests
 
 from tests import container_profile
 from tests.host_view import comm, descendants, kill_queued
-from tests.server_fixtures import CONTAINER_MODES, SERVER_MODES, ServerHandle, run_code, server_in_mode
+from tests.server_fixtures import (
+    CONTAINER_MODES,
+    SERVER_MODES,
+    ServerHandle,
+    run_code,
+    server_in_mode,
+    stop_server,
+)
 from tests.waiting import wait_until
 
 SERVER_ARGS = ("--slots", "2", "--sandboxes", "1", "--preload", "numpy")
@@ -51,6 +58,28 @@ def test_auto_picks_landlock_in_a_container_profile(mode: str) -> None:
         status = health(server)
         assert status["isolation"] == "landlock", status
         assert "ABI" in status["limits"]["landlock"]
+
+
+@pytest.mark.parametrize("mode", CONTAINER_MODES)
+def test_a_run_in_flight_ends_with_its_server(mode: str) -> None:
+    """No PID namespace ends a run with its zygote on this rung: a server stopped mid-run leaves no
+    process of it (its own, a child, a setsid'd daemon)."""
+    tag = f"ln{secrets.token_hex(3)}"
+    code = (f"import ctypes, os, time\nlibc = ctypes.CDLL(None)\n"
+            f"if os.fork() == 0:\n    os.setsid()\n"
+            f"    if os.fork():\n        os._exit(0)\n"
+            f"os.fork()\nlibc.prctl(15, b'{tag}', 0, 0, 0)\ntime.sleep(60)")
+    with server_in_mode(mode, *SERVER_ARGS) as server, ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(requests.post, server.run_code_url,
+                              json={"code": code, "language": "python", "run_timeout": 50}, timeout=120)
+        wait_until(lambda: len(_named(tag)) == 4, 60, "the run's four processes running")
+        stop_server(server.process)
+        pending.exception(60)  # answered or cut off as the server stops: what matters is below
+    wait_until(lambda: not _named(tag), 5, "no process of the run left once its server is gone")
+
+
+def _named(name: str) -> list[int]:
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and comm(int(pid)) == name]
 
 
 def _serve(*args: str, container: bool) -> subprocess.CompletedProcess:

@@ -26,8 +26,10 @@ renicing its processes, done too, orders them only against each other.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Optional
@@ -87,8 +89,9 @@ class SandboxCgroup:
             _hand_over_interfaces(Path(directory))
 
     def remove(self) -> None:
+        """Once its zygote is gone."""
         for directory in dict.fromkeys(self.dirs.values()):
-            _remove_tree(Path(directory))
+            _remove_tree(Path(directory), kill=True)
 
 
 def _hand_over_interfaces(directory: Path) -> None:
@@ -103,12 +106,13 @@ def _hand_over_interfaces(directory: Path) -> None:
                 os.chown(entry, owner.st_uid, owner.st_gid)
 
 
-def _remove_tree(directory: Path, attempts: int = 50) -> None:
+def _remove_tree(directory: Path, attempts: int = 50, kill: bool = False) -> None:
     """Remove a group and the run groups under it (children first), waiting briefly for the
-    kernel to finish tearing down what was killed in them."""
+    kernel to finish tearing down what was killed in them.  `kill`: SIGKILL what is still in them
+    (a zygote killed mid-walk can leave a run's processes behind on the landlock rung)."""
     for child in sorted(directory.glob("*/"), reverse=True):
         if child.is_dir():
-            _remove_tree(child, attempts)
+            _remove_tree(child, attempts, kill)
     for _ in range(attempts):
         try:
             directory.rmdir()
@@ -116,7 +120,19 @@ def _remove_tree(directory: Path, attempts: int = 50) -> None:
         except FileNotFoundError:
             return
         except OSError:
+            if kill:
+                _kill_members(directory)
             time.sleep(0.05)
+
+
+def _kill_members(directory: Path) -> None:
+    try:
+        members = Path(directory, "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in members:
+        with contextlib.suppress(OSError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 class CgroupManager:

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
 PARSE_IN_THREAD_BYTES = 1 << 20  # replies this large are parsed off the event loop
 CLOSE_WAIT = 10.0  # seconds a session's end waits for the zygote to have killed it
+SHUTDOWN_WAIT = 5.0  # seconds a zygote on the landlock rung gets to end its runs as the server stops
 Closing = asyncio.Future  # a session's end: done once every process of it is killed
 Closed = Union[ClosedReply, FailedReply]
 
@@ -236,6 +237,11 @@ class ZygoteProcess:
         self._closed = True
         proc, self.process = self.process, None
         if proc is not None and proc.returncode is None:
+            if not self.launcher.isolated and proc.stdin is not None:
+                # No PID namespace ends the runs with the zygote: at the end of its requests it kills them itself.
+                proc.stdin.close()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), SHUTDOWN_WAIT)
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGKILL)  # bwrap is PID 1 of the sandbox: all of it goes
             await proc.wait()

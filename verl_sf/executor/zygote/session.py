@@ -224,9 +224,15 @@ class SessionJob(Job):
         if not self.forks:
             Job.kill(self, zygote, self.end_reason or "its interpreter exited")
             return
-        for pid in (self.interpreter, *self.background()):
-            if pid > 0:
+        # What a killed process leaves goes up to PID 1, alive: look again until nothing new is there.
+        killed: set[int] = set()
+        for _ in range(64):
+            fresh = [pid for pid in (self.interpreter, *self.background()) if pid > 0 and pid not in killed]
+            if not fresh:
+                return
+            for pid in fresh:
                 procfs.kill_all(pid)
+                killed.add(pid)
 
     def on_exit(self, zygote: JobHost) -> None:
         """PID 1 is gone, and with it every process of the session."""
