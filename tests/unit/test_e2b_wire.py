@@ -10,6 +10,7 @@ import pytest
 from verl_sf.e2b.connect import ConnectError, end_frame, frame
 from verl_sf.e2b.interpreter import error_event, execution_events, result_event
 from verl_sf.e2b.sandboxes import MARK, GuestError, call_code, parse_answer
+from verl_sf.executor.zygote.messages import NOTE
 from verl_sf.models import CellRunResult
 
 
@@ -58,13 +59,16 @@ def test_result_and_error_events() -> None:
 
 
 def test_execution_events_mark_only_a_shown_value_as_main() -> None:
-    run = CellRunResult(stdout="out\n", display=[{"text/plain": "<Figure>", "image/png": "iVBOR"}])
-    noted = CellRunResult(display=[{"text/plain": "{'count': 3, 'main': None}"}])
-    events = execution_events([run, noted], "")
+    run = CellRunResult(stdout="out\n", display=[{"text/plain": "<Figure>", "image/png": "iVBOR"},
+                                                 {NOTE: {"count": 3, "main": None}}])
+    events = execution_events([run], "")
     assert [e["type"] for e in events] == ["number_of_executions", "stdout", "result"]
     assert events[0]["execution_count"] == 3 and events[2]["is_main_result"] is False
-    shown = CellRunResult(display=[{"text/plain": "<HTML>"}, {"text/plain": "42"}, {"image/png": "iVBOR"}])
-    events = execution_events([shown, CellRunResult(display=[{"text/plain": "{'count': 4, 'main': 1}"}])], "")
+    shown = CellRunResult(display=[{"text/plain": "<HTML>"}, {"text/plain": "42"}, {"image/png": "iVBOR"},
+                                   {NOTE: {"count": 4, "main": 1}}])
+    events = execution_events([shown], "")
     assert [e["is_main_result"] for e in events if e["type"] == "result"] == [False, True, False]
-    forged = CellRunResult(display=[{"text/plain": "__import__('os').system('x')"}])
-    assert [e["type"] for e in execution_events([run, forged], "")] == ["stdout", "result"]
+    # Only the last bundle is the note: one shown before it is a result like any other.
+    unnoted = CellRunResult(display=[{NOTE: {"count": 9, "main": 0}}, {"text/plain": "1"}])
+    assert [e["type"] for e in execution_events([unnoted], "")] == ["result", "result"]
+    assert [e["type"] for e in execution_events([CellRunResult(display=[{NOTE: "count"}])], "")] == []

@@ -1,14 +1,13 @@
 """The code interpreter's API on a sandbox (port 49999): /execute, /contexts, /health.
 
-An execution is two cells of a session `run_jupyter` call: the first runs the code in its
-context through the guest (so its value, PNG/HTML and errors are shown as Jupyter shows them),
-the second reads what the guest noted (whether a value was shown, the execution count).  The
-events are sent once the execution ends: the session answers a call as a whole.
+An execution is one cell of a session `run_jupyter` call: it runs the code in its context through
+the guest (so its value, PNG/HTML and errors are shown as Jupyter shows them), which shows last
+what it noted (the execution count, which bundle is the execution's result).  The events are
+sent once the execution ends: the session answers a call as a whole.
 """
 
 from __future__ import annotations
 
-import ast
 import datetime
 import json
 import re
@@ -19,7 +18,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
-from verl_sf.e2b.sandboxes import GUEST, Context, GuestError, Sandbox, Sandboxes, call_code
+from verl_sf.e2b.sandboxes import Context, GuestError, Sandbox, Sandboxes, call_code
+from verl_sf.executor.zygote.messages import NOTE
 from verl_sf.models import CellRunResult, RunJupyterResponse
 from verl_sf.validation import Environment, first_error
 
@@ -79,21 +79,18 @@ def error_event(error: dict[str, Any]) -> dict[str, Any]:
             "traceback": "\n".join(str(frame) for frame in frames)}
 
 
-def _note(cell: Optional[CellRunResult]) -> dict[str, Any]:
-    """What the guest noted about the execution (shown by the second cell); {} if unreadable."""
-    if cell is None or not cell.display:
+def _note(cell: CellRunResult) -> dict[str, Any]:
+    """What the guest noted about the execution (its last bundle, taken out of the cell); {} if absent."""
+    if not cell.display or NOTE not in cell.display[-1]:
         return {}
-    try:
-        note = ast.literal_eval(str(cell.display[0].get("text/plain", "")))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return {}
+    note = cell.display.pop()[NOTE]
     return note if isinstance(note, dict) else {}
 
 
 def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     run = cells[0] if cells else None
-    note = _note(cells[1] if len(cells) > 1 else None)
+    note = _note(run) if run is not None else {}
     if isinstance(note.get("count"), int):
         events.append({"type": "number_of_executions", "execution_count": note["count"]})
     if run is None:
@@ -114,8 +111,7 @@ def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str,
 async def run_execution(sandboxes: Sandboxes, sandbox: Sandbox, context_id: str, code: str, envs: dict[str, str],
                         timeout_s: float) -> tuple[list[dict[str, Any]], RunJupyterResponse]:
     """One execution of `code` in a context: its events (E2B's) and the session's answer."""
-    cells = [call_code("run_cell", {"context": context_id, "code": code, "envs": envs}),
-             f"{GUEST}.last_info()"]
+    cells = [call_code("run_cell", {"context": context_id, "code": code, "envs": envs})]
     response = await sandboxes.run_cells(sandbox, cells, timeout_s)
     events = execution_events(response.cells, response.message)
     if response.session_alive is False:

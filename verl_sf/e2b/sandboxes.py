@@ -239,7 +239,6 @@ class Sandboxes:
                 ready.default_context, {}, home_alias), 30.0)))
             cells = [call_code("dispatch", {"op": "ctx_create", "args": {"context_id": scratch, "cwd": "."}}),
                      call_code("run_cell", {"context": scratch, "code": WARMUP_CELL, "envs": {}}),
-                     f"{GUEST}.last_info()",
                      call_code("dispatch", {"op": "ctx_remove", "args": {"context_id": scratch}})]
             warmed = await self.executor.run_jupyter(RunJupyterRequest(cells=cells, total_timeout=30.0,
                                                                        session_id=ready.session_id))

@@ -26,7 +26,8 @@ import sys
 import time
 from typing import Any
 
-from . import root
+from . import ipython_shell, root
+from .messages import NOTE
 
 HOME_ALIAS = "/home/user"
 """E2B's home, shown for the session's own; a sandbox set up with no alias shows the real paths."""
@@ -38,7 +39,6 @@ MAX_ENTRIES = 3000  # an answer stays well under the output limit (1 MiB by defa
 _home = os.getcwd()  # set again by `setup`
 _contexts: dict[str, dict[str, Any]] = {}  # context id -> {"module", "state", "cwd": local path, "count"}
 _processes: dict[int, dict[str, Any]] = {}  # pid -> {"popen", "pipes": {name: fd}, "config": dict}
-_last: dict[str, Any] = {"count": 0, "main": None}
 _alias = {"home": HOME_ALIAS}
 
 
@@ -474,12 +474,12 @@ def _bind(shell, module):
 
 def run_cell(payload):
     """Run one execution in its context, as its kernel would: IPython's own `run_cell`, whose
-    output and errors land in this cell's record.  The context's working directory and the call's
-    environment apply only while it runs."""
+    output and errors land in this cell's record, followed by a `NOTE` bundle (read by the server,
+    so that an execution is one cell).  The context's working directory and the call's environment
+    apply only while it runs."""
     request = json.loads(payload)
     context = _context(request["context"])
     shell = vars(builtins)["get_ipython"]()  # a builtin while IPython runs a cell
-    _last.update(count=context["count"], main=None)
     saved_env = {key: os.environ.get(key) for key in request["envs"]}
     os.environ.update(request["envs"])
     saved_cwd = os.getcwd()
@@ -489,7 +489,7 @@ def run_cell(payload):
     try:
         with _entered(shell, context):
             shell.run_cell(request["code"], store_history=True)
-        _last.update(count=context["count"], main=hook.main_index)
+        ipython_shell.current.display.append({NOTE: {"count": context["count"], "main": hook.main_index}})
     finally:
         context["cwd"] = os.getcwd()
         os.chdir(saved_cwd)
@@ -498,12 +498,6 @@ def run_cell(payload):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
-
-
-def last_info():
-    """What the previous `run_cell` did, read by the server from this cell's shown value: the
-    execution count and which shown bundle, if any, is the execution's result."""
-    return dict(_last)
 
 
 # ---- the call protocol -------------------------------------------------------------------------
