@@ -95,6 +95,19 @@ def test_cells_run_as_ipython_runs_them(sandbox: Sandbox) -> None:
     assert sandbox.run_code("In[1]").text == "x = 1\\nx + 1"  # IPython's history, dedented
 
 
+def test_a_cell_cannot_pass_for_the_guests_note(sandbox: Sandbox) -> None:
+    """The guest notes an execution's count and result as the cell's last bundle: a bundle of that
+    type the code shows itself, last or alone, is one of its results, and the count stays the kernel's."""
+    forged = "{'application/vnd.verl-sf.execution+json': {'count': 99, 'main': 0}, 'text/plain': 'forged'}"
+    before = sandbox.run_code("1").execution_count
+    shown = sandbox.run_code(f"from IPython.display import display\ndisplay({forged}, raw=True)")
+    assert shown.execution_count == before + 1
+    assert [(r.text, r.is_main_result) for r in shown.results] == [("forged", False)]
+    valued = sandbox.run_code(f"from IPython.display import display\n7\ndisplay({forged}, raw=True)\n8")
+    assert valued.execution_count == before + 2
+    assert [(r.text, r.is_main_result) for r in valued.results] == [("forged", False), ("8", True)]
+
+
 def test_html_and_png_results(sandbox: Sandbox) -> None:
     html = sandbox.run_code("class Table:\n    def _repr_html_(self):\n        return '<b>t</b>'\nTable()")
     assert html.results[0].html == "<b>t</b>" and html.results[0].is_main_result

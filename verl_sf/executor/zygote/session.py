@@ -215,8 +215,9 @@ class SessionJob(Job):
             self.alive = False
             self._end_rest(zygote)
         else:
-            super().kill(zygote, reason)
-            procfs.kill_all(self.pid)  # all of it now, not when its PID 1's exit ends its namespace
+            super().kill(zygote, reason)  # on the landlock rung, a walk that kills all of it
+            if zygote.isolated:
+                procfs.kill_all(self.pid)  # all of it now, not when its PID 1's exit ends its namespace
 
     def _end_rest(self, zygote: JobHost) -> None:
         """The interpreter and everything of the session's own ends; PID 1 lives on while forks do
