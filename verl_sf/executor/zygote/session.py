@@ -215,9 +215,11 @@ class SessionJob(Job):
             self.alive = False
             self._end_rest(zygote)
         else:
-            super().kill(zygote, reason)  # on the landlock rung, a walk that kills all of it
-            if zygote.isolated:
-                procfs.kill_all(self.pid)  # all of it now, not when its PID 1's exit ends its namespace
+            self.note_kill(zygote, reason)
+            if not self.exited:
+                # All of it now, not when PID 1's exit ends its namespace; each exit reniced, so that
+                # none runs in the zygote's place before the close is answered.
+                procfs.kill_all(self.pid)
 
     def _end_rest(self, zygote: JobHost) -> None:
         """The interpreter and everything of the session's own ends; PID 1 lives on while forks do
