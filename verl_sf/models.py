@@ -103,7 +103,7 @@ def _check_paths(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
     return files
 
 
-def _check_text(value: Any) -> Any:
+def check_text(value: Any) -> Any:
     """Text that UTF-8 can carry into the sandbox: JSON's `\\ud800` escapes decode to lone
     surrogates, which no file, pipe or argument can hold."""
     for text in value if isinstance(value, list) else [value]:
@@ -142,7 +142,7 @@ class RunCodeRequest(_Request):
 
     _memory = field_validator("memory_limit_MB")(classmethod(lambda cls, v: _check_memory(v)))
 
-    _text = field_validator("code", "stdin")(classmethod(lambda cls, v: _check_text(v)))
+    _text = field_validator("code", "stdin")(classmethod(lambda cls, v: check_text(v)))
 
 
 class RunCodeResponse(BaseModel):
@@ -168,7 +168,7 @@ class RunJupyterRequest(_Request):
     total_timeout: float = 45
     kernel: Literal["python3"] = "python3"
 
-    _text = field_validator("cells")(classmethod(lambda cls, v: _check_text(v)))
+    _text = field_validator("cells")(classmethod(lambda cls, v: check_text(v)))
 
     @field_validator("cell_timeout")
     @classmethod

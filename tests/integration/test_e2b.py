@@ -108,6 +108,28 @@ def test_a_cell_cannot_pass_for_the_guests_note(sandbox: Sandbox) -> None:
     assert [(r.text, r.is_main_result) for r in valued.results] == [("forged", False), ("8", True)]
 
 
+def test_an_interpreter_its_code_broke_reports_errors_not_empty_successes(server: ServerHandle) -> None:
+    """Code that deletes builtins, or drops what the sandbox's agent notes of an execution, gets
+    errors for its executions, never a success without a result; other sandboxes are untouched."""
+    broken, dropped, other = (Sandbox.create(timeout=120) for _ in range(3))
+    try:
+        first = broken.run_code("import builtins\ndel builtins.__import__\n1")
+        later = broken.run_code("raise ValueError('x')")
+        for execution in (first, later):
+            assert execution.error is not None and not execution.results, execution
+        drop = ("import sys\nclass Dropping(list):\n    def append(self, item):\n"
+                "        if 'application/vnd.verl-sf.execution+json' not in item:\n            list.append(self, item)\n"
+                "sys.modules['zygote.ipython_shell'].current.display = Dropping()\n2")
+        unnoted = dropped.run_code(drop)
+        assert unnoted.error is not None and unnoted.error.name == "ExecutionError", unnoted
+        assert "altered its interpreter" in unnoted.error.value and unnoted.execution_count is None
+        assert dropped.run_code("3").text == "3"  # the next cell's display list is the shell's again
+        assert other.run_code("6 * 7").text == "42"
+    finally:
+        for sandbox in (broken, dropped, other):
+            sandbox.kill()
+
+
 def test_html_and_png_results(sandbox: Sandbox) -> None:
     html = sandbox.run_code("class Table:\n    def _repr_html_(self):\n        return '<b>t</b>'\nTable()")
     assert html.results[0].html == "<b>t</b>" and html.results[0].is_main_result
@@ -404,6 +426,11 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
         assert stream.status_code == 200 and stream.content.endswith(b"}"), (name, stream.content)
     with pytest.raises(SandboxException, match="not implemented"):
         sandbox.files.watch_dir("/home/user")
+    surrogate = requests.post(server.url + "/execute", data=b'{"code": "x = \\ud800"}', timeout=30,
+                              headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999",
+                                       "E2B-Traffic-Access-Token": sandbox.traffic_access_token or "",
+                                       "Content-Type": "application/json"})
+    assert surrogate.status_code == 422 and "code" in surrogate.text and "surrogate" in surrogate.text
     unknown = requests.post(server.url + "/execute", json={"code": "1"}, timeout=30,
                             headers={"E2b-Sandbox-Id": "inope", "E2b-Sandbox-Port": "49999"})
     assert unknown.status_code == 401 and "access token" in unknown.text  # as for a sandbox that exists

@@ -70,5 +70,23 @@ def test_execution_events_mark_only_a_shown_value_as_main() -> None:
     assert [e["is_main_result"] for e in events if e["type"] == "result"] == [False, True, False]
     # Only the last bundle is the note: one shown before it is a result like any other.
     unnoted = CellRunResult(display=[{NOTE: {"count": 9, "main": 0}}, {"text/plain": "1"}])
-    assert [e["type"] for e in execution_events([unnoted], "")] == ["result", "result"]
-    assert [e["type"] for e in execution_events([CellRunResult(display=[{NOTE: "count"}])], "")] == []
+    assert [e["type"] for e in execution_events([unnoted], "")] == ["result", "result", "error"]
+
+
+@pytest.mark.parametrize("note", ["count", {"count": "1"}, {"count": True}, {"count": -5}, {"count": 10**30},
+                                  {"main": 0}])
+def test_an_execution_without_a_sound_note_is_an_error_not_a_success(note: object) -> None:
+    """Code can alter the interpreter that notes an execution: what it then notes is not passed on,
+    and the execution says it was not told how it ended."""
+    events = execution_events([CellRunResult(stdout="x\n", display=[{"text/plain": "1"}, {NOTE: note}])], "")
+    assert [e["type"] for e in events] == ["stdout", "result", "error"]
+    assert events[1]["is_main_result"] is False
+    assert events[2]["name"] == "ExecutionError" and "altered its interpreter" in events[2]["value"]
+
+
+def test_a_main_index_out_of_range_marks_no_result() -> None:
+    for main in (99, -1, "x", None, True):
+        run = CellRunResult(display=[{"text/plain": "1"}, {NOTE: {"count": 2, "main": main}}])
+        events = execution_events([run], "")
+        assert [e["type"] for e in events] == ["number_of_executions", "result"]
+        assert events[1]["is_main_result"] is False

@@ -15,15 +15,18 @@ import secrets
 from typing import Any, Optional
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError, field_validator
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import Context, GuestError, Sandbox, Sandboxes, call_code
 from verl_sf.executor.zygote.messages import NOTE
-from verl_sf.models import CellRunResult, RunJupyterResponse
+from verl_sf.models import CellRunResult, RunJupyterResponse, check_text
 from verl_sf.validation import Environment, first_error
 
 LANGUAGES = ("python",)
+MAX_COUNT = 2**31 - 1
+UNNOTED = ("the sandbox did not say how this execution ended: code run in it before has altered its interpreter "
+           "(deleted builtins, replaced IPython's or the sandbox agent's objects); create a new sandbox")
 MIME_FIELDS = {"text/plain": "text", "text/html": "html", "image/png": "png", "text/markdown": "markdown",
                "image/svg+xml": "svg", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
                "application/json": "json", "application/javascript": "javascript"}
@@ -36,6 +39,8 @@ class ExecuteRequest(BaseModel):
     context_id: Optional[StrictStr] = None
     language: Optional[StrictStr] = None
     env_vars: Optional[Environment] = None
+
+    _text = field_validator("code")(classmethod(lambda cls, v: check_text(v)))
 
 
 class CreateContextRequest(BaseModel):
@@ -79,20 +84,25 @@ def error_event(error: dict[str, Any]) -> dict[str, Any]:
             "traceback": "\n".join(str(frame) for frame in frames)}
 
 
-def _note(cell: CellRunResult) -> dict[str, Any]:
-    """What the guest noted about the execution (its last bundle, taken out of the cell); {} if absent."""
+def _note(cell: CellRunResult) -> Optional[tuple[int, Optional[int]]]:
+    """What the guest noted about the execution, taken out of the cell (its last bundle): the
+    execution count and the index of the result among the bundles left; None if absent or malformed
+    (code run in the sandbox before can alter the interpreter that notes it)."""
     if not cell.display or NOTE not in cell.display[-1]:
-        return {}
+        return None
     note = cell.display.pop()[NOTE]
-    return note if isinstance(note, dict) else {}
+    count, main = (note.get("count"), note.get("main")) if isinstance(note, dict) else (None, None)
+    if type(count) is not int or not 0 <= count <= MAX_COUNT:
+        return None
+    return count, main if type(main) is int and 0 <= main < len(cell.display) else None
 
 
 def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     run = cells[0] if cells else None
-    note = _note(run) if run is not None else {}
-    if isinstance(note.get("count"), int):
-        events.append({"type": "number_of_executions", "execution_count": note["count"]})
+    noted = _note(run) if run is not None else None
+    if noted is not None:
+        events.append({"type": "number_of_executions", "execution_count": noted[0]})
     if run is None:
         events.append({"type": "error", "name": "ExecutionError", "value": message or "the execution did not run",
                        "traceback": ""})
@@ -102,9 +112,11 @@ def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str,
     if run.stderr:
         events.append({"type": "stderr", "text": run.stderr, "timestamp": _now()})
     for index, data in enumerate(run.display):
-        events.append(result_event(dict(data), index == note.get("main")))
+        events.append(result_event(dict(data), noted is not None and index == noted[1]))
     if run.error:
         events.append(error_event(run.error[0]))
+    elif noted is None:
+        events.append({"type": "error", "name": "ExecutionError", "value": UNNOTED, "traceback": ""})
     return events
 
 

@@ -177,6 +177,17 @@ def _build() -> Any:
             super().show_usage_error(exc)
             current.error.append({"ename": type(exc).__name__, "evalue": str(exc), "traceback": []})
 
+        def showtraceback(self, exc_tuple: Any = None, *args: Any, **kwargs: Any) -> None:
+            """As IPython's, and where it cannot format the error (code broke what formatting
+            needs), the error still ends the cell: its name and value, with no traceback."""
+            etype, evalue = (exc_tuple or sys.exc_info())[:2]  # not its traceback: no frame is kept by this one
+            shown = len(current.error)
+            try:
+                super().showtraceback(exc_tuple, *args, **kwargs)
+            finally:
+                if len(current.error) == shown and etype is not None:
+                    current.error.append({"ename": etype.__name__, "evalue": str(evalue), "traceback": []})
+
         def _showtraceback(self, etype: type[BaseException], evalue: BaseException, stb: list[str]) -> None:
             current.error.append({"ename": etype.__name__, "evalue": str(evalue), "traceback": list(stb)})
 
