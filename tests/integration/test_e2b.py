@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import struct
 import threading
@@ -189,8 +190,9 @@ def test_a_context_reads_nothing_of_another_or_of_the_servers_calls(sandbox: San
              "repr(getattr(sys, 'last_value', None)), repr(shell.last_execution_result), "
              "repr(getattr(shell, '_last_input_line', None)), repr(shell.compile._filename_map))")
     seen = "".join(sandbox.run_code(probe).logs.stdout)
-    for leaked in ("SECRET", "42", "zygote.guest", "ipython-input-2"):
+    for leaked in ("SECRET", "zygote.guest", "ipython-input-2"):
         assert leaked not in seen, (leaked, seen[:2000])
+    assert not re.search(r"\b42\b", seen), seen[:2000]  # the other context's value (an address may hold "42")
     # The contexts share one interpreter (docs/e2b.md), but what the server's calls carried, such as
     # another execution's `envs`, is held nowhere in it once that execution is over.
     held = sandbox.run_code("import gc\nneedle = 'SECRET_' + 'VALUE'  # the probe's own source must not match\n"
