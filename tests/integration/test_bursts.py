@@ -31,6 +31,7 @@ LOOP = "while True:\n    pass\n"
 SHORT = "print(6 * 7)"
 # About 0.3 s of CPU on any machine: the run counts its own CPU time (a forked run starts at zero).
 MEDIUM = "import time\nwhile time.process_time() < 0.3:\n    pass\nprint('ok')\n"
+BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
 
 
 def client_deadline(body: dict[str, Any]) -> float:
@@ -123,6 +124,19 @@ def test_a_sleep_burst_is_answered_at_its_run_timeout_not_at_the_end_of_the_slee
         assert status == 200
         assert body["run_result"]["status"] == "TimeLimitExceeded", body
         assert not body["run_result"]["cpu_starved"], body  # a sleep's time-out is the code's own
+
+
+def test_a_fork_bombs_time_out_is_its_own_not_a_starved_run(two_slots: ServerHandle) -> None:
+    """Two fork bombs on two slots: each bomb's processes wait for a CPU most of the time, but between
+    them they had a CPU's worth, so neither is credited that wait. Each ends near its run_timeout as
+    the code's own time-out, not at the client's edge as a run the server starved (a sandbox error)."""
+    bodies = [{"code": BOMB, "language": "python", "run_timeout": 3, "compile_timeout": 10} for _ in range(2)]
+    results = asyncio.run(burst(two_slots.url, bodies))
+    for status, _, body in results:
+        assert status == 200 and body["run_result"]["status"] == "TimeLimitExceeded", body
+        assert not body["run_result"]["cpu_starved"], body
+        # Its hard deadline is 20.5 s (the client's 23 s less the reply margin): far from it.
+        assert body["run_result"]["execution_time"] < 15, body
 
 
 def test_a_short_run_is_answered_while_every_slot_is_busy_with_loops(two_slots: ServerHandle) -> None:

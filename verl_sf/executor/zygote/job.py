@@ -147,7 +147,7 @@ class Job:
             self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
             self.dropped = 0
         self.wait_seen = 0.0  # CPU-wait of this stage, sampled for runs past their first slice
-        self.wait_base: Optional[tuple[float, float]] = None
+        self.wait_base: Optional[tuple[float, float, float]] = None
         self.cpu_seen = 0.0
         self.demoted = False
         self.timed_out = False
@@ -258,15 +258,20 @@ class Job:
 
     def sample(self) -> None:
         """CPU time used and time spent waiting for a CPU, over the job's processes; each of them
-        (setsid or not, every thread) goes to the lowest CPU priority: fresh runs get the CPU first."""
+        (setsid or not, every thread) goes to the lowest CPU priority: fresh runs get the CPU first.
+        The wait credited is at most the wall time the run did not spend on a CPU: a run whose
+        processes (a fork bomb) had a CPU's worth between them was not starved, however long each waited."""
+        now = time.monotonic()
         cpu, wait = procfs.demote_tree(self.pid, self.fork_inits)
         if self.wait_base is None:
-            self.wait_base = self.sample_base(cpu, wait)
-        self.cpu_seen = cpu - self.wait_base[0]
-        self.wait_seen = max(self.wait_seen, wait - self.wait_base[1])
+            self.wait_base = self.sample_base(cpu, wait, now)
+        base_cpu, base_wait, since = self.wait_base
+        self.cpu_seen = cpu - base_cpu
+        self.wait_seen = max(self.wait_seen, min(wait - base_wait, now - since - self.cpu_seen))
 
-    def sample_base(self, cpu: float, wait: float) -> tuple[float, float]:
-        return 0.0, 0.0
+    def sample_base(self, cpu: float, wait: float, now: float) -> tuple[float, float, float]:
+        """What the stage's CPU and wait count from, and since when: a fresh run's processes, from the stage's start."""
+        return 0.0, 0.0, self.stage_started
 
     def _over_processes(self) -> bool:
         return sum(1 for _ in procfs.tree(self.pid, self.limits["nproc"] + 1, self.fork_inits)) > self.limits["nproc"]
@@ -285,14 +290,19 @@ class Job:
             linux.kill(self.pid, True)  # PID 1 of its namespace: the kernel kills the rest
         elif not self.exited:
             procfs.kill_all(self.pid)
+        self.weigh_killed(zygote)
 
     def note_kill(self, zygote: JobHost, reason: str) -> None:
         """Why the job ends, and when the kill was sent."""
-        zygote.groups.weigh(self.groups, KILLED)
         self.end_reason = self.end_reason or reason
         self.alive = False
         if self.killed_at is None and not self.exited:
             self.killed_at = time.monotonic()
+
+    def weigh_killed(self, zygote: JobHost) -> None:
+        """The kill is sent: the job's exits go ahead of live runs.  Never before: a fork bomb at that
+        weight, still running, would keep the zygote from the walk that kills it."""
+        zygote.groups.weigh(self.groups, KILLED)
 
     def kill_for_cap(self, zygote: JobHost, cap: str) -> None:
         """Ended past a cap the kernel does not enforce here: its stderr says which."""

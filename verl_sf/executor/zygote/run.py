@@ -66,6 +66,7 @@ class Run(Job):
         else:
             self.note_kill(zygote, reason)
             self.end_now(zygote, signal.SIGKILL)  # kills it all, answering with a SIGKILLed process's wait status
+            self.weigh_killed(zygote)
 
     def on_exit_call(self, zygote: JobHost) -> None:
         notice = exits.take(self.listener)

@@ -90,8 +90,8 @@ class SessionJob(Job):
         grace = self.call["grace"] if self.call is not None else 0.0
         return min(super().deadline(), self.hard_deadline - grace)
 
-    def sample_base(self, cpu: float, wait: float) -> tuple[float, float]:
-        return cpu, wait  # what earlier calls used is not this call's
+    def sample_base(self, cpu: float, wait: float, now: float) -> tuple[float, float, float]:
+        return cpu, wait, now  # what earlier calls used is not this call's
 
     # -- calls -----------------------------------------------------------------------------------
     def begin_call(self, zygote: JobHost, head: SessionCallHead, body: bytes) -> None:
@@ -220,6 +220,7 @@ class SessionJob(Job):
                 # All of it now, not when PID 1's exit ends its namespace; each exit reniced, so that
                 # none runs in the zygote's place before the close is answered.
                 procfs.kill_all(self.pid)
+            self.weigh_killed(zygote)
 
     def _end_rest(self, zygote: JobHost) -> None:
         """The interpreter and everything of the session's own ends; PID 1 lives on while forks do
