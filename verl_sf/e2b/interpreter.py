@@ -84,34 +84,35 @@ def error_event(error: dict[str, Any]) -> dict[str, Any]:
             "traceback": "\n".join(str(frame) for frame in frames)}
 
 
-def _note(cell: CellRunResult) -> Optional[tuple[int, Optional[int]]]:
-    """What the guest noted about the execution, taken out of the cell (its last bundle): the
-    execution count and the index of the result among the bundles left; None if absent or malformed
-    (code run in the sandbox before can alter the interpreter that notes it)."""
+def _split_note(cell: CellRunResult) -> tuple[Optional[tuple[int, Optional[int]]], list[dict[str, Any]]]:
+    """What the guest noted about the execution (the cell's last bundle), and the bundles the code
+    showed before it.  The note is the execution count and the index of the result among those
+    bundles; None if absent or malformed (code run in the sandbox before can alter the interpreter
+    that notes it)."""
     if not cell.display or NOTE not in cell.display[-1]:
-        return None
-    note = cell.display.pop()[NOTE]
+        return None, list(cell.display)
+    *shown, last = cell.display
+    note = last[NOTE]
     count, main = (note.get("count"), note.get("main")) if isinstance(note, dict) else (None, None)
     if type(count) is not int or not 0 <= count <= MAX_COUNT:
-        return None
-    return count, main if type(main) is int and 0 <= main < len(cell.display) else None
+        return None, shown
+    return (count, main if type(main) is int and 0 <= main < len(shown) else None), shown
 
 
 def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     run = cells[0] if cells else None
-    noted = _note(run) if run is not None else None
+    if run is None:
+        return [{"type": "error", "name": "ExecutionError", "value": message or "the execution did not run",
+                 "traceback": ""}]
+    noted, shown = _split_note(run)
     if noted is not None:
         events.append({"type": "number_of_executions", "execution_count": noted[0]})
-    if run is None:
-        events.append({"type": "error", "name": "ExecutionError", "value": message or "the execution did not run",
-                       "traceback": ""})
-        return events
     if run.stdout:
         events.append({"type": "stdout", "text": run.stdout, "timestamp": _now()})
     if run.stderr:
         events.append({"type": "stderr", "text": run.stderr, "timestamp": _now()})
-    for index, data in enumerate(run.display):
+    for index, data in enumerate(shown):
         events.append(result_event(dict(data), noted is not None and index == noted[1]))
     if run.error:
         events.append(error_event(run.error[0]))

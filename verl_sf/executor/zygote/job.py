@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, Optional, Protocol, Union
 
-from . import linux, procfs
+from . import procfs
 from .messages import (
     TRUNCATION_MARKER,
     Limits,
@@ -286,9 +286,9 @@ class Job:
     # -- endings ---------------------------------------------------------------------------------
     def kill(self, zygote: JobHost, reason: str) -> None:
         self.note_kill(zygote, reason)
-        if zygote.isolated:
-            linux.kill(self.pid, True)  # PID 1 of its namespace: the kernel kills the rest
-        elif not self.exited:
+        if not self.exited:
+            # All of it now, each exit reniced, rather than when PID 1's exit ends its namespace: no
+            # process of it runs after this, and none in the zygote's place before it answers.
             procfs.kill_all(self.pid)
         self.weigh_killed(zygote)
 

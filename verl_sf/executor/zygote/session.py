@@ -215,18 +215,13 @@ class SessionJob(Job):
             self.alive = False
             self._end_rest(zygote)
         else:
-            self.note_kill(zygote, reason)
-            if not self.exited:
-                # All of it now, not when PID 1's exit ends its namespace; each exit reniced, so that
-                # none runs in the zygote's place before the close is answered.
-                procfs.kill_all(self.pid)
-            self.weigh_killed(zygote)
+            super().kill(zygote, reason)
 
     def _end_rest(self, zygote: JobHost) -> None:
         """The interpreter and everything of the session's own ends; PID 1 lives on while forks do
         (it ends by itself after them)."""
         if not self.forks:
-            Job.kill(self, zygote, self.end_reason or "its interpreter exited")
+            super().kill(zygote, self.end_reason or "its interpreter exited")
             return
         # What a killed process leaves goes up to PID 1, alive: look again until nothing new is there.
         killed: set[int] = set()
