@@ -31,6 +31,13 @@ LOOP = "while True:\n    pass\n"
 SHORT = "print(6 * 7)"
 # About 0.3 s of CPU on any machine: the run counts its own CPU time (a forked run starts at zero).
 MEDIUM = "import time\nwhile time.process_time() < 0.3:\n    pass\nprint('ok')\n"
+# Threads that spin with the GIL released: the main thread waits for a CPU behind its own threads.
+THREADS = ("import threading, hashlib\nb = b'x' * (1 << 24)\ndef spin():\n    while True:\n        hashlib.sha256(b).digest()\n"
+           "for _ in range(15):\n    threading.Thread(target=spin, daemon=True).start()\nspin()\n")
+# A spinning parent whose spinning children exit, are reaped and are replaced: their CPU is the parent's.
+RESPAWNS = ("import os, time\ndef spin(seconds):\n    until = time.time() + seconds\n    while time.time() < until:\n        pass\n"
+            "live = 0\nwhile True:\n    while live < 16:\n        if os.fork() == 0:\n            spin(0.15)\n            os._exit(0)\n"
+            "        live += 1\n    spin(0.05)\n    while live and os.waitpid(-1, os.WNOHANG)[0]:\n        live -= 1\n")
 BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
 
 
@@ -137,6 +144,19 @@ def test_a_fork_bombs_time_out_is_its_own_not_a_starved_run(two_slots: ServerHan
         assert not body["run_result"]["cpu_starved"], body
         # Its hard deadline is 20.5 s (the client's 23 s less the reply margin): far from it.
         assert body["run_result"]["execution_time"] < 15, body
+
+
+@pytest.mark.parametrize("code", [THREADS, RESPAWNS], ids=["threads", "respawned-children"])
+def test_a_run_that_had_the_cpu_gets_no_credit_for_its_own_processes_waits(two_slots: ServerHandle, code: str) -> None:
+    """Red team, 2026-11-28: the CPU a run used is every thread's and every reaped child's, so a run
+    whose main thread waits behind its own threads, or whose spinning children come and go, had a
+    CPU's worth and is answered at about its run_timeout, not at its hard limit as a starved run."""
+    body = {"code": code, "language": "python", "run_timeout": 2, "compile_timeout": 1}
+    [(status, _, reply)] = asyncio.run(burst(two_slots.url, [body]))
+    assert status == 200 and reply["run_result"]["status"] == "TimeLimitExceeded", reply
+    assert not reply["run_result"]["cpu_starved"], reply
+    # Its hard limit is 10.5 s (the client's 13 s less the reply margin): it got there before.
+    assert reply["run_result"]["execution_time"] < 6, reply
 
 
 def test_a_short_run_is_answered_while_every_slot_is_busy_with_loops(two_slots: ServerHandle) -> None:

@@ -82,46 +82,53 @@ def _kill(pid: int) -> None:
 
 
 def cpu_time(pid: int) -> float:
-    """CPU seconds of `pid` and of the children it waited for, as wait4 reports them once it ends:
-    its live threads to the nanosecond (schedstat), threads gone and children to the clock tick."""
+    """CPU seconds of `pid` and of the children it waited for, as wait4 reports them once it ends."""
+    return _usage(pid, _tasks(pid))[0]
+
+
+def demote_tree(pid: int, skip: Collection[int] = ()) -> tuple[float, float]:
+    """Every thread of `pid` and its descendants to nice 19 (nice is per thread, and a setsid'd
+    process is out of the job's process group); returns (seconds on a CPU summed over them, every
+    thread and every child they waited for included; the longest any one thread waited for a CPU:
+    a run of many busy processes must not pass for a starved one by adding up their waits)."""
+    cpu = wait = 0.0
+    for current in tree(pid, 256, skip):
+        tasks = _tasks(current)
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(task), 19)
+        used, waited = _usage(current, tasks)
+        cpu += used
+        wait = max(wait, waited)
+    return cpu, wait
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+def _usage(pid: int, tasks: list[str]) -> tuple[float, float]:
+    """(CPU seconds of `pid` and of the children it waited for: its live threads to the nanosecond
+    (schedstat), threads gone and children to the clock tick; the longest any of its live threads
+    waited for a CPU)."""
+    live = longest = 0
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError, IndexError), \
+                open(f"/proc/{pid}/task/{task}/schedstat", "rb") as fh:
+            fields = fh.read().split()
+            live += int(fields[0])
+            longest = max(longest, int(fields[1]))
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             fields = fh.read().rpartition(b")")[2].split()
         utime, stime, cutime, cstime = (int(field) for field in fields[11:15])
     except (OSError, ValueError):
-        return 0.0
+        return live / 1e9, longest / 1e9
     tick = os.sysconf("SC_CLK_TCK")
-    live = 0
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError), \
-                    open(f"/proc/{pid}/task/{task}/schedstat", "rb") as fh:
-                live += int(fh.read().split()[0])
-    return max(live / 1e9, (utime + stime) / tick) + (cutime + cstime) / tick
-
-
-def demote_tree(pid: int, skip: Collection[int] = ()) -> tuple[float, float]:
-    """Every thread of `pid` and its descendants to nice 19 (nice is per thread, and a setsid'd
-    process is out of the job's process group); returns (seconds on a CPU summed over them, the
-    longest any one of them waited for a CPU: a run of many busy processes must not pass for a
-    starved one by adding up their waits)."""
-    cpu = wait = 0.0
-    for current in tree(pid, 256, skip):
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, int(task), 19)
-        try:
-            with open(f"/proc/{current}/schedstat", "rb") as fh:
-                fields = fh.read().split()
-            cpu += int(fields[0]) / 1e9
-            wait = max(wait, int(fields[1]) / 1e9)
-        except (OSError, ValueError, IndexError):
-            continue
-    return cpu, wait
+    return max(live / 1e9, (utime + stime) / tick) + (cutime + cstime) / tick, longest / 1e9
 
 
 def parent(pid: int) -> int:
