@@ -287,10 +287,10 @@ class Job:
     def kill(self, zygote: JobHost, reason: str) -> None:
         self.note_kill(zygote, reason)
         if not self.exited:
-            # All of it now, each exit reniced, rather than when PID 1's exit ends its namespace: no
-            # process of it runs after this, and none in the zygote's place before it answers.
-            procfs.kill_all(self.pid)
-        self.weigh_killed(zygote)
+            self.kill_processes(zygote)
+        # Only now its exits go ahead of live runs: a fork bomb at that weight, still running, would
+        # keep the zygote from the walk that kills it.
+        zygote.groups.weigh(self.groups, KILLED)
 
     def note_kill(self, zygote: JobHost, reason: str) -> None:
         """Why the job ends, and when the kill was sent."""
@@ -299,10 +299,10 @@ class Job:
         if self.killed_at is None and not self.exited:
             self.killed_at = time.monotonic()
 
-    def weigh_killed(self, zygote: JobHost) -> None:
-        """The kill is sent: the job's exits go ahead of live runs.  Never before: a fork bomb at that
-        weight, still running, would keep the zygote from the walk that kills it."""
-        zygote.groups.weigh(self.groups, KILLED)
+    def kill_processes(self, zygote: JobHost) -> None:
+        """All of it now, each exit reniced, rather than when PID 1's exit ends its namespace: no
+        process of it runs after this, and none in the zygote's place before it answers."""
+        procfs.kill_all(self.pid)
 
     def kill_for_cap(self, zygote: JobHost, cap: str) -> None:
         """Ended past a cap the kernel does not enforce here: its stderr says which."""

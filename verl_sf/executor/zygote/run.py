@@ -60,13 +60,8 @@ class Run(Job):
                 self.cpu_used = self.program_done
                 self.end_now(zygote, 0)  # the program's own status is in the record (on_exit)
 
-    def kill(self, zygote: JobHost, reason: str) -> None:
-        if self.exited:
-            super().kill(zygote, reason)
-        else:
-            self.note_kill(zygote, reason)
-            self.end_now(zygote, signal.SIGKILL)  # kills it all, answering with a SIGKILLed process's wait status
-            self.weigh_killed(zygote)
+    def kill_processes(self, zygote: JobHost) -> None:
+        self.end_now(zygote, signal.SIGKILL)  # kills it all, answering with a SIGKILLed process's wait status
 
     def on_exit_call(self, zygote: JobHost) -> None:
         notice = exits.take(self.listener)
