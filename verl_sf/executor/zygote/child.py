@@ -154,15 +154,14 @@ class Child:
         os._exit(code & 0xFF)
 
     def _mounts(self) -> None:
-        """The run's own view: every mount of the sandbox read-only (nothing one run plants there
-        reaches another), then fresh writable tmpfs, /proc, /dev/shm, /dev/pts and a network of
-        its own whose loopback only it can reach."""
+        """The run's own view: a copy of the zygote's, where every mount of the sandbox is read-only
+        (nothing one run plants there reaches another), with fresh writable tmpfs, /proc, /dev/shm,
+        /dev/pts and a network of its own whose loopback only it can reach."""
         linux.check(linux.libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS)")
         if self.network >= 0:
             linux.check(linux.libc.setns(self.network, CLONE_NEWNET), "setns(CLONE_NEWNET)")
         else:
             linux.check(linux.libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-        linux.read_only_tree()
         linux.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         if self.network < 0:
             linux.new_network()

@@ -137,10 +137,15 @@ def kill(pid: int, isolated: bool) -> None:
 
 
 def read_only_tree() -> None:
-    """Every mount of this (new) mount namespace read-only: one mount_setattr, or a remount per
-    mount point where the kernel predates it (device nodes such as /dev/null stay writable)."""
+    """Every mount of this mount namespace read-only but /proc (whose files the zygote writes for
+    a fork: uid_map): one mount_setattr, or a remount per mount point where the kernel predates it
+    (device nodes such as /dev/null stay writable).  Done once by the zygote: each run's mount
+    namespace is a copy of its, so every run finds the tree read-only and mounts its own /proc."""
     attr = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
     if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) == 0:
+        writable = MountAttr(0, MOUNT_ATTR_RDONLY, 0, 0)
+        check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/proc", 0, ctypes.byref(writable), ctypes.sizeof(writable)),
+              "mount_setattr(/proc)")
         return
     if ctypes.get_errno() != errno.ENOSYS:
         check(-1, "mount_setattr(/, MOUNT_ATTR_RDONLY)")
@@ -150,6 +155,8 @@ def read_only_tree() -> None:
     with open("/proc/self/mountinfo") as info:
         mounts = [line.split() for line in info]
     for fields in mounts:
+        if fields[4] == "/proc":
+            continue
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY
         for option in fields[5].split(","):
             flags |= kept.get(option, 0)

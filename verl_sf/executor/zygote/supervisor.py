@@ -78,6 +78,8 @@ class Zygote:
         install_stdio(stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
         preload(config["preload"], config["ipython"])
         self.groups = RunGroups(config)
+        if self.isolated:
+            linux.read_only_tree()  # once, after the warm-up's writes: every run's mount namespace copies it
         # A run's network namespace outlives it here, empty (its sockets died with its processes, and
         # TIME_WAIT is off in it), for a later run: making one per run costs more than the run itself.
         self.free_networks: list[int] = []
