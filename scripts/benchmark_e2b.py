@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """E2B API latency on `verl-sf serve`: the unmodified `e2b-code-interpreter` SDK's
-`AsyncSandbox.create` + one `run_code` + `kill` (a sandbox's whole life, as open-r1 uses it),
-beside the Sandbox Fusion API's `/run_code` for the same code on the same server.
+`AsyncSandbox.create` + one `run_code` + `kill` (a sandbox's whole life, as open-r1 uses it), the
+same three calls through plain HTTP (no SDK in the client), and the Sandbox Fusion API's
+`/run_code` for the same code on the same server.
 
 At concurrency C, each iteration starts C operations together and waits for all of them;
 --iterations measured batches follow --warmup unmeasured ones.  Printed (and written with
@@ -70,6 +71,32 @@ async def e2b_lifecycle() -> None:
         await sandbox.kill()
 
 
+def e2b_http_lifecycle(session: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[None]]:
+    """The same life through plain HTTP, as the SDK sends it (#38 measures it so): `POST /v2/sandboxes`,
+    `POST /execute` to the code interpreter's port, `DELETE /sandboxes/{id}`; no SDK in the client."""
+    key = {"X-API-Key": os.environ["E2B_API_KEY"]}
+
+    async def call() -> None:
+        async with session.post(url + "/v2/sandboxes", json={"templateID": "code-interpreter-v1", "timeout": 60},
+                                headers=key) as response:
+            created = await response.json()
+        if response.status != 201:
+            raise RuntimeError(f"create answered {response.status}: {created}")
+        sandbox = {"E2b-Sandbox-Id": created["sandboxID"], "E2b-Sandbox-Port": "49999",
+                   "X-Access-Token": created["envdAccessToken"]}
+        try:
+            async with session.post(url + "/execute", json={"code": CODE}, headers=sandbox) as response:
+                events = [json.loads(line) for line in (await response.text()).splitlines()]
+            stdout = "".join(event["text"] for event in events if event.get("type") == "stdout")
+            if stdout != EXPECTED:
+                raise RuntimeError(f"wrong output from /execute: {events}")
+        finally:
+            async with session.delete(url + "/sandboxes/" + created["sandboxID"], headers=key) as response:
+                if response.status != 204:
+                    raise RuntimeError(f"kill answered {response.status}: {await response.text()}")
+    return call
+
+
 def sandbox_fusion_call(session: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[None]]:
     async def call() -> None:
         async with session.post(url + "/run_code", json={"code": CODE, "language": "python"}) as response:
@@ -129,6 +156,7 @@ async def run(args: argparse.Namespace, url: str, server_pid: Optional[int]) -> 
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
         for concurrency in args.concurrency:
             for api, operation in (("e2b create+run_code+kill", e2b_lifecycle),
+                                   ("e2b the same, plain HTTP", e2b_http_lifecycle(session, url)),
                                    ("sandbox-fusion /run_code", sandbox_fusion_call(session, url))):
                 row = {"api": api, **await measure(operation, concurrency, args.warmup, args.iterations)}
                 print(f"{api:28s} C={concurrency:<4d} p50 {row['p50_ms']:8.1f} ms  p99 {row['p99_ms']:8.1f} ms  "
