@@ -210,7 +210,9 @@ def test_a_run_of_many_processes_gets_the_cpu_of_one_run(two_slots: ServerHandle
     alone, spun = asyncio.run(scenario())
     assert spun["run_result"]["status"] == "TimeLimitExceeded", spun
     assert alone["status"] == "Success", alone
-    assert float(alone["run_result"]["stdout"]) >= 1.0, alone  # of 2 s: a core's half at least, not 1/151 of one
+    # Of 2 s: ~1.3 s when the two groups share the CPU as their weights say (0.84 s seen on a busy
+    # machine); in one group with the spinners it was 1/151 of a core's share, ~0.01 s.
+    assert float(alone["run_result"]["stdout"]) >= 0.5, alone
 
 
 def test_past_the_in_flight_cap_a_burst_gets_503_with_retry_after_at_once() -> None:
