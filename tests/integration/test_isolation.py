@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -320,6 +323,27 @@ def test_server_shutdown_leaves_no_process_cgroup_or_temp_dir(tmp_path: Path) ->
     children = [p for p in leftover if Path(f"/proc/{p}/status").exists()
                 and f"PPid:\t{pid}\n" in Path(f"/proc/{p}/status").read_text()]
     assert children == []
+
+
+def test_a_server_stopped_with_calls_in_flight_answers_them_and_exits_at_once() -> None:
+    """SIGTERM ends what is in flight rather than waiting for it (a run of 50 s, a session call of
+    50 s): the run is answered as a sandbox error, the call as its session's end, each saying why;
+    neither as the code's failure."""
+    server = start_server("--slots", "2", "--preload", "")
+    session = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=30).json()["session_id"]
+    sleep = {"code": "import time; time.sleep(60)", "language": "python", "run_timeout": 50}
+    with ThreadPoolExecutor(2) as pool:
+        answers = [pool.submit(requests.post, server.run_code_url, json=body, timeout=120)
+                   for body in (sleep, {**sleep, "session_id": session})]
+        wait_until(lambda: requests.get(server.url + "/health", timeout=5).json()["in_flight"] == 2, 30,
+                   "both calls running")
+        stopped = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=15) == 0
+        assert time.monotonic() - stopped < 10
+        run, call = (answer.result(timeout=30) for answer in answers)
+    assert run.json()["status"] == "SandboxError" and "the server is shutting down" in run.json()["message"], run.text
+    assert call.status_code == 404 and call.json()["reason"] == "the server shut down", call.text
 
 
 def test_a_killed_servers_cgroups_are_swept_by_the_next_server() -> None:

@@ -186,7 +186,8 @@ class Sessions:
             raise
         except SandboxCrashed as exc:
             session.busy.release()
-            raise SessionGone(session.id, f"its sandbox crashed: {exc}") from exc
+            # The server's own end of it (a shutdown forgets every session first) says why in its words.
+            raise SessionGone(session.id, self.table.ended(session.id) or f"its sandbox crashed: {exc}") from exc
         finally:
             self.stats.in_flight -= 1
         session.busy.release()

@@ -118,7 +118,8 @@ class ZygoteProcess:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGKILL)
         code = await process.wait()
-        self._fail_all(f"sandbox {self.name} ({self.flavor}) exited (code {code})")
+        self._fail_all("the server is shutting down" if self._closed else
+                       f"sandbox {self.name} ({self.flavor}) exited (code {code})")
 
     async def _take_replies(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None

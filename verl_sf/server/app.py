@@ -198,6 +198,13 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
         app_hook(app)
     if config.fleet is not None:
         FleetRouting(config.fleet).install(app)  # inserted last, so it runs before the fronts' routing
+
+    async def end_runs(_: web.Application) -> None:
+        await executor.close()
+
+    # Stopping closes the port, then the executor: what is in flight is answered at once ("the server
+    # is shutting down", a sandbox error), where aiohttp would wait up to a minute for each handler.
+    app.on_shutdown.append(end_runs)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
                            keepalive_timeout=config.timeout_keep_alive)
     try:
