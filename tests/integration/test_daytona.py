@@ -372,6 +372,19 @@ def test_bad_input_names_the_field(server: ServerHandle) -> None:
         assert execute.status_code == 422 and execute.json()["message"].startswith("command")
         interval = requests.post(f"{url}/{box['id']}/autostop/soon", headers=headers, timeout=10)
         assert interval.status_code == 400 and "interval" in interval.json()["message"]
+        toolbox = f"{server.url}/api/toolbox/{box['id']}"
+        for method, path, fields in (("GET", "/files/download", {"params": {"path": "a\x00b"}}),
+                                     ("POST", "/files/bulk-upload", {"files": {"files[0].file": ("a\x00b", b"x")}}),
+                                     ("POST", "/files/bulk-upload", {"files": {"files[0].path": (None, "a\x00b"),
+                                                                               "files[0].file": ("f", b"x")}}),
+                                     ("POST", "/process/execute", {"json": {"command": "echo a\x00b"}}),
+                                     ("POST", "/process/execute", {"json": {"command": "pwd", "cwd": "a\x00b"}}),
+                                     ("POST", "/process/code-run", {"json": {"code": "print(1)", "argv": ["a\x00"]}})):
+            answer = requests.request(method, toolbox + path, headers=headers, timeout=30, **fields)
+            assert answer.status_code == 400 and ("NUL" in answer.text or "null" in answer.text
+                                                  or "malformed" in answer.text), (path, fields, answer.text)
+        alive = requests.post(f"{toolbox}/process/execute", json={"command": "echo alive"}, headers=headers, timeout=30)
+        assert alive.json()["result"] == "alive\n"
     finally:
         requests.delete(f"{url}/{box['id']}", headers=headers, timeout=10)
 

@@ -426,6 +426,11 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
                                data=struct.pack(">BI", 0, len(start)) + start,
                                headers={**headers, name: superscript_two, "Content-Type": "application/connect+json"})
         assert stream.status_code == 200 and stream.content.endswith(b"}"), (name, stream.content)
+    nul_query = requests.post(server.url + "/files", params={"path": "/home/user/a\x00b"}, data=b"x", timeout=30,
+                              headers={**headers, "Content-Type": "application/octet-stream"})
+    assert nul_query.status_code == 400 and "NUL" in nul_query.json()["message"], nul_query.text
+    nul_part = requests.post(server.url + "/files", files={"file": ("a\x00b", b"x")}, headers=headers, timeout=30)
+    assert nul_part.status_code == 400 and "malformed" in nul_part.json()["message"], nul_part.text
     with pytest.raises(SandboxException, match="not implemented"):
         sandbox.files.watch_dir("/home/user")
     surrogate = requests.post(server.url + "/execute", data=b'{"code": "x = \\ud800"}', timeout=30,

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Optional
 
 from aiohttp import BodyPartReader, MultipartReader, StreamReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verl_sf.e2b import connect
@@ -198,7 +199,7 @@ class Envd:
                 if not query_path:
                     return _files_error(400, "query parameter 'path' is required for an octet-stream upload")
                 uploads.append((query_path, await request.read()))  # aiohttp has inflated a gzip body
-        except ValueError as exc:
+        except MALFORMED as exc:
             return _files_error(400, f"the upload is malformed: {exc}")
         if not uploads:
             return _files_error(400, "no file in the upload (a multipart part named 'file')")
@@ -319,6 +320,10 @@ def _keepalive_interval(request: web.Request) -> float:
 
 def _files_error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
+
+
+MALFORMED = (ValueError, HttpProcessingError)
+"""What reading a multipart body raises for one that is not well formed (a part's header with a NUL, say)."""
 
 
 async def buffered_multipart(request: web.Request) -> MultipartReader:

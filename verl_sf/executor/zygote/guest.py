@@ -68,6 +68,8 @@ def setup(payload):
 # ---- paths -------------------------------------------------------------------------------------
 def local_path(path):
     """The session's path for an E2B path: `/home/user/...` and relative paths live in the home."""
+    if "\0" in path:
+        raise GuestError("invalid_argument", f"path {path!r} contains a NUL character")
     alias = _alias["home"]
     if alias and (path == alias or path.startswith(alias + "/")):
         path = _home + path[len(alias):]
@@ -524,6 +526,8 @@ def dispatch(payload):
         import errno
         code = ERRNO_CODES.get(errno.errorcode.get(exc.errno or 0, ""), "internal")
         answer = {"error": {"code": code, "message": f"{exc.strerror or exc}: {public_path(exc.filename or '')}"}}
+    except ValueError as exc:  # an argument the system refuses (a NUL in a command, say): the caller's to fix
+        answer = {"error": {"code": "invalid_argument", "message": str(exc)}}
     _answer(answer)
 
 
