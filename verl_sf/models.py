@@ -8,6 +8,9 @@ classes; none re-declares them.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import posixpath
 from enum import Enum
 from typing import Any, Literal, Optional
 
@@ -70,7 +73,7 @@ class _Request(BaseModel):
     session_id: Optional[str] = None
     """Run in this live session (POST /sessions) instead of a fresh sandbox."""
 
-    _files = field_validator("files")(classmethod(lambda cls, v: _check_paths(v)))
+    _files = field_validator("files")(classmethod(lambda cls, v: _check_files(v)))
 
     @field_validator("fetch_files")
     @classmethod
@@ -97,9 +100,27 @@ def _check_relative_path(path: str) -> None:
         raise ValueError(f"file path {path!r} must be relative or under {', '.join(RUN_DIRECTORIES)}")
 
 
-def _check_paths(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
-    for path in files:
+def _check_files(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
+    """Paths as `_check_relative_path` says, each naming a file (not `.`, not ending in `/`) and none
+    inside another (`x` and `x/y`); contents base64 (line breaks, as MIME wraps it, allowed).  What
+    the sandbox could not write would otherwise end the run as the code's own failure."""
+    targets = set()
+    for path, content in files.items():
         _check_relative_path(path)
+        if path.endswith("/") or path.rsplit("/", 1)[-1] == ".":
+            raise ValueError(f"file path {path!r} names a directory, not a file")
+        if content is not None:
+            try:
+                base64.b64decode("".join(content.split()), validate=True)
+            except binascii.Error as exc:
+                raise ValueError(f"file {path!r}: its content is not base64 ({exc})") from None
+        targets.add(posixpath.normpath(posixpath.join("/workdir", path)))
+    for target in targets:
+        parent = posixpath.dirname(target)
+        while parent != "/":
+            if parent in targets:
+                raise ValueError(f"file path {parent!r} is also a directory of {target!r}")
+            parent = posixpath.dirname(parent)
     return files
 
 
@@ -220,7 +241,7 @@ class SessionCreateRequest(BaseModel):
     `language` and `files` must then be left out."""
 
     _memory = field_validator("memory_limit_MB")(classmethod(lambda cls, v: _check_memory(v)))
-    _files = field_validator("files")(classmethod(lambda cls, v: _check_paths(v)))
+    _files = field_validator("files")(classmethod(lambda cls, v: _check_files(v)))
 
     @field_validator("idle_ttl_s")
     @classmethod
