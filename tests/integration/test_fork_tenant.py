@@ -247,6 +247,23 @@ def test_shared_memory_is_not_forked(server: ServerHandle, mapping: str) -> None
     assert fork(server, sid).status_code == 201
 
 
+@pytest.mark.parametrize("holding", ["m = os.memfd_create('chan')",
+                                     "m = os.open('/workdir/gone', os.O_RDWR | os.O_CREAT)\nos.unlink('/workdir/gone')"])
+def test_an_open_file_with_no_name_is_not_forked(server: ServerHandle, holding: str) -> None:
+    """A memfd, or a file deleted while open, held open unmapped: a copy could not reopen one of its own,
+    so parent, copies and a snapshot's sessions would share one file, a channel whose pages none of them
+    is charged for (red team: six sessions from a snapshot wrote 240 MB into a 64 MB session's memfd).
+    Refused (409) until it is closed; the session lives."""
+    sid = create(server)
+    assert stdout(call(server, sid, f"import os\n{holding}\nos.write(m, b'mine')")) == ""
+    for route in ("fork", "snapshot"):
+        refused = requests.post(f"{server.url}/sessions/{sid}/{route}", json={} if route == "fork" else None,
+                                timeout=60)
+        assert refused.status_code == 409 and "no path reaches" in refused.text, refused.text
+    assert stdout(call(server, sid, "print(os.pread(m, 4, 0))\nos.close(m)")) == "b'mine'\n"
+    assert fork(server, sid).status_code == 201
+
+
 def test_a_copy_keeps_no_directory_of_its_parents(server: ServerHandle) -> None:
     """A directory or O_PATH descriptor held across the fork would reach the parent's mount tree
     (its tmpfs, its /proc): closed in the copy before its first step."""

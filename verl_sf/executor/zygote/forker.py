@@ -168,11 +168,31 @@ def _check_alone(interpreter: int) -> None:
     if closed:
         raise Refused(f"it closed its {' and '.join(closed)}, which a copy's output goes to: reopen "
                       f"{'them' if len(closed) > 1 else 'it'} first (os.dup2 of a file onto 1 or 2)")
+    unnamed = _unnamed_files(interpreter)
+    if unnamed:
+        raise Refused(f"it holds {len(unnamed)} open file(s) that no path reaches ({', '.join(sorted(unnamed)[:3])}): "
+                      "a fork would leave them shared with its copies, a channel between them whose pages none of "
+                      "them is charged for (a memfd, a file deleted while open); close them first")
     shared = _shared_writable_mappings(interpreter)
     if shared:
         raise Refused(f"it maps {len(shared)} shared writable region(s) ({', '.join(sorted(set(shared))[:3])}): a "
                       "fork would share them with its copies, uncharged to any of them (mmap MAP_SHARED, shared "
                       "memory, multiprocessing's semaphores); unmap or close them first")
+
+
+def _unnamed_files(pid: int) -> list[str]:
+    """Regular files the process holds open that have no name left (memfds, files deleted while
+    open): unlike a named file on its tmpfs, a copy could not reopen one of its own.  Its stdin (a
+    memfd the session makes anew for each call, only read) is not one of them."""
+    names = []
+    for entry in os.listdir(f"/proc/{pid}/fd"):
+        if int(entry) == 0 or int(entry) in CHANNELS:
+            continue
+        with contextlib.suppress(OSError):
+            info = os.stat(f"/proc/{pid}/fd/{entry}")
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
+                names.append(os.readlink(f"/proc/{pid}/fd/{entry}"))
+    return names
 
 
 def _shared_writable_mappings(pid: int) -> list[str]:
