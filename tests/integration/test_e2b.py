@@ -431,6 +431,10 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     assert nul_query.status_code == 400 and "NUL" in nul_query.json()["message"], nul_query.text
     nul_part = requests.post(server.url + "/files", files={"file": ("a\x00b", b"x")}, headers=headers, timeout=30)
     assert nul_part.status_code == 400 and "malformed" in nul_part.json()["message"], nul_part.text
+    not_utf8 = requests.post(server.url + "/files", timeout=30, headers={
+        **headers, "Content-Type": "multipart/form-data; boundary=XX"}, data=b'--XX\r\nContent-Disposition: form-data; '
+        b'name="file"; filename="\xff\xfe"\r\n\r\nhello\r\n--XX--\r\n')
+    assert not_utf8.status_code == 400 and "not UTF-8" in not_utf8.json()["message"], not_utf8.text
     with pytest.raises(SandboxException, match="not implemented"):
         sandbox.files.watch_dir("/home/user")
     surrogate = requests.post(server.url + "/execute", data=b'{"code": "x = \\ud800"}', timeout=30,

@@ -31,7 +31,7 @@ from verl_sf.daytona.control import TOOLBOX, find
 from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes, NotFound, NotStarted, Shell
 from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, refused
 from verl_sf.e2b.downloads import BUDGET, DownloadsFull, send
-from verl_sf.e2b.envd import MALFORMED, buffered_multipart
+from verl_sf.e2b.envd import MALFORMED, buffered_multipart, is_text
 from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone
 from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.executor import Overloaded
@@ -397,6 +397,8 @@ class Toolbox:
             target = paths.get(index) or filename
             if not target:
                 return error(400, f"{index}.path: the file has no path")
+            if not is_text(target):
+                return error(400, f"{index}.path: {target!r} is not UTF-8 text")
             await self.boxes.call(box, "fs_write", {"path": target, "data": base64.b64encode(content).decode()})
         return web.Response(status=200)
 

@@ -194,6 +194,8 @@ class Envd:
                     target = query_path or part.filename
                     if not target:
                         return _files_error(400, "a multipart file part needs a filename (its path) or ?path=")
+                    if not is_text(target):
+                        return _files_error(400, f"the file part's name {target!r} is not UTF-8 text")
                     uploads.append((target, bytes(await part.read())))
             else:
                 if not query_path:
@@ -320,6 +322,16 @@ def _keepalive_interval(request: web.Request) -> float:
 
 def _files_error(status: int, message: str) -> web.Response:
     return web.json_response({"code": status, "message": message}, status=status)
+
+
+def is_text(name: str) -> bool:
+    """Whether a name from a request (aiohttp keeps undecodable header bytes as lone surrogates) is
+    UTF-8 text, which every JSON answer naming it can carry."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 MALFORMED = (ValueError, HttpProcessingError)
