@@ -237,14 +237,8 @@ def test_a_snapshot_names_no_session_and_none_is_listed(server: ServerHandle) ->
 def test_shared_memory_is_not_forked(server: ServerHandle, mapping: str) -> None:
     """MAP_SHARED survives fork(2): parent, copies and a snapshot's sessions would write one memory,
     charged to none of them. Refused (409) until it is unmapped; the session lives."""
-    sid = create(server)
-    assert stdout(call(server, sid, f"import mmap, os\n{mapping}\nm[:4] = b'mine'")) == ""
-    for route in ("fork", "snapshot"):
-        refused = requests.post(f"{server.url}/sessions/{sid}/{route}", json={} if route == "fork" else None,
-                                timeout=60)
-        assert refused.status_code == 409 and "shared writable" in refused.text, refused.text
-    assert stdout(call(server, sid, "print(m[:4])\nm.close()")) == "b'mine'\n"
-    assert fork(server, sid).status_code == 201
+    refused_until_released(server, f"import mmap, os\n{mapping}\nm[:4] = b'mine'", "shared writable",
+                           "print(m[:4])\nm.close()")
 
 
 @pytest.mark.parametrize("holding", ["m = os.memfd_create('chan')",
@@ -254,13 +248,20 @@ def test_an_open_file_with_no_name_is_not_forked(server: ServerHandle, holding: 
     so parent, copies and a snapshot's sessions would share one file, a channel whose pages none of them
     is charged for (red team: six sessions from a snapshot wrote 240 MB into a 64 MB session's memfd).
     Refused (409) until it is closed; the session lives."""
+    refused_until_released(server, f"import os\n{holding}\nos.write(m, b'mine')", "no path reaches",
+                           "print(os.pread(m, 4, 0))\nos.close(m)")
+
+
+def refused_until_released(server: ServerHandle, hold: str, says: str, release: str) -> None:
+    """A session that ran `hold` (leaving b'mine' in what it holds) is refused fork and snapshot (409,
+    saying `says`); `release` prints b'mine' and lets it go, and then it forks."""
     sid = create(server)
-    assert stdout(call(server, sid, f"import os\n{holding}\nos.write(m, b'mine')")) == ""
+    assert stdout(call(server, sid, hold)) == ""
     for route in ("fork", "snapshot"):
         refused = requests.post(f"{server.url}/sessions/{sid}/{route}", json={} if route == "fork" else None,
                                 timeout=60)
-        assert refused.status_code == 409 and "no path reaches" in refused.text, refused.text
-    assert stdout(call(server, sid, "print(os.pread(m, 4, 0))\nos.close(m)")) == "b'mine'\n"
+        assert refused.status_code == 409 and says in refused.text, refused.text
+    assert stdout(call(server, sid, release)) == "b'mine'\n"
     assert fork(server, sid).status_code == 201
 
 
