@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
@@ -110,7 +109,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from verl_sf.executor.rungs import IsolationUnavailable
-    from verl_sf.server import ServerConfig, serve
+    from verl_sf.server import ServerConfig, run
     from verl_sf.server.fleet import FleetMember
 
     executor = ExecutorConfig(
@@ -165,7 +164,7 @@ def _serve(args: argparse.Namespace) -> int:
             from verl_sf.server.fronts import run_fronts
 
             return run_fronts(config, args.fronts, ready, args.log_level)
-        asyncio.run(serve(config, ready))
+        run(config, ready)
     except IsolationUnavailable as exc:
         print(f"verl-sf: cannot isolate runs: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from typing import Optional, Union
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
+from verl_sf.executor.child_process import ChildProcess, spawn
 from verl_sf.executor.jobs import next_id
 from verl_sf.executor.sandbox import SandboxLauncher
 from verl_sf.executor.zygote.messages import (
@@ -58,7 +59,7 @@ class ZygoteProcess:
         self.launcher = launcher
         self.cgroup = cgroup
         self.on_session_end = on_session_end
-        self.process: Optional[asyncio.subprocess.Process] = None
+        self.process: Optional[ChildProcess] = None
         self.pending: dict[int, asyncio.Future[Reply]] = {}
         self.sessions: set[int] = set()
         self._reader: Optional[asyncio.Task[None]] = None
@@ -88,16 +89,13 @@ class ZygoteProcess:
         # The zygote reaches its delegated cgroups through these descriptors, never through a path.
         fds = {c: os.open(d, os.O_RDONLY | os.O_DIRECTORY) for c, d in self.cgroup.dirs.items()} if self.cgroup else {}
         try:
-            self.process = await asyncio.create_subprocess_exec(
-                *self.launcher.command(self.name, self.flavor, fds, bool(self.cgroup and self.cgroup.v2)),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
-                env=self.launcher.env, preexec_fn=self.launcher.preexec(procs), limit=MAX_REPLY_BYTES,
-                pass_fds=tuple(fds.values()),
-            )
+            self.process = await spawn(
+                self.launcher.command(self.name, self.flavor, fds, bool(self.cgroup and self.cgroup.v2)),
+                env=self.launcher.env, preexec_fn=self.launcher.preexec(procs), pass_fds=tuple(fds.values()),
+                limit=MAX_REPLY_BYTES)
         finally:
             for fd in fds.values():
                 os.close(fd)
-        assert self.process.stdout is not None
         line = await self.process.stdout.readline()
         hello = json.loads(line) if line else {}
         if hello.get("kind") != "ready":
@@ -107,7 +105,7 @@ class ZygoteProcess:
             self.cgroup.settle()
         self._reader = asyncio.create_task(self._read_replies(self.process))
 
-    async def _read_replies(self, process: asyncio.subprocess.Process) -> None:
+    async def _read_replies(self, process: ChildProcess) -> None:
         """Replies until the zygote exits.  A reader that fails (a reply it cannot take) kills its
         zygote: what was in flight fails as a sandbox error and the next request starts a new one."""
         try:
@@ -115,14 +113,12 @@ class ZygoteProcess:
         except Exception as exc:  # noqa: BLE001 - any failure here must end in a restart, never a hang
             self.fault = f"sandbox {self.name} ({self.flavor}): its reply reader failed ({exc!r}); restarting it"
             log.error("verl-sf: %s", self.fault)
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGKILL)
+            process.send_signal(signal.SIGKILL)
         code = await process.wait()
         self._fail_all("the server is shutting down" if self._closed else
                        f"sandbox {self.name} ({self.flavor}) exited (code {code})")
 
-    async def _take_replies(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdout is not None
+    async def _take_replies(self, process: ChildProcess) -> None:
         while True:
             line = await process.stdout.readline()
             if not line:
@@ -224,27 +220,26 @@ class ZygoteProcess:
             self._write(head, b"")
 
     def _write(self, head: Head, body: bytes) -> None:
-        assert self.process is not None and self.process.stdin is not None
+        assert self.process is not None
         if not self._outgoing:
             asyncio.get_running_loop().call_soon(self._flush, self.process)
         self._outgoing.append(json.dumps(head).encode() + b"\t" + body + b"\n")
 
-    def _flush(self, process: asyncio.subprocess.Process) -> None:
+    def _flush(self, process: ChildProcess) -> None:
         lines, self._outgoing = self._outgoing, []
-        if process.stdin is not None and process is self.process:  # a zygote gone meanwhile fails its requests itself
+        if process is self.process:  # a zygote gone meanwhile fails its requests itself
             process.stdin.write(b"".join(lines))
 
     async def stop(self) -> None:
         self._closed = True
         proc, self.process = self.process, None
         if proc is not None and proc.returncode is None:
-            if not self.launcher.isolated and proc.stdin is not None:
+            if not self.launcher.isolated:
                 # No PID namespace ends the runs with the zygote: at the end of its requests it kills them itself.
                 proc.stdin.close()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(proc.wait(), SHUTDOWN_WAIT)
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)  # bwrap is PID 1 of the sandbox: all of it goes
+            proc.send_signal(signal.SIGKILL)  # bwrap is PID 1 of the sandbox: all of it goes
             await proc.wait()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)

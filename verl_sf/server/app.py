@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Optional, Union
 
+import uvloop
 from aiohttp import web
 
 from verl_sf import __version__
@@ -222,6 +223,13 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     finally:
         await runner.cleanup()
         await executor.close()
+
+
+def run(config: ServerConfig, ready: Optional[Callable[[str], None]] = None,
+        app_hook: Optional[Callable[[web.Application], None]] = None) -> None:
+    """`serve` on uvloop's event loop: its transports and loop cost the server less CPU per request
+    than asyncio's own (docs/performance.md)."""
+    uvloop.run(serve(config, ready, app_hook))
 
 
 def _protect_from_oom_killer() -> None:

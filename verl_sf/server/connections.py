@@ -20,7 +20,7 @@ import collections
 import json
 import logging
 import resource
-from typing import Optional
+from typing import Optional, cast
 
 from aiohttp import web
 
@@ -137,8 +137,8 @@ class TrackedConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # a TCP transport (uvloop's are not asyncio's subclasses)
         self._transport = transport
         if self._limit.admit(self):
             self._header_deadline = asyncio.get_running_loop().call_later(self._limit.header_timeout_s, self.evict)

@@ -35,7 +35,7 @@ from aiohttp import web
 from verl_sf.daytona.routing import DAYTONA_PATHS, route_daytona
 from verl_sf.e2b.routing import is_e2b, route_e2b
 from verl_sf.errors import VerlSfError
-from verl_sf.server.app import CONNECTIONS_KEY, ServerConfig, build_app, serve
+from verl_sf.server.app import CONNECTIONS_KEY, ServerConfig, build_app, run
 from verl_sf.server.connections import LimitedSite
 from verl_sf.server.process import die_with_parent
 from verl_sf.server.relay import Peers, front_of, peer_client
@@ -263,7 +263,7 @@ def _front_main(config: ServerConfig, index: int, parent: multiprocessing.connec
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s front{index} %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when fronts stop (SIGTERM)
     routing = FrontRouting(index, config, parent)
-    asyncio.run(serve(config, ready=parent.send, app_hook=routing.install))
+    run(config, ready=parent.send, app_hook=routing.install)
 
 
 def run_fronts(config: ServerConfig, fronts: int, ready: Callable[[str], None], log_level: str = "INFO") -> int:
