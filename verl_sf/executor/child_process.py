@@ -42,6 +42,12 @@ class ChildProcess:
         return await asyncio.shield(self._exited)
 
 
+class _PipeReader(asyncio.StreamReaderProtocol):
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False  # the pipe closes at its end (uvloop keeps it open when told True, as for a socket)
+
+
 async def spawn(argv: Sequence[str], env: dict[str, str], preexec_fn: Callable[[], None], pass_fds: Sequence[int],
                 limit: int) -> ChildProcess:
     """Start `argv` with pipes on its stdin and stdout (`limit`: the longest line its stdout may send)."""
@@ -50,7 +56,7 @@ async def spawn(argv: Sequence[str], env: dict[str, str], preexec_fn: Callable[[
     assert popen.stdin is not None and popen.stdout is not None
     loop = asyncio.get_running_loop()
     stdout = asyncio.StreamReader(limit=limit, loop=loop)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout, loop=loop), popen.stdout)
+    await loop.connect_read_pipe(lambda: _PipeReader(stdout, loop=loop), popen.stdout)
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
     stdin = asyncio.StreamWriter(transport, protocol, None, loop)
     return ChildProcess(popen, stdin, stdout)
