@@ -32,6 +32,11 @@ def comm(pid: int) -> str:
     return _read(f"/proc/{pid}/comm").strip()
 
 
+def named(name: str) -> list[int]:
+    """Every process on the host whose name (comm) is `name`, whoever's child it is now."""
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit() and comm(int(entry.name)) == name]
+
+
 def descendants(root: int) -> dict[int, int]:
     """{pid: parent pid} of every process below `root`."""
     parents: dict[int, int] = {}

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -21,6 +19,7 @@ import pytest
 import requests
 
 from tests.host_view import comm, descendants, run_processes, zygotes
+from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
 from tests.waiting import wait_until
 
@@ -317,22 +316,7 @@ def test_a_forged_unstarted_record_is_not_a_sandbox_error(server: ServerHandle) 
     assert body["run_result"]["stdout"] == "ran\n", body
 
 
+
 # ---- a sandbox killed from outside ------------------------------------------------------------
 def test_a_sandbox_killed_from_outside_fails_its_run_as_the_sandbox_and_is_started_again(server: ServerHandle) -> None:
-    """The OOM killer or an administrator ends a warm interpreter: its run in flight is a sandbox error
-    (never the code's failure), the next run gets a new one, and the server keeps nothing of the old
-    (each restart left a descriptor open before)."""
-    assert run_code(server, "print(1)")["run_result"]["stdout"] == "1\n"
-    held = len(os.listdir(f"/proc/{server.process.pid}/fd"))
-    for round_ in range(4):
-        marker = f"out{round_}-{secrets.token_hex(3)}"
-        with ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(run_code, server, naming_self(marker) + "import time\ntime.sleep(60)\n")
-            wait_until(lambda: processes_named(server, marker), 30, "the run started")  # noqa: B023 - waited for here
-            for pid in zygotes(server.process.pid):
-                os.kill(pid, signal.SIGKILL)
-            body = in_flight.result(timeout=30)
-        assert body["status"] == "SandboxError", body
-        wait_until(lambda: run_code(server, "print(2)")["run_result"]["stdout"] == "2\n", 60,
-                   "a run after the kill is answered by a new sandbox")
-    assert len(os.listdir(f"/proc/{server.process.pid}/fd")) <= held + 2, "the killed sandboxes' pipes are open"
+    kill_sandboxes_mid_run(server)

@@ -19,7 +19,8 @@ import pytest
 import requests
 
 from tests import container_profile
-from tests.host_view import comm, descendants, kill_queued
+from tests.host_view import comm, descendants, kill_queued, named
+from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import (
     CONTAINER_MODES,
     SERVER_MODES,
@@ -72,14 +73,10 @@ def test_a_run_in_flight_ends_with_its_server(mode: str) -> None:
     with server_in_mode(mode, *SERVER_ARGS) as server, ThreadPoolExecutor(1) as pool:
         pending = pool.submit(requests.post, server.run_code_url,
                               json={"code": code, "language": "python", "run_timeout": 50}, timeout=120)
-        wait_until(lambda: len(_named(tag)) == 4, 60, "the run's four processes running")
+        wait_until(lambda: len(named(tag)) == 4, 60, "the run's four processes running")
         stop_server(server.process)
         pending.exception(60)  # answered or cut off as the server stops: what matters is below
-    wait_until(lambda: not _named(tag), 5, "no process of the run left once its server is gone")
-
-
-def _named(name: str) -> list[int]:
-    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and comm(int(pid)) == name]
+    wait_until(lambda: not named(tag), 5, "no process of the run left once its server is gone")
 
 
 def _serve(*args: str, container: bool) -> subprocess.CompletedProcess:
@@ -186,12 +183,12 @@ def test_no_signal_or_trace_reaches_the_server_or_the_zygote(server: ServerHandl
 
 def test_no_signal_reaches_a_concurrent_run(server: ServerHandle) -> None:
     marker = f"victim-{secrets.token_hex(4)}"
-    named = f"vic-{secrets.token_hex(4)}"
+    victim_name = f"vic-{secrets.token_hex(4)}"
     victim = (f"import ctypes, os, time\nopen('pid', 'w')\nprint(os.getpid(), flush=True)\n"
-              f"ctypes.CDLL(None).prctl(15, b'{named}', 0, 0, 0)\ntime.sleep(3)\nprint('{marker}')\n")
+              f"ctypes.CDLL(None).prctl(15, b'{victim_name}', 0, 0, 0)\ntime.sleep(3)\nprint('{marker}')\n")
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(run_code, server, victim, run_timeout=8)
-        wait_until(lambda: [pid for pid in descendants(server.process.pid) if comm(pid) == named], 30,
+        wait_until(lambda: [pid for pid in descendants(server.process.pid) if comm(pid) == victim_name], 30,
                    "the victim runs")
         pids = [pid for pid in descendants(server.process.pid) if b"python" in cmdline(pid)]
         refused(server, "import os, signal\n"
@@ -199,6 +196,11 @@ def test_no_signal_reaches_a_concurrent_run(server: ServerHandle) -> None:
                         "    try:\n        os.kill(pid, signal.SIGKILL); print('escaped', pid)\n"
                         "    except OSError:\n        pass\n")
         assert running.result()["run_result"]["stdout"].endswith(f"{marker}\n")
+
+
+def test_a_sandbox_killed_from_outside_takes_its_runs_with_it(server: ServerHandle) -> None:
+    """No PID namespace here: the server adopts what the dead zygote's runs leave and kills it."""
+    kill_sandboxes_mid_run(server)
 
 
 def test_nothing_outlives_the_run(server: ServerHandle) -> None:

@@ -4,15 +4,53 @@ the running event loop, whichever it is.
 Not `asyncio.create_subprocess_exec`: on uvloop (the server's loop) a `preexec_fn` runs in a child
 libuv forked, where a sandbox's set-up (mount and user namespaces) fails; `subprocess.Popen` forks
 as asyncio's own loop does.  The exit is seen through a pidfd, so no child watcher is involved.
+
+The server adopts orphans (`adopt_orphans`): on the landlock rung no PID namespace ends a zygote's
+runs with it, so when one dies (killed from outside) what its runs left comes up to the server,
+which kills it (`end_orphans`) before any reply says the sandbox ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import Optional
+
+from verl_sf.executor.zygote import linux, procfs
+
+ORPHAN_WAIT_S = 2.0  # the longest the server waits for a dead zygote's orphans to end, once killed
+_started: set[int] = set()
+"""The children spawned here and not yet collected: never taken for orphans."""
+_adopting = False
+
+
+def adopt_orphans() -> None:
+    """This process (the server) becomes a subreaper: orphans below it come to it, not to init."""
+    global _adopting
+    linux.become_subreaper()
+    _adopting = True
+
+
+def end_orphans() -> None:
+    """SIGKILL and collect every child of this process that it did not spawn, until none is left
+    (each one killed hands its own children up) or `ORPHAN_WAIT_S` has passed."""
+    deadline = time.monotonic() + ORPHAN_WAIT_S
+    while _adopting and time.monotonic() < deadline:
+        orphans = [pid for pid in procfs.children(os.getpid()) if pid not in _started]
+        if not orphans:
+            return
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)  # a killed process takes a moment to exit (its memory is torn down)
+        for pid in orphans:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 class ChildProcess:
@@ -31,6 +69,7 @@ class ChildProcess:
         asyncio.get_running_loop().remove_reader(self._pidfd)
         os.close(self._pidfd)
         self.returncode = self._popen.wait()  # it has exited: this only collects it
+        _started.discard(self.pid)
         self._exited.set_result(self.returncode)
 
     def send_signal(self, sig: int) -> None:
@@ -53,6 +92,7 @@ async def spawn(argv: Sequence[str], env: dict[str, str], preexec_fn: Callable[[
     """Start `argv` with pipes on its stdin and stdout (`limit`: the longest line its stdout may send)."""
     popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, preexec_fn=preexec_fn,
                              pass_fds=tuple(pass_fds), bufsize=0)
+    _started.add(popen.pid)
     assert popen.stdin is not None and popen.stdout is not None
     loop = asyncio.get_running_loop()
     stdout = asyncio.StreamReader(limit=limit, loop=loop)

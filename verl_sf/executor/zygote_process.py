@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
-from verl_sf.executor.child_process import ChildProcess, spawn
+from verl_sf.executor.child_process import ChildProcess, end_orphans, spawn
 from verl_sf.executor.jobs import next_id
 from verl_sf.executor.sandbox import SandboxLauncher
 from verl_sf.executor.zygote.messages import (
@@ -115,6 +115,7 @@ class ZygoteProcess:
             log.error("verl-sf: %s", self.fault)
             process.send_signal(signal.SIGKILL)
         code = await process.wait()
+        end_orphans()  # what its runs left, where no PID namespace took it: before any reply says it ended
         self._fail_all("the server is shutting down" if self._closed else
                        f"sandbox {self.name} ({self.flavor}) exited (code {code})")
 

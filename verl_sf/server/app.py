@@ -23,6 +23,7 @@ from verl_sf.daytona import DAYTONA_SANDBOXES_KEY, DaytonaConfig, install_dayton
 from verl_sf.e2b import SANDBOXES_KEY, E2BConfig, install_e2b
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Executor, ExecutorConfig, closed
+from verl_sf.executor.child_process import adopt_orphans
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, SessionCreateRequest
 from verl_sf.server.connections import ConnectionLimit, LimitedSite, connection_cap, raise_open_files_limit
 from verl_sf.server.fleet import FleetMember, FleetRouting
@@ -228,7 +229,8 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
 def run(config: ServerConfig, ready: Optional[Callable[[str], None]] = None,
         app_hook: Optional[Callable[[web.Application], None]] = None) -> None:
     """`serve` on uvloop's event loop: its transports and loop cost the server less CPU per request
-    than asyncio's own (docs/performance.md)."""
+    than asyncio's own (docs/performance.md).  The server adopts what a dead zygote's runs leave."""
+    adopt_orphans()
     uvloop.run(serve(config, ready, app_hook))
 
 
