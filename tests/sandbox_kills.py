@@ -31,7 +31,7 @@ def kill_sandboxes_mid_run(server: ServerHandle, rounds: int = 3) -> None:
         tag = f"kd{secrets.token_hex(3)}"
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(run_code, server, spread_run(tag), run_timeout=50)
-            wait_until(lambda: len(named(tag)) == 4, 60, "the run's four processes running")  # noqa: B023
+            wait_until(lambda tag=tag: len(named(tag)) == 4, 60, "the run's four processes running")
             for pid in zygotes(server.process.pid):
                 os.kill(pid, signal.SIGKILL)
             body = in_flight.result(timeout=30)

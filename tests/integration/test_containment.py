@@ -316,7 +316,6 @@ def test_a_forged_unstarted_record_is_not_a_sandbox_error(server: ServerHandle) 
     assert body["run_result"]["stdout"] == "ran\n", body
 
 
-
 # ---- a sandbox killed from outside ------------------------------------------------------------
 def test_a_sandbox_killed_from_outside_fails_its_run_as_the_sandbox_and_is_started_again(server: ServerHandle) -> None:
     kill_sandboxes_mid_run(server)
