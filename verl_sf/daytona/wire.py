@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from verl_sf.daytona.sandboxes import DaytonaSandbox
 from verl_sf.errors import InputError, VerlSfError, answer_of
+from verl_sf.off_loop import request_json
 from verl_sf.validation import Environment, Metadata, first_error
 
 ORGANIZATION_ID = "verl-sf"
@@ -91,7 +92,7 @@ def parse(model: type[Body], body: Any) -> Body:
 async def json_body(request: web.Request, model: type[Body]) -> Body:
     """The request's body as `model`; web.HTTPException with Daytona's envelope otherwise."""
     try:
-        body = await request.json() if request.body_exists else {}
+        body = await request_json(request) if request.body_exists else {}
     except ValueError as exc:
         raise http_error(400, f"the body is not JSON: {exc}") from None
     try:

@@ -79,7 +79,7 @@ class Admission:
                 zygote = await pool.pick(flavor)
                 queue_wait = time.monotonic() - arrived
                 jobs.hand_over(job.head["limits"], queue_wait)
-                reply = await zygote.run(job.head, encode_body(job.body))
+                reply = await zygote.run(job.head, await encode_body(job.body))
             finally:
                 lease.release()
         except asyncio.CancelledError:  # its client went away, whether it was queued or running

@@ -171,7 +171,7 @@ class Sessions:
             queue_wait = time.monotonic() - arrived
             jobs.hand_over(head["limits"], queue_wait)
             try:
-                call = asyncio.ensure_future(session.zygote.call(head, encode_body(body)))
+                call = asyncio.ensure_future(session.zygote.call(head, await encode_body(body)))
                 reply = await asyncio.shield(call)
             finally:
                 lease.release()

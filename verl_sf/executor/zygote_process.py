@@ -37,10 +37,10 @@ from verl_sf.executor.zygote.messages import (
     SessionOpenHead,
     SessionReply,
 )
+from verl_sf.off_loop import off_loop, text_size
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
-PARSE_IN_THREAD_BYTES = 1 << 20  # replies this large are parsed off the event loop
 CLOSE_WAIT = 10.0  # seconds a session's end waits for the zygote to have killed it
 SHUTDOWN_WAIT = 5.0  # seconds a zygote on the landlock rung gets to end its runs as the server stops
 Closing = asyncio.Future  # a session's end: done once every process of it is killed
@@ -125,8 +125,7 @@ class ZygoteProcess:
             if not line:
                 return
             self.fault = ""
-            reply: Reply = (await asyncio.to_thread(json.loads, line) if len(line) > PARSE_IN_THREAD_BYTES
-                            else json.loads(line))
+            reply: Reply = await off_loop(len(line), json.loads, line)
             future = self.pending.pop(reply.get("id", -1), None)
             if future is not None:
                 if not future.done():
@@ -180,7 +179,7 @@ class ZygoteProcess:
     async def open_session(self, head: SessionOpenHead, body: RunBody) -> Union[SessionReply, FailedReply]:
         """Open a session; until its reply it is this zygote's already (a sandbox crash ends it too)."""
         self.sessions.add(head["id"])
-        reply = await self._request(head, encode_body(body))
+        reply = await self._request(head, await encode_body(body))
         if reply["kind"] == "session" and reply["session_alive"]:
             return reply
         self.sessions.discard(head["id"])
@@ -224,12 +223,13 @@ class ZygoteProcess:
         assert self.process is not None
         if not self._outgoing:
             asyncio.get_running_loop().call_soon(self._flush, self.process)
-        self._outgoing.append(json.dumps(head).encode() + b"\t" + body + b"\n")
+        # Pieces, never joined here: a body of tens of MB is not copied in the event loop.
+        self._outgoing += (json.dumps(head).encode() + b"\t", body, b"\n")
 
     def _flush(self, process: ChildProcess) -> None:
-        lines, self._outgoing = self._outgoing, []
+        pieces, self._outgoing = self._outgoing, []
         if process is self.process:  # a zygote gone meanwhile fails its requests itself
-            process.stdin.write(b"".join(lines))
+            process.stdin.writelines(pieces)
 
     async def stop(self) -> None:
         self._closed = True
@@ -247,8 +247,12 @@ class ZygoteProcess:
         self._fail_all("the server is shutting down")
 
 
-def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:
+async def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:
     """A body as one line of JSON (json.dumps escapes every newline and tab)."""
+    return await off_loop(text_size(body), _encoded, body)
+
+
+def _encoded(body: Union[RunBody, SessionCallBody]) -> bytes:
     return json.dumps(body).encode()
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from verl_sf.errors import InputError
 from verl_sf.executor import Executor
+from verl_sf.off_loop import off_loop
 from verl_sf.server.connections import TrackedConnection
 from verl_sf.server.metrics import ServerMetrics
 
@@ -88,17 +89,23 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 async def parse(request: web.Request, model: type[RequestT]) -> RequestT | web.Response:
     """The body as `model`, or the 400/422 answer naming what is wrong (the body middleware read it)."""
+    raw = await request.read()
     try:
-        body = load_json(await request.read())
+        parsed = await off_loop(len(raw), _validated, raw, model)
     except JsonBodyError as exc:
         return refused(request, 400, "malformed", str(exc))
-    if not isinstance(body, dict):
-        return refused(request, 422, "malformed",
-                       [{"loc": ["body"], "msg": "request body must be a JSON object", "type": "type_error"}])
-    try:
-        return model.model_validate(body)
     except ValidationError as exc:
         return refused(request, 422, "invalid", validation_detail(exc))
+    if parsed is None:
+        return refused(request, 422, "malformed",
+                       [{"loc": ["body"], "msg": "request body must be a JSON object", "type": "type_error"}])
+    return parsed
+
+
+def _validated(raw: bytes, model: type[RequestT]) -> RequestT | None:
+    """The body as `model`; None when it is JSON but not an object."""
+    body = load_json(raw)
+    return model.model_validate(body) if isinstance(body, dict) else None
 
 
 def body_middleware(timeout_s: float) -> Middleware:

@@ -1,0 +1,89 @@
+"""Requests past a MiB (parsed, checked and sent to the sandbox off the event loop) are answered as
+small ones are: the run gets every byte, and a bad one gets the same typed error."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+from tests.server_fixtures import ServerHandle, run_code
+
+LARGE = 3 << 20  # bytes, past OFF_LOOP_BYTES (verl_sf/off_loop.py) once base64'd
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_large_body.py"
+
+
+def _post(server: ServerHandle, data: bytes) -> requests.Response:
+    return requests.post(server.run_code_url, data=data, headers={"Content-Type": "application/json"}, timeout=60)
+
+
+def test_a_large_file_and_stdin_reach_the_run_whole(sf_server: ServerHandle) -> None:
+    blob = bytes(range(256)) * (LARGE // 256)
+    code = ("import hashlib, sys\ndata = sys.stdin.read()\n"
+            "print(hashlib.sha256(open('/tmp/blob.bin', 'rb').read()).hexdigest(), len(data), data[-3:])")
+    body = run_code(sf_server, code, files={"/tmp/blob.bin": base64.b64encode(blob).decode()},
+                    stdin="x" * LARGE + "end", run_timeout=30)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == f"{hashlib.sha256(blob).hexdigest()} {LARGE + 3} end\n"
+
+
+def test_a_large_session_call_reaches_its_session_whole(sf_server: ServerHandle) -> None:
+    session = requests.post(sf_server.url + "/sessions", json={"language": "python"}, timeout=30).json()["session_id"]
+    try:
+        for _ in range(2):  # the session lives on after a large call
+            body = run_code(sf_server, "import sys\nprint(len(sys.stdin.read()))", session_id=session,
+                            stdin="y" * LARGE)
+            assert body["status"] == "Success" and body["run_result"]["stdout"] == f"{LARGE}\n", body
+    finally:
+        requests.delete(f"{sf_server.url}/sessions/{session}", timeout=30)
+
+
+def test_a_large_bad_body_gets_the_error_a_small_one_gets(sf_server: ServerHandle) -> None:
+    padding = "a" * LARGE
+    not_json = _post(sf_server, b'{"code": "' + padding.encode() + b'"')
+    assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["detail"], not_json.text[:300]
+    not_object = _post(sf_server, json.dumps([padding]).encode())
+    assert not_object.status_code == 422 and "must be a JSON object" in not_object.text, not_object.text[:300]
+    not_base64 = _post(sf_server, json.dumps({"code": "print('never')", "language": "python",
+                                              "files": {"in.txt": padding + "!"}}).encode())
+    assert not_base64.status_code == 422 and not_base64.json()["field"] == "files", not_base64.text[:300]
+    assert "'in.txt': its content is not base64" in not_base64.text
+    lone = _post(sf_server, json.dumps({"code": padding + "\ud800", "language": "python"}).encode())
+    assert lone.status_code == 422 and lone.json()["field"] == "code", lone.text[:300]
+    assert run_code(sf_server, "print('still serving')")["run_result"]["stdout"] == "still serving\n"
+
+
+def test_the_large_body_benchmark_measures_the_pings_around_a_large_run(sf_server: ServerHandle,
+                                                                       tmp_path: Path) -> None:
+    output = tmp_path / "large.json"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--url", sf_server.url, "--mb", "2", "--rounds", "1",
+                             "--output", str(output)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (measured,) = json.loads(output.read_text())["rounds"]
+    assert measured["pings"] > 0 and measured["ping_max_ms"] >= measured["ping_p50_ms"] > 0
+    assert measured["large_ms"] > 0 and "pings meanwhile" in result.stdout
+
+
+def test_a_large_e2b_execution_runs_and_a_large_bad_body_is_refused(sf_server: ServerHandle) -> None:
+    key = {"X-API-Key": "large-bodies"}
+    created = requests.post(sf_server.url + "/v2/sandboxes", json={"templateID": "code-interpreter-v1", "timeout": 60},
+                            headers=key, timeout=60)
+    assert created.status_code == 201, created.text
+    sandbox = {"E2b-Sandbox-Id": created.json()["sandboxID"], "E2b-Sandbox-Port": "49999",
+               "X-Access-Token": created.json()["envdAccessToken"]}
+    try:
+        code = f"text = {'z' * LARGE!r}\nprint(len(text))"
+        ran = requests.post(sf_server.url + "/execute", json={"code": code}, headers=sandbox, timeout=60)
+        events = [json.loads(line) for line in ran.text.splitlines()]
+        assert ran.status_code == 200, ran.text[:300]
+        assert [e["text"] for e in events if e["type"] == "stdout"] == [f"{LARGE}\n"], events
+        broken = requests.post(sf_server.url + "/execute", data=b'{"code": "' + b"a" * LARGE, headers=sandbox,
+                               timeout=60)
+        assert broken.status_code == 400 and "the body is not JSON" in broken.text, broken.text[:300]
+    finally:
+        requests.delete(f"{sf_server.url}/sandboxes/{sandbox['E2b-Sandbox-Id']}", headers=key, timeout=60)

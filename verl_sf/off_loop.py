@@ -1,0 +1,41 @@
+"""Work on a large JSON document (a request body, a zygote's request or reply) is done in a thread,
+so that one client's 60 MB of files holds up the event loop, and with it every other client, for
+no longer than the interpreter's switch interval rather than for the whole parse."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+OFF_LOOP_BYTES = 1 << 20  # documents this large are parsed or encoded in a thread
+T = TypeVar("T")
+
+
+async def off_loop(size: int, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)`, in a thread when the document it works on is `size` bytes or more."""
+    if size >= OFF_LOOP_BYTES:
+        return await asyncio.to_thread(function, *args)
+    return function(*args)
+
+
+async def request_json(request: web.Request) -> Any:
+    """`request.json()`, parsed in a thread when the body is large; ValueError when it is not JSON."""
+    raw = await request.read()
+    return await off_loop(len(raw), json.loads, raw)
+
+
+def text_size(document: Mapping[str, Any]) -> int:
+    """How many characters its strings hold, at the top and one level down (code, stdin, cells,
+    files): what a request body's size comes from."""
+    size = 0
+    for value in document.values():
+        if isinstance(value, str):
+            size += len(value)
+        elif isinstance(value, (dict, list)):
+            items = value.values() if isinstance(value, dict) else value
+            size += sum(len(item) for item in items if isinstance(item, str))
+    return size
