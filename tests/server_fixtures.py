@@ -78,8 +78,11 @@ def client_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-CI_ACCOUNT = "verlsf-ci"
-"""The ordinary account the non-root server runs as (scripts/dev.sh creates it; so does this fixture)."""
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+CI_ACCOUNT = "verlsf-ci" if _WORKER == "gw0" else f"verlsf-ci-{_WORKER}"
+"""The ordinary account the non-root server runs as (scripts/dev.sh creates it; so does this fixture).
+One per pytest-xdist worker: an account's RLIMIT_NPROC counts every process of it on the machine,
+so a fork bomb on one worker's non-root server would otherwise fail the other worker's runs."""
 
 
 def ci_account() -> pwd.struct_passwd:
@@ -140,8 +143,11 @@ def sf_server() -> Iterator[ServerHandle]:
 
 
 def run_code(server: ServerHandle, code: str, language: str = "python", **fields) -> dict:
-    """POST /run_code and return the JSON answer (asserting HTTP 200)."""
-    response = requests.post(server.run_code_url, json={"code": code, "language": language, **fields}, timeout=120)
+    """POST /run_code and return the JSON answer (asserting HTTP 200); the client waits for the
+    compile and run time-outs asked, twice over (a queued case waits for one ahead of it), and a minute."""
+    waits = 2 * (fields.get("compile_timeout", 10) + fields.get("run_timeout", 10)) + 60
+    response = requests.post(server.run_code_url, json={"code": code, "language": language, **fields},
+                             timeout=max(120, waits))
     assert response.status_code == 200, response.text
     return response.json()
 

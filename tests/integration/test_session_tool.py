@@ -90,7 +90,9 @@ async def test_trajectories_are_isolated_and_end_with_their_agent_data(session_t
     # The finalizers hand the DELETEs to this loop.
     await wait_until_async(lambda: len(keys - set(backend.sessions())) >= 2, 5,  # type: ignore[attr-defined]
                            "the two collected trajectories' sessions are ended")
-    assert live_sessions(session_server) <= before + 1  # only the third trajectory's may linger until collected
+    # Their DELETEs may still be in flight on this loop: wait for the server to have ended them (only
+    # the third trajectory's session may linger until collected).
+    await wait_until_async(lambda: live_sessions(session_server) <= before + 1, 10, "the server ends the two sessions")
 
 
 async def test_the_default_stays_stateless(tmp_path: Path, session_server: ServerHandle) -> None:
