@@ -137,9 +137,13 @@ case "$mode" in
     "$VENV/bin/ruff" check --no-cache .
     "$VENV/bin/mypy"
     # The slowest tests are listed at the end: the whole check must stay well under 30 minutes.  Two
-    # pytest-xdist workers (VERL_SF_TEST_WORKERS), each test module on one of them; Ray's on one.
+    # pytest-xdist workers (VERL_SF_TEST_WORKERS), each test module on one of them; Ray's on one.  As
+    # root each worker's non-root servers get an account of their own; an ordinary user has one uid,
+    # whose RLIMIT_NPROC both workers' runs would share, so runs one process (0: no workers).
+    default_workers=2
+    [ "$(id -u)" = 0 ] || default_workers=0
     exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 \
-      -n "${VERL_SF_TEST_WORKERS:-2}" --dist loadgroup "$@"
+      -n "${VERL_SF_TEST_WORKERS:-$default_workers}" --dist loadgroup "$@"
     ;;
   *)
     echo "usage: scripts/dev.sh serve|test [args...]" >&2; exit 2 ;;
