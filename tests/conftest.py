@@ -25,8 +25,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
     # A module's tests run on one pytest-xdist worker (its module-scoped servers start once), and
     # every module on Ray on the same one (one Ray cluster at a time), first: the longest group.
-    on_ray = {item.path for item in items if "ray_local" in getattr(item, "fixturenames", ())}
-    on_ray |= {item.path for item in items if item.path.name in OWN_RAY_CLUSTERS}
+    on_ray = {item.path for item in items
+              if "ray_local" in getattr(item, "fixturenames", ()) or item.path.name in OWN_RAY_CLUSTERS}
     for item in items:
         item.add_marker(pytest.mark.xdist_group("ray" if item.path in on_ray else item.path.stem))
     items.sort(key=lambda item: item.path not in on_ray)
