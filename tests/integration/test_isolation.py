@@ -346,24 +346,39 @@ def test_a_server_stopped_with_calls_in_flight_answers_them_and_exits_at_once() 
     assert call.status_code == 404 and call.json()["reason"] == "the server shut down", call.text
 
 
-def test_a_killed_servers_cgroups_are_swept_by_the_next_server() -> None:
-    """SIGKILL leaves no chance to clean up; the next server removes the dead one's empty groups."""
-    victim = start_server("--slots", "2", "--preload", "")
-    pid = victim.process.pid
-    victim.process.kill()
-    victim.process.wait()
-    assert server_groups(pid), "SIGKILL should have left them"
-    # Its sandboxes see their pipes close and exit, which leaves the groups empty (sweepable).
-    wait_until(lambda: not any(procs.read_text().strip() for group in server_groups(pid)
-                               for procs in group.rglob("cgroup.procs")), 10, "the dead server's groups are empty")
+def state_dir(pid: int) -> Path:
+    """A server's own directory under $TMPDIR, found by the lock it holds open."""
+    locks = [Path(os.readlink(fd)) for fd in Path(f"/proc/{pid}/fd").iterdir()
+             if os.readlink(fd).endswith("/.owner")]
+    assert len(locks) == 1, locks
+    return locks[0].parent
+
+
+def test_a_killed_servers_cgroups_and_directory_are_swept_by_the_next_server() -> None:
+    """SIGKILL leaves no chance to clean up; the next server removes the dead one's empty groups
+    and its directory (the sandboxes' /etc), and leaves a live server's."""
+    bystander = start_server("--slots", "1", "--preload", "")
     live = group_bases()[0] / f"verl-sf-{os.getpid()}-not-stale"  # a live pid: kept
     live.mkdir()
     try:
+        victim = start_server("--slots", "2", "--preload", "")
+        pid = victim.process.pid
+        victims_dir, bystanders_dir = state_dir(pid), state_dir(bystander.process.pid)
+        victim.process.kill()
+        victim.process.wait()
+        assert server_groups(pid), "SIGKILL should have left them"
+        assert (victims_dir / "etc" / "passwd").exists()
+        # Its sandboxes see their pipes close and exit, which leaves the groups empty (sweepable).
+        wait_until(lambda: not any(procs.read_text().strip() for group in server_groups(pid)
+                                   for procs in group.rglob("cgroup.procs")), 10, "the dead server's groups are empty")
         stop_server(start_server("--slots", "1", "--preload", "").process)
         assert server_groups(pid) == []
         assert live.exists()
+        assert not victims_dir.exists()
+        assert (bystanders_dir / "etc" / "passwd").exists(), "a live server's directory was swept"
     finally:
         live.rmdir()
+        stop_server(bystander.process)
 
 
 def test_isolation_none_works_and_says_so() -> None:

@@ -24,7 +24,6 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
@@ -35,6 +34,7 @@ from verl_sf.executor.config import CELLS, STDLIB_PRELOAD, ExecutorConfig
 from verl_sf.executor.gpus import GpuView
 from verl_sf.executor.languages import STANDARD_DIRS, Toolchains
 from verl_sf.executor.rungs import Rung, landlock_abi, libseccomp_path
+from verl_sf.executor.state_dir import StateDir
 from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED_SOCKET_FAMILIES
 from verl_sf.executor.zygote.linux import CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC
 from verl_sf.executor.zygote.linux import libc as _libc
@@ -119,9 +119,8 @@ class SandboxLauncher:
         self.single_uid = os.geteuid() != 0 or not self.isolated
         self.env = sandbox_env(config, toolchains, gpu)
         self.extra_etc = extra_etc
-        self._state_dir = tempfile.mkdtemp(prefix="verl-sf-")
-        os.chmod(self._state_dir, 0o755)
-        self._etc_dir = os.path.join(self._state_dir, "etc")
+        self._state = StateDir()
+        self._etc_dir = os.path.join(self._state.path, "etc")
         if self.isolated:
             self._build_etc()
         # As root, every directory bwrap binds is staged in a private tmpfs (see _stage) that the
@@ -215,7 +214,7 @@ class SandboxLauncher:
         if self.isolated:
             workdir, tmpdir, datadir = SANDBOX_WORKDIR, SANDBOX_TMP, SANDBOX_DATA
         else:
-            workdir = os.path.join(self._state_dir, name)
+            workdir = os.path.join(self._state.path, name)
             tmpdir = datadir = workdir
         return {
             "isolated": self.isolated,
@@ -270,7 +269,7 @@ class SandboxLauncher:
         fd), which the caller passes to the process: the zygote makes run groups through them."""
         config = self.zygote_config(name, flavor, cgroup_fds, cgroup_v2)
         if not self.isolated:
-            os.makedirs(os.path.join(self._state_dir, name), exist_ok=True)
+            os.makedirs(os.path.join(self._state.path, name), exist_ok=True)
             return [self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config),
                     os.path.dirname(ZYGOTE_PACKAGE)]
         return self._bwrap_args() + ["--", self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config),
@@ -338,7 +337,7 @@ class SandboxLauncher:
         return _preexec
 
     def close(self) -> None:
-        shutil.rmtree(self._state_dir, ignore_errors=True)
+        self._state.close()
 
 
 def gpu_device_args(gpu: Optional[GpuView]) -> list[str]:
