@@ -5,11 +5,8 @@ no longer than the interpreter's switch interval rather than for the whole parse
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
-
-from aiohttp import web
 
 OFF_LOOP_BYTES = 1 << 20  # documents this large are parsed or encoded in a thread
 T = TypeVar("T")
@@ -20,12 +17,6 @@ async def off_loop(size: int, function: Callable[..., T], *args: Any) -> T:
     if size >= OFF_LOOP_BYTES:
         return await asyncio.to_thread(function, *args)
     return function(*args)
-
-
-async def request_json(request: web.Request) -> Any:
-    """`request.json()`, parsed in a thread when the body is large; ValueError when it is not JSON."""
-    raw = await request.read()
-    return await off_loop(len(raw), json.loads, raw)
 
 
 def text_size(document: Mapping[str, Any]) -> int:

@@ -100,6 +100,22 @@ def test_a_forged_record_does_not_change_the_return_code(server: ServerHandle) -
     assert body["status"] == "Failed" and body["run_result"]["return_code"] == 3, body
 
 
+def test_a_record_nested_past_the_stack_ends_neither_the_sandbox_nor_a_run_beside_it(server: ServerHandle) -> None:
+    """A line on fd 3 the zygote would recurse into past its stack, or encode again into its reply
+    past it: garbage the run wrote to itself, ignored; its run, its zygote and a run beside it go on."""
+    warm = set(zygotes(server.process.pid))
+    with ThreadPoolExecutor(1) as pool:
+        bystander = pool.submit(run_code, server, "import time; time.sleep(1.5); print('bystander')")
+        for depth in (100_000, 990):
+            for kind in ("cell", "done"):
+                nested = "[" * depth + "]" * depth
+                record = f'{{"kind": "{kind}", "outputs": {nested}, "files": {nested}, "return_code": 0}}'
+                body = run_code(server, f"import os\nos.write(3, {record!r}.encode() + b'\\n')\nprint('attacker')")
+                assert body["status"] == "Success" and body["run_result"]["stdout"] == "attacker\n", (depth, kind, body)
+        assert bystander.result()["run_result"]["stdout"] == "bystander\n"
+    assert set(zygotes(server.process.pid)) == warm, "a zygote died"
+
+
 def test_daemons_of_a_run_are_dead_by_its_reply(server: ServerHandle) -> None:
     marker = f"daemon-{secrets.token_hex(4)}"
     code = ("import os, subprocess\n"

@@ -352,7 +352,12 @@ def test_bad_input_names_the_field(server: ServerHandle) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     url = f"{server.url}/api/sandbox"
     not_json = requests.post(url, data=b"{nope", headers={**headers, "Content-Type": "application/json"}, timeout=10)
-    assert not_json.status_code == 400 and "not JSON" in not_json.json()["message"]
+    assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["message"]
+    deep = requests.post(url, data=b"[" * 5000 + b"]" * 5000, timeout=10,
+                         headers={**headers, "Content-Type": "application/json"})
+    assert deep.status_code == 400 and "deeper than 100 levels" in deep.json()["message"], deep.text
+    deep_labels = requests.get(url, params={"labels": "[" * 2000}, headers=headers, timeout=10)
+    assert deep_labels.status_code == 400 and deep_labels.json()["message"].startswith("labels"), deep_labels.text
     for body, field in (({"labels": ["a"]}, "labels"), ({"cpu": "two"}, "cpu"), ({"autoStopInterval": -3},
                         "autoStopInterval"), ({"env": {"A": 1}}, "env.A"), ({"buildInfo": {"dockerfileContent": "RUN x"}},
                                                                              "buildInfo"),

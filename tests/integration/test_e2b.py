@@ -139,6 +139,16 @@ def test_html_and_png_results(sandbox: Sandbox) -> None:
     assert len(pngs) == 1 and pngs[0].startswith("iVBORw0KGgo")  # base64 of the PNG signature
 
 
+def test_json_results_nested_past_the_limit_keep_their_text(sandbox: Sandbox) -> None:
+    nest = "x = []\ny = x\nfor _ in range({}):\n    y.append([])\n    y = y[0]\n"
+    shown = "from IPython.display import JSON, display\ndisplay(JSON({'a': x}))\nprint('after')"
+    shallow = sandbox.run_code(nest.format(50) + shown)
+    assert shallow.results[0].json is not None and shallow.logs.stdout == ["after\n"], shallow
+    deep = sandbox.run_code(nest.format(150) + shown)  # deeper than a record may nest (docs/e2b.md)
+    assert deep.error is None and deep.logs.stdout == ["after\n"], deep
+    assert deep.results[0].json is None and deep.results[0].text == "<IPython.core.display.JSON object>"
+
+
 def test_env_vars_per_execution_and_sandbox(server: ServerHandle) -> None:
     box = Sandbox.create(timeout=60, envs={"SANDBOX_WIDE": "yes"})
     try:
@@ -447,6 +457,15 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     assert unknown.status_code == 401 and "access token" in unknown.text  # as for a sandbox that exists
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect("i-no-such-sandbox")
+    nested = b"[" * 5000 + b"]" * 5000
+    for url, extra in ((server.url + "/v2/sandboxes", key), (server.url + "/execute", {
+            "E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999",
+            "E2B-Traffic-Access-Token": sandbox.traffic_access_token or ""})):
+        deep = requests.post(url, data=nested, headers={**extra, "Content-Type": "application/json"}, timeout=30)
+        assert deep.status_code == 400 and "deeper than 100 levels" in deep.text, (url, deep.text)
+    deep_stat = requests.post(server.url + "/filesystem.Filesystem/Stat", data=nested, timeout=30,
+                              headers={**headers, "Content-Type": "application/json"})
+    assert deep_stat.status_code == 400 and "deeper than 100 levels" in deep_stat.json()["message"]
     assert sandbox.run_code("1 + 1").text == "2"  # the server still serves everyone
 
 

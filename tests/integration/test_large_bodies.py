@@ -84,6 +84,6 @@ def test_a_large_e2b_execution_runs_and_a_large_bad_body_is_refused(sf_server: S
         assert [e["text"] for e in events if e["type"] == "stdout"] == [f"{LARGE}\n"], events
         broken = requests.post(sf_server.url + "/execute", data=b'{"code": "' + b"a" * LARGE, headers=sandbox,
                                timeout=60)
-        assert broken.status_code == 400 and "the body is not JSON" in broken.text, broken.text[:300]
+        assert broken.status_code == 400 and "request body is not valid JSON" in broken.text, broken.text[:300]
     finally:
         requests.delete(f"{sf_server.url}/sandboxes/{sandbox['E2b-Sandbox-Id']}", headers=key, timeout=60)

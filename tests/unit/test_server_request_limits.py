@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
+from verl_sf.executor.zygote import wire
+from verl_sf.json_body import MAX_JSON_DEPTH, JsonBodyError, load_json
 from verl_sf.server.connections import connection_cap
-from verl_sf.server.requests import MAX_JSON_DEPTH, JsonBodyError, load_json
 
 
 def nested_lists(depth: int) -> bytes:
@@ -33,6 +34,16 @@ def test_json_as_deep_as_the_limit_parses_and_one_level_more_is_refused(nested: 
 def test_json_deeper_than_the_interpreter_stack_is_refused_the_same_way() -> None:
     with pytest.raises(JsonBodyError, match=f"deeper than {MAX_JSON_DEPTH} levels"):
         load_json(b"[" * 200_000)
+
+
+@pytest.mark.parametrize("nested", [nested_lists, nested_mixed])
+def test_the_zygotes_lines_have_the_same_limit(nested: Callable[[int], bytes]) -> None:
+    """A run's records reach the zygote through wire.loads: one nested past its stack, or near it
+    (its reply would nest deeper still), is a ValueError the zygote drops as garbage."""
+    assert wire.loads(nested(MAX_JSON_DEPTH).decode()) == json.loads(nested(MAX_JSON_DEPTH))
+    for raw in (nested(MAX_JSON_DEPTH + 1), nested(990), nested_lists(200_000)):
+        with pytest.raises(ValueError, match=f"JSON nested deeper than {MAX_JSON_DEPTH} levels"):
+            wire.loads(raw.decode())
 
 
 @pytest.mark.parametrize("raw, parsed", [(b'"text"', "text"), (b"7", 7), (b"[]", []),

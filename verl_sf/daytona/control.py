@@ -3,7 +3,6 @@ delete, start, stop, labels, auto-stop and auto-delete intervals, the toolbox's 
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any, Optional
 
@@ -22,6 +21,7 @@ from verl_sf.daytona.sandboxes import (
 from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, http_error, json_body, refused, sandbox_dto
 from verl_sf.e2b.sandboxes import GuestError, SandboxGone
 from verl_sf.executor import Overloaded, closed
+from verl_sf.json_body import load_json
 from verl_sf.pages import BadCursor, page
 from verl_sf.tenancy import key_accepted, owner_of
 
@@ -181,7 +181,7 @@ class ControlPlane:
         raw = request.query.get("labels")
         if raw:
             try:
-                labels = json.loads(raw)
+                labels = load_json(raw)
             except ValueError:
                 labels = None  # type: ignore[assignment]
             if not isinstance(labels, dict):

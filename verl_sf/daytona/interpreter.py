@@ -26,6 +26,7 @@ from verl_sf.e2b.sandboxes import Sandboxes as Boxes
 from verl_sf.e2b.sandboxes import SandboxGone
 from verl_sf.errors import SessionGone
 from verl_sf.executor import Overloaded
+from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.models import MAX_TIMEOUT_S
 from verl_sf.validation import Environment
 
@@ -70,9 +71,9 @@ class InterpreterSocket:
         if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             return ws  # the client left before asking anything
         try:
-            run = parse(RunRequest, json.loads(message.data))
-        except (ValueError, BadBody) as exc:
-            reason = str(exc) if isinstance(exc, BadBody) else f"the request is not JSON: {exc}"
+            run = parse(RunRequest, load_json(message.data))
+        except (JsonBodyError, BadBody) as exc:
+            reason = str(exc)
             await ws.close(code=BAD_REQUEST, message=_reason(reason))
             return ws
         assert isinstance(run, RunRequest)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from verl_sf.daytona.sandboxes import DaytonaSandbox
 from verl_sf.errors import InputError, VerlSfError, answer_of
-from verl_sf.off_loop import request_json
+from verl_sf.json_body import JsonBodyError, request_json
 from verl_sf.validation import Environment, Metadata, first_error
 
 ORGANIZATION_ID = "verl-sf"
@@ -93,8 +93,8 @@ async def json_body(request: web.Request, model: type[Body]) -> Body:
     """The request's body as `model`; web.HTTPException with Daytona's envelope otherwise."""
     try:
         body = await request_json(request) if request.body_exists else {}
-    except ValueError as exc:
-        raise http_error(400, f"the body is not JSON: {exc}") from None
+    except JsonBodyError as exc:
+        raise http_error(400, str(exc)) from None
     try:
         return parse(model, body)
     except BadBody as exc:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from aiohttp import web
 
 from verl_sf.errors import VerlSfError
+from verl_sf.json_body import JsonBodyError, load_json
 
 END_STREAM = 0x02
 COMPRESSED = 0x01
@@ -79,9 +80,9 @@ async def stream_message(request: web.Request) -> dict[str, Any]:
 
 def _object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConnectError("invalid_argument", f"the request is not JSON: {exc}") from None
+        body = load_json(raw or b"{}")
+    except JsonBodyError as exc:
+        raise ConnectError("invalid_argument", str(exc)) from None
     if not isinstance(body, dict):
         raise ConnectError("invalid_argument", "the request must be a JSON object")
     return body

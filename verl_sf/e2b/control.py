@@ -18,7 +18,7 @@ from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
 from verl_sf.errors import answer_of
 from verl_sf.executor import Overloaded, closed
-from verl_sf.off_loop import request_json
+from verl_sf.json_body import JsonBodyError, request_json
 from verl_sf.pages import BadCursor, page
 from verl_sf.tenancy import key_accepted, owner_of
 from verl_sf.validation import Environment, Metadata, first_error
@@ -122,8 +122,8 @@ class ControlPlane:
     async def _body(self, request: web.Request, model: type[Any]) -> Any:
         try:
             body = await request_json(request) if request.body_exists else {}
-        except ValueError as exc:
-            return error(400, f"the body is not JSON: {exc}")
+        except JsonBodyError as exc:
+            return error(400, str(exc))
         if not isinstance(body, dict):
             return error(400, "the body must be a JSON object")
         return validated(model, body)

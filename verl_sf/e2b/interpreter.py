@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError, field_va
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import Context, GuestError, Sandbox, Sandboxes, call_code
 from verl_sf.executor.zygote.messages import NOTE
+from verl_sf.json_body import JsonBodyError, request_json
 from verl_sf.models import CellRunResult, RunJupyterResponse, check_text
-from verl_sf.off_loop import request_json
 from verl_sf.validation import Environment, first_error
 
 LANGUAGES = ("python",)
@@ -166,8 +166,8 @@ class Interpreter:
     async def _body(self, request: web.Request, model: type[Any]) -> Any:
         try:
             body = await request_json(request)
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}") from None
+        except JsonBodyError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
         if not isinstance(body, dict):
             raise web.HTTPUnprocessableEntity(text="the body must be a JSON object")
         try:

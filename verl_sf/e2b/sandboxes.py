@@ -25,6 +25,7 @@ from verl_sf.e2b.ready import Ready, ReadyBoxes
 from verl_sf.errors import CapacityError, NotFoundError, SessionGone, VerlSfError
 from verl_sf.executor import Closed, Closing, Executor, closed_now
 from verl_sf.executor.live_table import LiveTable
+from verl_sf.executor.zygote.wire import loads
 from verl_sf.models import (
     MAX_TIMEOUT_S,
     RunCodeRequest,
@@ -110,8 +111,8 @@ def parse_answer(stdout: str) -> Any:
     if not found:
         raise GuestError("internal", "the sandbox gave no answer to the call")
     try:
-        answer = json.loads(tail.split("\n", 1)[0])
-    except json.JSONDecodeError as exc:
+        answer = loads(tail.split("\n", 1)[0])  # the sandbox's code could have printed it: depth bounded
+    except ValueError as exc:
         raise GuestError("internal", f"the sandbox's answer is not JSON: {exc}") from None
     if not isinstance(answer, dict):
         raise GuestError("internal", "the sandbox's answer is not an object")

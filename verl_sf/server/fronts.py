@@ -35,11 +35,12 @@ from aiohttp import web
 from verl_sf.daytona.routing import DAYTONA_PATHS, route_daytona
 from verl_sf.e2b.routing import is_e2b, route_e2b
 from verl_sf.errors import VerlSfError
+from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.server.app import CONNECTIONS_KEY, ServerConfig, build_app, run
 from verl_sf.server.connections import LimitedSite
 from verl_sf.server.process import die_with_parent
 from verl_sf.server.relay import Peers, front_of, peer_client
-from verl_sf.server.requests import EXECUTOR_KEY, JsonBodyError, load_json
+from verl_sf.server.requests import EXECUTOR_KEY
 
 log = logging.getLogger(__name__)
 SESSION_ID_RE = re.compile(r"^f(\d+)-(.+)$")

@@ -8,7 +8,6 @@ its users' tooling already parses that.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Any, TypeVar
 
@@ -16,8 +15,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, ValidationError
 
-from verl_sf.errors import InputError
 from verl_sf.executor import Executor
+from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.off_loop import off_loop
 from verl_sf.server.connections import TrackedConnection
 from verl_sf.server.metrics import ServerMetrics
@@ -30,15 +29,6 @@ else:  # aiohttp depends on async-timeout below 3.11
 EXECUTOR_KEY = web.AppKey("executor", Executor)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
 RequestT = TypeVar("RequestT", bound=BaseModel)
-MAX_JSON_DEPTH = 100
-"""Nesting a request body may have (Ruby's JSON default): the wire formats need 4, and past it the
-parsers' recursion, not the request, would decide what happens."""
-
-
-class JsonBodyError(InputError):
-    """A request body that is not JSON, or JSON nested past MAX_JSON_DEPTH."""
-
-
 def refused(request: web.Request, status: int, code: str, detail: Any) -> web.Response:
     """A request refused for what it is (its body, a field), counted under `code` as the Prometheus
     reason and carrying it, as `errors.ANSWERS`' answers do; a 422 also names its first `field`."""
@@ -60,31 +50,6 @@ def get_executor(request: web.Request) -> Executor:
 
 def get_metrics(request: web.Request) -> ServerMetrics:
     return request.app[METRICS_KEY]
-
-
-def load_json(raw: bytes) -> Any:
-    """`json.loads`, with a body nested past MAX_JSON_DEPTH refused rather than recursed into."""
-    too_deep = JsonBodyError(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise JsonBodyError(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:  # deeper than the interpreter's stack, so far past the limit
-        raise too_deep from None
-    if _deeper_than(body, MAX_JSON_DEPTH):
-        raise too_deep
-    return body
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Level by level, containers only, without recursion: the check itself cannot overflow."""
-    level = [value] if isinstance(value, (dict, list)) else []
-    for _ in range(limit):
-        if not level:
-            return False
-        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
-                 if isinstance(child, (dict, list))]
-    return bool(level)
 
 
 async def parse(request: web.Request, model: type[RequestT]) -> RequestT | web.Response:

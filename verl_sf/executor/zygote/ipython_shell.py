@@ -20,6 +20,9 @@ import types
 from collections.abc import Iterator
 from typing import Any, Optional
 
+from .wire import MAX_DEPTH, deeper_than
+
+BUNDLE_DEPTH = MAX_DEPTH - 10  # room for the records (and the E2B events) a bundle travels in
 NO_NETWORK = ("{what} cannot install packages here: the sandbox has no network. The packages of the "
               "server's Python are importable as they are")
 INSTALLER_MAGICS = ("pip", "conda", "mamba", "micromamba", "uv")
@@ -103,14 +106,17 @@ def bind(shell: Any, module: types.ModuleType) -> None:
 
 
 def mime_bundle(format_dict: dict[str, Any]) -> dict[str, object]:
-    """A bundle as a kernel sends it: binary images base64-encoded, JSON as it is, the rest text."""
+    """A bundle as a kernel sends it: binary images base64-encoded, JSON as it is, the rest text.
+    JSON nested past BUNDLE_DEPTH is left out (its text/plain stays): the record around it could not
+    reach the zygote."""
     bundle: dict[str, object] = {}
     for mime, value in format_dict.items():
         if isinstance(value, bytes):
             value = base64.b64encode(value).decode()
         elif not isinstance(value, (str, dict, list)):
             value = json.loads(json.dumps(value, default=str))
-        bundle[mime] = value
+        if not deeper_than(value, BUNDLE_DEPTH):
+            bundle[mime] = value
     return bundle
 
 

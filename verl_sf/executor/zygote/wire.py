@@ -20,16 +20,38 @@ _encode_json = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
     None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
 
 
+MAX_DEPTH = 100
+"""Nesting a line may have (the server's request bodies have the same limit): a run's records are
+its own to write, and one nested near the stack's limit would overflow it when the zygote encodes
+its reply around it."""
+
+
 def loads(text: str) -> Any:
-    """json.loads for one JSON value, strictly (nothing but whitespace around it)."""
+    """json.loads for one JSON value, strictly (nothing but whitespace around it), nested at most
+    MAX_DEPTH levels; ValueError otherwise."""
     start = len(text) - len(text.lstrip())
     try:
         value, end = _scan_json(text, start)
     except StopIteration as exc:
         raise ValueError(f"expected a JSON value at {exc.value}") from None
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     if text[end:].strip():
         raise ValueError(f"extra data after the JSON value at {end}")
+    if deeper_than(value, MAX_DEPTH):
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Level by level, containers only, without recursion: the check itself cannot overflow."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+    return bool(level)
 
 
 def dumps(value: Any) -> bytes:
