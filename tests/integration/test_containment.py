@@ -116,6 +116,21 @@ def test_a_record_nested_past_the_stack_ends_neither_the_sandbox_nor_a_run_besid
     assert set(zygotes(server.process.pid)) == warm, "a zygote died"
 
 
+def test_records_not_of_their_shape_are_the_runs_doing_never_a_server_error(server: ServerHandle) -> None:
+    """A 500 is a sandbox failure to every client (never scored as wrong): a run must not be able to
+    make its own reply one by writing records of the wrong shape in place of its child's."""
+    def forging(record: dict) -> str:
+        return f"import os\nos.write(3, {json.dumps(record)!r}.encode() + b'\\n')\nprint('forger')\nos._exit(0)\n"
+
+    for files in ({"a": 5}, [1], "x"):
+        body = run_code(server, forging({"kind": "done", "files": files}), fetch_files=["/workdir/x"])
+        assert body["status"] == "Success" and body["files"] == {}, (files, body)
+    cells = [forging({"kind": "cell", "stdout": 5, "display": "x"}), "print(1)"]
+    answer = requests.post(server.url + "/run_jupyter", json={"cells": cells}, timeout=60)
+    assert answer.status_code == 200, answer.text[:300]
+    assert "the run's own code wrote it" in answer.json()["cells"][0]["error"][0]["evalue"], answer.text[:300]
+
+
 def test_daemons_of_a_run_are_dead_by_its_reply(server: ServerHandle) -> None:
     marker = f"daemon-{secrets.token_hex(4)}"
     code = ("import os, subprocess\n"

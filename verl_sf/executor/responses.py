@@ -4,7 +4,9 @@ request's shape and the server's settings (unit-tested without a sandbox)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
+
+from pydantic import ValidationError
 
 from verl_sf.executor.config import ExecutorConfig
 from verl_sf.executor.zygote.messages import Outcome, StageResult
@@ -70,9 +72,29 @@ def run_response(reply: Outcome, compiled: bool, context: ResponseContext) -> Ru
         # the field tells verl-sf's tool and rewards that the code is not to blame.
         message = "run_timeout exceeded while the run mostly waited for a CPU (server overloaded)"
     return RunCodeResponse(status=status, message=message, compile_result=compile_result, run_result=run_result,
-                           files=reply.get("files", {}), executor_pod_name=context.pod_name,
+                           files=run_files(reply), executor_pod_name=context.pod_name,
                            queue_wait=context.queue_wait, truncated=bool(reply.get("truncated")),
                            session_id=context.session_id)
+
+
+# A run's records (its fetched files, its cells) are written by its own child, where its code can
+# write in their place: what is not of their shape is the code's doing, never a server error.
+MALFORMED_CELL = "the cell's record is not one the sandbox writes: the run's own code wrote it"
+
+
+def run_files(reply: Outcome) -> dict[str, str]:
+    """The fetched files the run reported: name -> base64 pairs, nothing else."""
+    files: Any = reply.get("files")
+    if not isinstance(files, dict):
+        return {}
+    return {name: data for name, data in files.items() if isinstance(name, str) and isinstance(data, str)}
+
+
+def _cell(record: Any) -> CellRunResult:
+    try:
+        return CellRunResult.model_validate(record)
+    except ValidationError:
+        return CellRunResult(error=[{"ename": "ValueError", "evalue": MALFORMED_CELL, "traceback": []}])
 
 
 def jupyter_response(reply: Outcome, n_cells: int, timeout: float, context: ResponseContext) -> RunJupyterResponse:
@@ -82,7 +104,7 @@ def jupyter_response(reply: Outcome, n_cells: int, timeout: float, context: Resp
                                   session_id=context.session_id)
     driver = command_result(reply, context)
     # One per cell sent, at most: more can only come from the run's own code (a forked copy writing records).
-    cells = [CellRunResult(**cell) for cell in reply.get("cells", [])[:n_cells]]
+    cells = [_cell(record) for record in reply.get("cells", [])[:n_cells]]
     if driver.status == CommandRunStatus.TimeLimitExceeded:
         message = f"total_timeout of {timeout:g} s exceeded after {len(cells)} of {n_cells} cells"
         cells += [CellRunResult(error=[{"ename": "TimeoutError", "evalue": message, "traceback": []}])
@@ -96,7 +118,7 @@ def jupyter_response(reply: Outcome, n_cells: int, timeout: float, context: Resp
     else:
         message, status = "", RunStatus.Success
     return RunJupyterResponse(status=status, message=message, driver=driver, cells=cells,
-                              files=reply.get("files", {}), executor_pod_name=context.pod_name,
+                              files=run_files(reply), executor_pod_name=context.pod_name,
                               queue_wait=context.queue_wait, truncated=bool(reply.get("truncated")),
                               session_id=context.session_id)
 
