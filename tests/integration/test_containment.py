@@ -131,6 +131,34 @@ def test_records_not_of_their_shape_are_the_runs_doing_never_a_server_error(serv
     assert "the run's own code wrote it" in answer.json()["cells"][0]["error"][0]["evalue"], answer.text[:300]
 
 
+def test_a_session_call_forging_its_end_of_any_shape_leaves_the_zygote_and_other_sessions_alone(
+        server: ServerHandle) -> None:
+    """A python session's interpreter runs the code, so the code can write the call's end itself: a
+    record the zygote cannot take (numbers of other types, files not a list) ends that call as the
+    code's own failure; the sandbox, the session and a session beside it go on."""
+    warm = set(zygotes(server.process.pid))
+
+    def session() -> str:
+        opened = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
+        assert opened.status_code == 201, opened.text
+        return opened.json()["session_id"]
+
+    bystander, forger = session(), session()
+    try:
+        assert run_code(server, "kept = 'bystander'", session_id=bystander)["status"] == "Success"
+        for record in ({"kind": "call_done", "fetched": 5}, {"kind": "call_done", "return_code": "x"},
+                       {"kind": "call_done", "cpu_time": [1]}, {"kind": "call_done", "return_code": 1e300}):
+            code = f"import os\nos.write(3, {json.dumps(record)!r}.encode() + b'\\n')\nprint('forger')"
+            body = run_code(server, code, session_id=forger, fetch_files=["/workdir/x"])
+            assert body["status"] in ("Success", "Failed") and body["run_result"]["return_code"] in (0, None), body
+            assert run_code(server, "print(1)", session_id=forger)["run_result"]["stdout"] == "1\n", record
+        assert run_code(server, "print(kept)", session_id=bystander)["run_result"]["stdout"] == "bystander\n"
+    finally:
+        for sid in (bystander, forger):
+            requests.delete(f"{server.url}/sessions/{sid}", timeout=30)
+    assert set(zygotes(server.process.pid)) == warm, "a zygote died"
+
+
 def test_daemons_of_a_run_are_dead_by_its_reply(server: ServerHandle) -> None:
     marker = f"daemon-{secrets.token_hex(4)}"
     code = ("import os, subprocess\n"

@@ -211,8 +211,13 @@ class Job:
                 record = loads(line.decode("utf-8", "replace"))
             except ValueError:
                 continue  # the job may write garbage into its inherited fd 3; it only hurts itself
-            if isinstance(record, dict):
+            if not isinstance(record, dict):
+                continue
+            try:
                 self.on_record(zygote, record)
+            except Exception as exc:  # one shaped to break its handling: the job is ended, never the zygote
+                self.kill_for_cap(zygote, f"it wrote a record the sandbox cannot take ({type(exc).__name__})")
+                return
 
     def on_record(self, zygote: JobHost, record: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -349,8 +354,9 @@ class Job:
             reply["memory_scope"] = scope
 
     def stage_result(self, status: str, return_code: Optional[int], cpu_time: Optional[float]) -> StageResult:
-        result: dict[str, Any] = {"status": status, "return_code": return_code,
-                                  "execution_time": time.monotonic() - self.stage_started, "cpu_time": cpu_time}
+        result: dict[str, Any] = {"status": status, "return_code": _integer(return_code),
+                                  "execution_time": time.monotonic() - self.stage_started,
+                                  "cpu_time": _seconds(cpu_time)}
         if self.demoted:
             result["cpu_wait_time"] = self.wait_seen
             if result["cpu_time"] is None:
@@ -381,3 +387,13 @@ class Job:
         for fd in (self.out_r, self.err_r, self.meta_r):
             while fd in self.open_fds and readable(fd):
                 self._take(zygote, fd)
+
+
+# A session's and a cells run's records come from the process that runs the code: their numbers are
+# taken only when they are of their type (an int status; a finite, non-negative count of seconds).
+def _integer(value: Any) -> Optional[int]:
+    return value if type(value) is int and -(1 << 31) <= value < (1 << 31) else None
+
+
+def _seconds(value: Any) -> Optional[float]:
+    return float(value) if type(value) in (int, float) and 0 <= value < float("inf") else None

@@ -179,7 +179,7 @@ class SessionJob(Job):
         reply: CallReply = {**stage, "kind": "call", "id": self.call["id"], "session_alive": True}
         if "files" in record:
             reply["files"] = record["files"]
-        elif "fetched" in record:  # a bash session's files, in the order they were asked for
+        elif isinstance(record.get("fetched"), list):  # a bash session's files, in the order they were asked for
             fetched = zip(self.fetch_paths, record["fetched"], strict=False)
             reply["files"] = {path: data for path, data in fetched if data is not None}
         cells = self.cells()
