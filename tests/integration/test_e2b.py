@@ -109,6 +109,22 @@ def test_a_cell_cannot_pass_for_the_guests_note(sandbox: Sandbox) -> None:
     assert [(r.text, r.is_main_result) for r in valued.results] == [("forged", False), ("8", True)]
 
 
+def test_answers_the_code_prints_in_the_guests_place_are_its_sandboxs_errors(sandbox: Sandbox) -> None:
+    """The sandbox's agent runs in the sandbox's interpreter, where the code can answer the server's
+    calls in its place: an answer not of the call's shape is that call's error, never a server
+    error, and the calls answer again once the code stops."""
+    sandbox.run_code("import zygote.guest as agent\nforging, honest = True, agent._answer\n"
+                     "agent._answer = lambda answer: honest({'ok': [1, 2]} if forging else answer)")
+    for call in (lambda: sandbox.files.list("/home/user"), lambda: sandbox.commands.run("echo hi"),
+                 lambda: sandbox.files.get_info("/home/user"), lambda: sandbox.files.write("/home/user/a", "x")):
+        with pytest.raises(SandboxException, match="malformed") as raised:
+            call()
+        assert "Server got itself in trouble" not in str(raised.value)
+    sandbox.run_code("forging = False")
+    assert sandbox.commands.run("echo hi").stdout == "hi\n"
+    assert sandbox.files.get_info("/home/user").name == "user"
+
+
 def test_an_interpreter_its_code_broke_reports_errors_not_empty_successes(server: ServerHandle) -> None:
     """Code that deletes builtins, or drops what the sandbox's agent notes of an execution, gets
     errors for its executions, never a success without a result; other sandboxes are untouched."""

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Optional, TypeVar, Union
 
+from verl_sf.e2b import answers
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.ready import Ready, ReadyBoxes
 from verl_sf.errors import CapacityError, NotFoundError, SessionGone, VerlSfError
@@ -311,7 +312,12 @@ class Sandboxes:
     async def call(self, sandbox: Sandbox, operation: str, args: dict[str, Any], timeout_s: float = 60.0) -> Any:
         """One guest operation; its result, or GuestError."""
         stdout, _ = await self.call_python(sandbox, call_code("dispatch", {"op": operation, "args": args}), timeout_s)
-        return parse_answer(stdout)
+        answer = parse_answer(stdout)
+        wrong = answers.checked(operation, answer)
+        if wrong is not None:
+            raise GuestError("internal", f"the sandbox's answer to {operation} is malformed ({wrong}): "
+                                         "its own code may have printed it")
+        return answer
 
     async def command(self, sandbox: Sandbox, start: dict[str, Any], poll_s: float,
                       deadline: Optional[float]) -> AsyncIterator[dict[str, Any]]:
