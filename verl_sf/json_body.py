@@ -25,7 +25,7 @@ def load_json(raw: bytes | str) -> Any:
     too_deep = JsonBodyError(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
         raise JsonBodyError(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # deeper than the interpreter's stack, so far past the limit
         raise too_deep from None

@@ -87,6 +87,7 @@ class _Request(BaseModel):
 
 
 RUN_DIRECTORIES = ("/workdir", "/tmp", "/mnt/data")
+NAME_MAX, PATH_MAX = 255, 4096  # <linux/limits.h>: a path's name, and a path with its NUL
 """Where a run's files may be written: relative paths go to /workdir, absolute ones under one of these."""
 
 
@@ -109,6 +110,10 @@ def _check_files(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
         _check_relative_path(path)
         if path.endswith("/") or path.rsplit("/", 1)[-1] == ".":
             raise ValueError(f"file path {path!r} names a directory, not a file")
+        target = posixpath.join("/workdir", path)
+        if len(target.encode()) >= PATH_MAX or any(len(part.encode()) > NAME_MAX for part in path.split("/")):
+            raise ValueError(f"file path {path[:64]!r}... is longer than Linux allows ({NAME_MAX} bytes a name, "
+                             f"{PATH_MAX - 1} in all)")
         if content is not None:
             try:
                 base64.b64decode("".join(content.split()), validate=True)

@@ -215,6 +215,30 @@ def test_a_run_of_many_processes_gets_the_cpu_of_one_run(two_slots: ServerHandle
     assert float(alone["run_result"]["stdout"]) >= 0.5, alone
 
 
+def test_a_session_call_that_ends_itself_early_runs_on_demoted(two_slots: ServerHandle) -> None:
+    """A python session's code can write its call's end itself and run on, as a thread it started
+    would: what runs between calls is background, its group at the least weight from the reply on,
+    so 16 threads spinning in each of two such sessions leave a one-process run its share of the
+    machine as a run (red team, 2026-11-29: at full weight they starved such runs to time-outs)."""
+    forge = ("import os, threading, hashlib\n"
+             "os.write(3, b'\\n{\"kind\": \"call_done\", \"return_code\": 0, \"cpu_time\": 0.0}\\n')\n"
+             "b = b'x' * (1 << 20)\ndef spin():\n    while True:\n        hashlib.sha256(b).digest()\n"
+             "for _ in range(15):\n    threading.Thread(target=spin, daemon=True).start()\nspin()\n")
+    sessions = [requests.post(two_slots.url + "/sessions", json={"language": "python"}, timeout=60).json()["session_id"]
+                for _ in range(2)]
+    try:
+        for session_id in sessions:
+            ended = run_code(two_slots, forge, session_id=session_id, run_timeout=30)
+            assert ended["status"] == "Success", ended  # answered at the forged end: it cannot be told apart
+        assert health(two_slots)["limits"]["cpu"].startswith("cgroup per run"), health(two_slots)
+        alone = run_code(two_slots, CPU_SHARE)
+        assert alone["status"] == "Success", alone
+        assert float(alone["run_result"]["stdout"]) >= 0.5, alone  # of 2 s; ~0.05 s beside them at full weight
+    finally:
+        for session_id in sessions:
+            requests.delete(f"{two_slots.url}/sessions/{session_id}", timeout=60)
+
+
 def test_past_the_in_flight_cap_a_burst_gets_503_with_retry_after_at_once() -> None:
     server = start_server("--slots", "1", "--max-in-flight", "4", "--preload", "")
     try:

@@ -133,9 +133,10 @@ def test_records_not_of_their_shape_are_the_runs_doing_never_a_server_error(serv
 
 def test_a_session_call_forging_its_end_of_any_shape_leaves_the_zygote_and_other_sessions_alone(
         server: ServerHandle) -> None:
-    """A python session's interpreter runs the code, so the code can write the call's end itself: a
-    record the zygote cannot take (numbers of other types, files not a list) ends that call as the
-    code's own failure; the sandbox, the session and a session beside it go on."""
+    """A python session's interpreter runs the code, so the code can write the call's end itself: one
+    not of the interpreter's shape (numbers of other types, files not a list) or cut short is the
+    code's garbage and the call ends at its real end; the sandbox, the session and a session beside
+    it go on."""
     warm = set(zygotes(server.process.pid))
 
     def session() -> str:
@@ -146,12 +147,15 @@ def test_a_session_call_forging_its_end_of_any_shape_leaves_the_zygote_and_other
     bystander, forger = session(), session()
     try:
         assert run_code(server, "kept = 'bystander'", session_id=bystander)["status"] == "Success"
-        for record in ({"kind": "call_done", "fetched": 5}, {"kind": "call_done", "return_code": "x"},
-                       {"kind": "call_done", "cpu_time": [1]}, {"kind": "call_done", "return_code": 1e300}):
-            code = f"import os\nos.write(3, {json.dumps(record)!r}.encode() + b'\\n')\nprint('forger')"
-            body = run_code(server, code, session_id=forger, fetch_files=["/workdir/x"])
-            assert body["status"] in ("Success", "Failed") and body["run_result"]["return_code"] in (0, None), body
-            assert run_code(server, "print(1)", session_id=forger)["run_result"]["stdout"] == "1\n", record
+        for record in ({"kind": "call_done", "return_code": 0, "fetched": 5}, {"kind": "call_done", "return_code": "x"},
+                       {"kind": "call_done", "return_code": 0, "cpu_time": [1]}, {"kind": "call_done", "return_code": 1e300},
+                       {"kind": "call_done", "return_code": 2**40}):
+            for line_end in ("\\n", ""):  # a whole line, or one left open for the interpreter's record to end
+                code = f"import os\nos.write(3, {json.dumps(record)!r}.encode() + b'{line_end}')\nprint('forger')"
+                body = run_code(server, code, session_id=forger, fetch_files=["/workdir/x"], run_timeout=5)
+                assert body["status"] == "Success" and body["run_result"]["stdout"] == "forger\n", (record, body)
+                assert body["run_result"]["execution_time"] < 5, body  # its real end, not its time-out
+                assert run_code(server, "print(1)", session_id=forger)["run_result"]["stdout"] == "1\n", record
         assert run_code(server, "print(kept)", session_id=bystander)["run_result"]["stdout"] == "bystander\n"
     finally:
         for sid in (bystander, forger):

@@ -25,6 +25,7 @@ from e2b import (
     CommandExitException,
     FileNotFoundException,
     FileType,
+    InvalidArgumentException,
     NotFoundException,
     RateLimitException,
     SandboxException,
@@ -261,6 +262,26 @@ def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
     big = os.urandom(3 << 20)  # past the inline answer: read through the session's file fetch
     sandbox.files.write("/tmp/big.bin", big)
     assert bytes(sandbox.files.read("/tmp/big.bin", format="bytes")) == big
+
+
+def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbox: Sandbox) -> None:
+    """The SDK's `write_files` names each multipart part by its path, absolute or not, as envd reads it."""
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+    written = sandbox.files.write_files([WriteEntry(path="/home/user/w/a.txt", data="a"),
+                                         WriteEntry(path="/tmp/w/b.txt", data="b"), WriteEntry(path="w/c.txt", data="c")])
+    assert sorted(info.path for info in written) == ["/home/user/w/a.txt", "/home/user/w/c.txt", "/tmp/w/b.txt"]
+    found = sandbox.commands.run("find /home/user/w /tmp/w -type f | sort").stdout.split()
+    assert found == ["/home/user/w/a.txt", "/home/user/w/c.txt", "/tmp/w/b.txt"], found
+    twice = requests.post(server.url + "/files", timeout=30, files=[("file", ("/tmp/w/d", b"1")), ("file", ("/tmp/w/d", b"2"))],
+                          headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983",
+                                   "X-Access-Token": sandbox._envd_access_token or ""})
+    assert twice.status_code == 400 and "same path" in twice.json()["message"], twice.text
+    # What the kernel refuses is the caller's request, named: never an internal error.
+    with pytest.raises(InvalidArgumentException, match="cross-device"):
+        sandbox.files.rename("/home/user/w/a.txt", "/tmp/w/a.txt")  # /home/user and /tmp are mounts of their own
+    with pytest.raises(InvalidArgumentException, match="nested too deep|too long"):
+        sandbox.files.make_dir("/home/user/" + "d/" * 3000)
 
 
 def test_commands_foreground(sandbox: Sandbox) -> None:

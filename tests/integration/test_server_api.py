@@ -49,6 +49,12 @@ def test_exit_codes(sf_server: ServerHandle) -> None:
     assert run_code(sf_server, "import sys; sys.exit(0)")["status"] == "Success"
     body = run_code(sf_server, "import sys; sys.exit('bye')")
     assert body["run_result"]["return_code"] == 1 and "bye" in body["run_result"]["stderr"]
+    # As CPython exits: a status past a C long is -1 (255), never 0 (red team: `sys.exit(2**70)` passed).
+    for status, code in (("2**70", 255), ("-2**70", 255), ("2**32 + 1", 1), ("256", 0), ("-1", 255)):
+        body = run_code(sf_server, f"import sys; sys.exit({status})")
+        assert body["run_result"]["return_code"] == code, (status, body)
+    body = run_code(sf_server, "import sys\nsys.stdout = sys.stderr = None\nraise ValueError")
+    assert body["run_result"]["return_code"] == 1 and body["run_result"]["stderr"] == "", body  # as CPython
 
 
 def test_timeout_is_failed_with_partial_output(sf_server: ServerHandle) -> None:
@@ -91,7 +97,8 @@ def test_request_files_belong_to_the_run_and_a_bad_one_is_refused(sf_server: Ser
     # Never run as the code's own failure (red team): not base64, a directory's name, a file inside another.
     for files, says in (({"in.txt": "abc"}, "'in.txt': its content is not base64"), ({"in.txt": "!!!"}, "not base64"),
                         ({".": "YQ=="}, "names a directory"), ({"/workdir/": "YQ=="}, "names a directory"),
-                        ({"x": "YQ==", "x/y": "YQ=="}, "is also a directory of")):
+                        ({"x": "YQ==", "x/y": "YQ=="}, "is also a directory of"),
+                        ({"a" * 256: "YQ=="}, "longer than Linux allows"), ({"a/" * 2100 + "x": "YQ=="}, "longer than")):
         bad = requests.post(sf_server.run_code_url, json={"code": "print('never')", "language": "python",
                                                           "files": files}, timeout=30)
         assert bad.status_code == 422 and bad.json()["field"] == "files" and says in bad.text, (files, bad.text)

@@ -53,7 +53,7 @@ def test_shallow_bodies_parse_as_json_loads_does(raw: bytes, parsed: object) -> 
     assert load_json(raw) == parsed
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe\xfa", b""])
+@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe\xfa", b"", b'{"x": ' + b"9" * 5000 + b"}"])
 def test_what_is_not_json_says_so(raw: bytes) -> None:
     with pytest.raises(JsonBodyError, match="request body is not valid JSON: "):
         load_json(raw)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import email.message
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional
 
 from aiohttp import BodyPartReader, MultipartReader, StreamReader, web
+from aiohttp.hdrs import CONTENT_DISPOSITION
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -191,11 +193,14 @@ class Envd:
                         break
                     if not isinstance(part, BodyPartReader) or part.name != "file":
                         continue
-                    target = query_path or part.filename
+                    target = query_path or part_path(part)
                     if not target:
                         return _files_error(400, "a multipart file part needs a filename (its path) or ?path=")
                     if not is_text(target):
                         return _files_error(400, f"the file part's name {target!r} is not UTF-8 text")
+                    if any(target == uploaded for uploaded, _ in uploads):
+                        return _files_error(400, f"you cannot upload multiple files to the same path '{target}' "
+                                                 "in one upload request")
                     uploads.append((target, bytes(await part.read())))
             else:
                 if not query_path:
@@ -332,6 +337,16 @@ def is_text(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def part_path(part: BodyPartReader) -> Optional[str]:
+    """A part's filename with its path, as envd reads it: the SDK's `write_files` names each part by
+    its absolute path, which aiohttp's `filename` gives without its leading slashes."""
+    stripped = part.filename
+    message = email.message.Message()
+    message["Content-Disposition"] = part.headers.get(CONTENT_DISPOSITION, "")
+    full = message.get_filename()
+    return full if isinstance(full, str) and stripped and full.lstrip("\\/") == stripped else stripped
 
 
 MALFORMED = (ValueError, HttpProcessingError)

@@ -512,7 +512,9 @@ OPERATIONS: dict[str, Any] = {
 ERRNO_CODES = {"ENOENT": "not_found", "EEXIST": "already_exists", "ENOTDIR": "invalid_argument",
                "EISDIR": "invalid_argument", "ENOTEMPTY": "invalid_argument", "EACCES": "permission_denied",
                "EPERM": "permission_denied", "EROFS": "permission_denied", "ENOSPC": "resource_exhausted",
-               "EDQUOT": "resource_exhausted", "EFBIG": "resource_exhausted", "ENAMETOOLONG": "invalid_argument"}
+               "EDQUOT": "resource_exhausted", "EFBIG": "resource_exhausted", "ENAMETOOLONG": "invalid_argument",
+               "EXDEV": "invalid_argument", "EINVAL": "invalid_argument", "EBUSY": "invalid_argument",
+               "ELOOP": "invalid_argument", "EMLINK": "resource_exhausted"}
 
 
 def dispatch(payload):
@@ -528,6 +530,8 @@ def dispatch(payload):
         answer = {"error": {"code": code, "message": f"{exc.strerror or exc}: {public_path(exc.filename or '')}"}}
     except ValueError as exc:  # an argument the system refuses (a NUL in a command, say): the caller's to fix
         answer = {"error": {"code": "invalid_argument", "message": str(exc)}}
+    except RecursionError:  # os.makedirs of a path thousands of directories deep
+        answer = {"error": {"code": "invalid_argument", "message": "the path is nested too deep"}}
     _answer(answer)
 
 

@@ -207,6 +207,8 @@ class Job:
                 self.kill_for_cap(zygote, f"its records to the server passed {self.meta_budget} bytes")
             return
         for line in self.meta.feed(chunk):
+            if not line:
+                continue  # the blank line each record starts with (wire.report)
             try:
                 record = loads(line.decode("utf-8", "replace"))
             except ValueError:
@@ -354,9 +356,9 @@ class Job:
             reply["memory_scope"] = scope
 
     def stage_result(self, status: str, return_code: Optional[int], cpu_time: Optional[float]) -> StageResult:
-        result: dict[str, Any] = {"status": status, "return_code": _integer(return_code),
+        result: dict[str, Any] = {"status": status, "return_code": status_of(return_code),
                                   "execution_time": time.monotonic() - self.stage_started,
-                                  "cpu_time": _seconds(cpu_time)}
+                                  "cpu_time": seconds_of(cpu_time)}
         if self.demoted:
             result["cpu_wait_time"] = self.wait_seen
             if result["cpu_time"] is None:
@@ -391,9 +393,9 @@ class Job:
 
 # A session's and a cells run's records come from the process that runs the code: their numbers are
 # taken only when they are of their type (an int status; a finite, non-negative count of seconds).
-def _integer(value: Any) -> Optional[int]:
+def status_of(value: Any) -> Optional[int]:
     return value if type(value) is int and -(1 << 31) <= value < (1 << 31) else None
 
 
-def _seconds(value: Any) -> Optional[float]:
+def seconds_of(value: Any) -> Optional[float]:
     return float(value) if type(value) in (int, float) and 0 <= value < float("inf") else None

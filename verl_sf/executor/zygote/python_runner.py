@@ -76,9 +76,10 @@ def _exit_code(exc: SystemExit) -> int:
     code = exc.code
     if code is None:
         return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
+    if isinstance(code, int):  # as CPython exits: a status past a C long is -1
+        return code & 0xFF if -(1 << 63) <= code < (1 << 63) else 0xFF
+    with contextlib.suppress(Exception):
+        print(code, file=sys.stderr)
     return 1
 
 
@@ -93,7 +94,8 @@ def run_python(code: str, namespace: dict[str, Any], at_exit: bool = True) -> in
     except SystemExit as exc:
         return done(_exit_code(exc))
     except BaseException as exc:
-        sys.stderr.write("".join(user_traceback(exc)))
+        with contextlib.suppress(Exception):  # as CPython, which loses the traceback when the code broke sys.stderr
+            sys.stderr.write("".join(user_traceback(exc)))
         return done(1)
     return done(0)
 

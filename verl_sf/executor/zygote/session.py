@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from . import procfs, root
 from .interrupts import Interrupt
-from .job import Job, JobHost
+from .job import Job, JobHost, seconds_of, status_of
 from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
 from .run_groups import DEMOTED, Groups
 from .wire import loads, write_all
@@ -127,7 +127,7 @@ class SessionJob(Job):
 
     def on_record(self, zygote: JobHost, record: dict[str, Any]) -> None:
         kind = record.get("kind")
-        if kind == "call_done" and self.call is not None:
+        if kind == "call_done" and self.call is not None and _a_calls_end(record):
             self._end_call(zygote, record)
         elif kind == "session_ready" and self.call is None and self.interpreter < 0:
             # Nothing of the session's own runs yet: PID 1's children are the interpreter and its root helper.
@@ -188,13 +188,13 @@ class SessionJob(Job):
         self.call = None
         self.interrupted = None
         zygote.reply(reply)
-        # What a call left running in the background drops to the lowest CPU priority (after the reply:
-        # it is a walk of /proc, and nothing of the call waits for it); the next call raises the group again.
-        background = self.background()
-        for pid in background:
+        # Whatever runs until the next call is background: processes the call left, its threads, or code
+        # that wrote this record itself and runs on.  Its group drops to the lowest CPU weight, and the
+        # processes to nice 19 (after the reply: a walk of /proc nothing of the call waits for); the next
+        # call raises the group again.
+        for pid in self.background():
             procfs.demote_tree(pid)
-        if background:
-            zygote.groups.weigh(self.groups, DEMOTED)
+        zygote.groups.weigh(self.groups, DEMOTED)
 
     # -- ending ----------------------------------------------------------------------------------
     def on_event(self, zygote: JobHost, fd: int) -> None:
@@ -271,3 +271,10 @@ class SessionJob(Job):
         if self.job_w >= 0:
             os.close(self.job_w)
             self.job_w = -1
+
+
+def _a_calls_end(record: dict[str, Any]) -> bool:
+    """Whether a `call_done` has the shape the interpreter writes (an int status; seconds; files by
+    path): the call's code can write one itself, and one of another shape is its garbage, not its end."""
+    return (status_of(record.get("return_code")) is not None and seconds_of(record.get("cpu_time", 0.0)) is not None
+            and isinstance(record.get("files", {}), dict) and isinstance(record.get("fetched", []), list))

@@ -121,5 +121,6 @@ REPORT_FD = 3  # a child's records to the zygote
 
 
 def report(record: Any) -> None:
-    """One record from a child to the zygote, on its fd 3."""
-    os.write(REPORT_FD, dumps(record) + b"\n")
+    """One record from a child to the zygote, on its fd 3, on a line of its own: it ends whatever
+    half line the code wrote there before it (dropped as garbage), so the record is still read."""
+    os.write(REPORT_FD, b"\n" + dumps(record) + b"\n")
