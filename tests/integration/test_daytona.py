@@ -361,7 +361,8 @@ def test_bad_input_names_the_field(server: ServerHandle) -> None:
     for body, field in (({"labels": ["a"]}, "labels"), ({"cpu": "two"}, "cpu"), ({"autoStopInterval": -3},
                         "autoStopInterval"), ({"env": {"A": 1}}, "env.A"), ({"buildInfo": {"dockerfileContent": "RUN x"}},
                                                                              "buildInfo"),
-                        ({"env": {"A=B": "1"}}, "env"), ({"labels": {"k": "v" * (1 << 20)}}, "labels")):
+                        ({"env": {"A=B": "1"}}, "env"), ({"labels": {"k": "v" * (1 << 20)}}, "labels"),
+                        ({"name": "\x00" * 10}, "name"), ({"autoStopInterval": 10**26}, "autoStopInterval")):
         answer = requests.post(url, json=body, headers=headers, timeout=10)
         assert answer.status_code == 422 and answer.json()["message"].startswith(field), (body, answer.text)
     assert requests.post(url, json={}, timeout=10).status_code == 401
@@ -375,8 +376,9 @@ def test_bad_input_names_the_field(server: ServerHandle) -> None:
         execute = requests.post(f"{server.url}/api/toolbox/{box['id']}/process/execute", json={"cmd": "x"},
                                 headers=headers, timeout=10)
         assert execute.status_code == 422 and execute.json()["message"].startswith("command")
-        interval = requests.post(f"{url}/{box['id']}/autostop/soon", headers=headers, timeout=10)
-        assert interval.status_code == 400 and "interval" in interval.json()["message"]
+        for soon in ("soon", "9" * 26):
+            interval = requests.post(f"{url}/{box['id']}/autostop/{soon}", headers=headers, timeout=10)
+            assert interval.status_code == 400 and "interval" in interval.json()["message"], interval.text
         toolbox = f"{server.url}/api/toolbox/{box['id']}"
         for method, path, fields in (("GET", "/files/download", {"params": {"path": "a\x00b"}}),
                                      ("POST", "/files/bulk-upload", {"files": {"files[0].file": ("a\x00b", b"x")}}),

@@ -473,6 +473,9 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
                                data=struct.pack(">BI", 0, len(start)) + start,
                                headers={**headers, name: superscript_two, "Content-Type": "application/connect+json"})
         assert stream.status_code == 200 and stream.content.endswith(b"}"), (name, stream.content)
+    plain = requests.post(server.url + "/process.Process/Start", json={"process": {"cmd": "echo"}}, headers=headers,
+                          timeout=30)  # not a Connect stream: it says what a stream takes
+    assert b"invalid_argument" in plain.content and b"application/connect+json" in plain.content, plain.content
     nul_query = requests.post(server.url + "/files", params={"path": "/home/user/a\x00b"}, data=b"x", timeout=30,
                               headers={**headers, "Content-Type": "application/octet-stream"})
     assert nul_query.status_code == 400 and "NUL" in nul_query.json()["message"], nul_query.text

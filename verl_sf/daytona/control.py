@@ -18,7 +18,17 @@ from verl_sf.daytona.sandboxes import (
     Spec,
     TooManySandboxes,
 )
-from verl_sf.daytona.wire import CreateSandbox, Labels, error, gib, http_error, json_body, refused, sandbox_dto
+from verl_sf.daytona.wire import (
+    MAX_MINUTES,
+    CreateSandbox,
+    Labels,
+    error,
+    gib,
+    http_error,
+    json_body,
+    refused,
+    sandbox_dto,
+)
 from verl_sf.e2b.sandboxes import GuestError, SandboxGone
 from verl_sf.executor import Overloaded, closed
 from verl_sf.json_body import load_json
@@ -242,8 +252,8 @@ class ControlPlane:
             value = int(raw)
         except ValueError:
             value = lowest - 1
-        if value < lowest:
-            raise http_error(400, f"interval: must be an integer >= {lowest}, got {raw!r}")
+        if not lowest <= value <= MAX_MINUTES:
+            raise http_error(400, f"interval: must be an integer from {lowest} to {MAX_MINUTES}, got {raw[:32]!r}")
         return value
 
     async def set_auto_stop(self, request: web.Request) -> web.Response:

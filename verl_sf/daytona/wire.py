@@ -39,6 +39,9 @@ def refused(request: web.Request, exc: VerlSfError, message: str) -> web.Respons
     return error(answer.status, message, headers=answer.headers(request.app["retry_after_s"]))
 
 
+MAX_MINUTES = 2**31 - 1  # an int32, as Daytona types its intervals
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -46,7 +49,7 @@ class Body(BaseModel):
 class CreateSandbox(Body):
     """POST /api/sandbox."""
 
-    name: Optional[StrictStr] = Field(default=None, min_length=1, max_length=255)
+    name: Optional[StrictStr] = Field(default=None, min_length=1, max_length=255, pattern=r"^[^\x00]*$")
     snapshot: Optional[StrictStr] = None
     user: Optional[StrictStr] = None
     env: Environment = Field(default_factory=dict)
@@ -60,10 +63,10 @@ class CreateSandbox(Body):
     gpu: Optional[StrictInt] = Field(default=None, ge=0)
     memory: Optional[StrictInt] = Field(default=None, ge=1)
     disk: Optional[StrictInt] = Field(default=None, ge=1)
-    auto_stop_interval: Optional[StrictInt] = Field(default=None, ge=0, alias="autoStopInterval")
-    auto_pause_interval: Optional[StrictInt] = Field(default=None, ge=0, alias="autoPauseInterval")
-    auto_archive_interval: Optional[StrictInt] = Field(default=None, ge=0, alias="autoArchiveInterval")
-    auto_delete_interval: Optional[StrictInt] = Field(default=None, ge=-1, alias="autoDeleteInterval")
+    auto_stop_interval: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_MINUTES, alias="autoStopInterval")
+    auto_pause_interval: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_MINUTES, alias="autoPauseInterval")
+    auto_archive_interval: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_MINUTES, alias="autoArchiveInterval")
+    auto_delete_interval: Optional[StrictInt] = Field(default=None, ge=-1, le=MAX_MINUTES, alias="autoDeleteInterval")
     volumes: list[Any] = Field(default_factory=list)
     build_info: Optional[dict[str, Any]] = Field(default=None, alias="buildInfo")
 

@@ -68,6 +68,9 @@ async def unary_message(request: web.Request) -> dict[str, Any]:
 async def stream_message(request: web.Request) -> dict[str, Any]:
     """The one request message of a server-streaming call (its first frame)."""
     raw = await request.read()
+    if request.content_type != STREAM_CONTENT_TYPE:
+        raise ConnectError("invalid_argument", f"a streaming call takes Content-Type {STREAM_CONTENT_TYPE} "
+                                               f"(one enveloped frame), not {request.content_type}")
     if len(raw) < 5:
         raise ConnectError("invalid_argument", "the request is not a Connect stream frame")
     flags, length = struct.unpack(">BI", raw[:5])
