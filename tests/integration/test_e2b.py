@@ -282,6 +282,9 @@ def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbo
         sandbox.files.rename("/home/user/w/a.txt", "/tmp/w/a.txt")  # /home/user and /tmp are mounts of their own
     with pytest.raises(InvalidArgumentException, match="nested too deep|too long"):
         sandbox.files.make_dir("/home/user/" + "d/" * 3000)
+    sandbox.commands.run("mkfifo /home/user/w/fifo")
+    with pytest.raises(InvalidArgumentException, match="not a regular file"):  # at once, not at its time-out
+        sandbox.files.read("/home/user/w/fifo", request_timeout=20)
 
 
 def test_commands_foreground(sandbox: Sandbox) -> None:

@@ -208,7 +208,10 @@ def fs_read(path, inline_limit):
     if os.path.isdir(local):
         raise GuestError("invalid_argument", f"path '{path}' is a directory")
     real = os.path.realpath(local)
-    with open(real, "rb") as fh:
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, and is refused below
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise GuestError("invalid_argument", f"path '{path}' is not a regular file")
         data = fh.read(inline_limit + 1)
     if len(data) <= inline_limit:
         return {"data": base64.b64encode(data).decode()}
