@@ -405,6 +405,15 @@ async def test_websocket_bad_request_and_a_client_that_leaves_mid_run(server: Se
             await ws.send_str(json.dumps({"codes": "print(1)"}))
             closing = await ws.receive()
             assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 4400 and "code" in closing.extra
+        async with http.ws_connect(url, headers=headers, max_msg_size=0) as ws:  # past aiohttp's default 4 MiB
+            await ws.send_str(json.dumps({"code": "print(len('" + "y" * (5 << 20) + "'))"}))
+            frames = [message.data async for message in ws if message.type == aiohttp.WSMsgType.TEXT]
+            assert any(str(5 << 20) in frame for frame in frames), frames
+        async with http.ws_connect(url, headers=headers) as ws:  # a second request mid-run: the first answers
+            await ws.send_str(json.dumps({"code": "import time\ntime.sleep(0.5)\nprint('first')"}))
+            await ws.send_str(json.dumps({"code": "print('second')"}))
+            frames = [message.data async for message in ws if message.type == aiohttp.WSMsgType.TEXT]
+            assert any("first" in frame for frame in frames) and not any("second" in f for f in frames), frames
         marker = f"ws-{uuid.uuid4().hex[:8]}"
         ws = await http.ws_connect(url, headers=headers)
         await ws.send_str(json.dumps({"code": f"import ctypes\nctypes.CDLL(None).prctl(15, b'{marker}', 0, 0, 0)\n"

@@ -61,12 +61,15 @@ class InterpreterSocket:
         self.config = config
 
     async def execute(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.StreamResponse:
-        ws = web.WebSocketResponse()
+        ws = web.WebSocketResponse(max_msg_size=request.app["max_body_bytes"])  # a request's, as over HTTP
         await ws.prepare(request)
         try:
             message = await ws.receive(timeout=REQUEST_WAIT_S)
         except asyncio.TimeoutError:
             await ws.close(code=BAD_REQUEST, message=b"no request within 30 s")
+            return ws
+        if message.type == WSMsgType.ERROR:  # a frame past aiohttp's message size, say: the client is told
+            await ws.close(code=ws.close_code or WSCloseCode.PROTOCOL_ERROR, message=_reason(str(message.data)))
             return ws
         if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             return ws  # the client left before asking anything
@@ -84,10 +87,15 @@ class InterpreterSocket:
         timeout = run.timeout if run.timeout else (MAX_TIMEOUT_S if run.timeout == 0 else self.config.run_timeout_s)
         execution = asyncio.ensure_future(
             run_execution(self.boxes, box, context_id, run.code, run.envs or {}, min(timeout, MAX_TIMEOUT_S)))
-        left = asyncio.ensure_future(ws.receive())  # anything the client sends now, or its leaving
+        left = asyncio.ensure_future(ws.receive())  # the client leaving; one request a connection: more are ignored
         try:
-            await asyncio.wait({execution, left}, return_when=asyncio.FIRST_COMPLETED)
-        finally:  # the client left (its message, or its connection's loss cancels this handler)
+            while not execution.done():
+                await asyncio.wait({execution, left}, return_when=asyncio.FIRST_COMPLETED)
+                if left.done() and not execution.done():
+                    if left.result().type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                        break
+                    left = asyncio.ensure_future(ws.receive())
+        finally:  # the client left (its close, or its connection's loss cancels this handler)
             if not execution.done():
                 self._abandon(box, execution)
         if not execution.done():

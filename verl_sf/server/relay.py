@@ -180,8 +180,9 @@ async def relay(request: web.Request, peers: Peers, peer: int, client: aiohttp.C
 async def _relay_websocket(request: web.Request, peers: Peers, peer: int,
                            client: aiohttp.ClientSession) -> web.WebSocketResponse:
     with _reaching(peers, peer):  # a handshake the peer refused is no ClientConnectionError: it goes up as it is
-        theirs = await client.ws_connect(_url(peers, peer, request), headers=_headers(request, peers))
-    ours = web.WebSocketResponse()
+        # The peer is one of ours: its frames (a run's output) have no size cap; a client's are a request's.
+        theirs = await client.ws_connect(_url(peers, peer, request), headers=_headers(request, peers), max_msg_size=0)
+    ours = web.WebSocketResponse(max_msg_size=request.app["max_body_bytes"])
     await ours.prepare(request)
     async with theirs:
         upstream = asyncio.ensure_future(_pump(ours, theirs))
