@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from tests.host_view import zygotes
 from tests.server_fixtures import SERVER_MODES, ServerHandle, server_in_mode
 
 pytestmark = pytest.mark.integration
@@ -214,6 +215,36 @@ def test_no_run_can_be_the_tracer_that_lets_namespaces_be_made(server: ServerHan
     assert int(child) == 38  # ENOSYS: no tracer let the clone go on
     [copy] = fork(server, sid).json()["session_ids"]
     assert stdout(call(server, copy, OWN_TRACER)).rsplit(" ", 1)[1] == "38\n"
+
+
+# Code that leaves its interpreter unable to start again: a seccomp filter of its own (openat refused),
+# or a stack limit no new thread of it fits in.
+OWN_FILTER = ("import ctypes, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "code = [(0x20, 0, 0, 0), (0x15, 0, 1, 257), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7fff0000)]\n"
+              "program = ctypes.create_string_buffer(b''.join(struct.pack('HBBI', *op) for op in code))\n"
+              "fprog = ctypes.create_string_buffer(struct.pack('HxxxxxxQ', len(code), ctypes.addressof(program)))\n"
+              "print(libc.syscall(317, 1, 0, fprog))\n")
+TINY_STACK = "import resource\nresource.setrlimit(resource.RLIMIT_STACK, (16384, 16384))\n"
+
+
+@pytest.mark.parametrize("setup", [OWN_FILTER, TINY_STACK], ids=["own-seccomp-filter", "tiny-stack"])
+def test_a_fork_its_code_left_unable_to_live_ends_no_other_session(server: ServerHandle, setup: str) -> None:
+    """A copy that dies as it starts (red team, 2026-11-29) once ended its zygote, and every session in it:
+    now the fork is refused as the session's own doing (409), or its copy simply ends."""
+    warm = set(zygotes(server.process.pid))
+    attacker = create(server)
+    bystanders = [create(server) for _ in range(6)]
+    for number, sid in enumerate(bystanders):
+        call(server, sid, f"kept = {number}")
+    assert call(server, attacker, setup)["status"] == "Success"
+    for _ in range(3):
+        answer = fork(server, attacker)
+        assert answer.status_code in (201, 409), answer.text
+    for number, sid in enumerate(bystanders):
+        assert stdout(call(server, sid, "print(kept)")) == f"{number}\n"
+    assert set(zygotes(server.process.pid)) == warm, "a zygote died"
+    for sid in (attacker, *bystanders):
+        requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
 
 
 def test_a_snapshot_names_no_session_and_none_is_listed(server: ServerHandle) -> None:

@@ -84,27 +84,50 @@ class Forking:
         self.source.forking = False
         head, source = self.head, self.source
         if self.error or len(self.made) != len(head["ids"]) or not source.alive:
-            for init, _, fds in self.made:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(init, signal.SIGKILL)
-                for fd in fds:
-                    os.close(fd)
-            for group in self.groups:
-                zygote.groups.release(group, True)
             error = (f"the session ended while it was being forked ({self.error})" if not source.alive
                      else self.error or "the forker ended before making every copy")
-            zygote.reply({"kind": "fork", "id": head["id"], "status": "Error", "busy": self.busy,
-                          "limit": self.limit, "session_alive": source.alive,
-                          "error": error if self.busy or self.limit else f"verl-sf: the fork failed: {error}"})
+            self._fail(zygote, error if self.busy or self.limit else f"verl-sf: the fork failed: {error}")
+            return
+        pidfds = self._hold_copies()
+        if pidfds is None:
+            self.busy = True  # the session's own doing: a seccomp filter or a stack limit its code set, say
+            self._fail(zygote, "a copy ended as it started: what the session's code set up in its interpreter "
+                               "(its own seccomp filter, a stack limit) lets no copy of it run")
             return
         if not source.frozen:
             source.layers += 1
         born: list[ForkedSession] = []
-        for new_id, (init, interpreter, fds), group in zip(head["ids"], self.made, self.groups, strict=True):
+        for new_id, made, group, held in zip(head["ids"], self.made, self.groups, pidfds, strict=True):
+            init, interpreter, fds = made
             copy = SessionJob.adopt(zygote, new_id, source, head["limits"], init, interpreter, fds, group,
-                                 head["freeze"])
+                                    head["freeze"], held)
             born.append({"id": copy.id, "group": zygote.groups.path_of(group)})
         zygote.reply({"kind": "fork", "id": head["id"], "status": "Finished", "session_alive": True, "sessions": born})
+
+    def _hold_copies(self) -> Optional[list[tuple[int, int]]]:
+        """A pidfd of each copy's PID 1 and interpreter, or None when one of them is gone already."""
+        held: list[int] = []
+        try:
+            for init, interpreter, _ in self.made:
+                held.append(os.pidfd_open(init))
+                held.append(os.pidfd_open(interpreter))
+        except ProcessLookupError:
+            for fd in held:
+                os.close(fd)
+            return None
+        return list(zip(held[::2], held[1::2], strict=True))
+
+    def _fail(self, zygote: ForkHost, error: str) -> None:
+        """No copy is kept: each one made is killed, its channels and group let go."""
+        for init, _, fds in self.made:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
+            for fd in fds:
+                os.close(fd)
+        for group in self.groups:
+            zygote.groups.release(group, True)
+        zygote.reply({"kind": "fork", "id": self.head["id"], "status": "Error", "busy": self.busy, "limit": self.limit,
+                      "session_alive": self.source.alive, "error": error})
 
 
 def fork_session(zygote: ForkHost, head: SessionForkHead) -> None:

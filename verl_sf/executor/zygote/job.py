@@ -123,11 +123,12 @@ class Job:
         self.body = b""  # a session lives long: its creation body is not kept
 
     def attach(self, zygote: JobHost, pid: int, out_r: int, err_r: int, meta_r: int, job_w: int,
-               groups: Groups) -> None:
-        """Take on a child: its pipes, its cgroups, and a pidfd that says when it is gone."""
+               groups: Groups, pidfd: int = -1) -> None:
+        """Take on a child: its pipes, its cgroups, and a pidfd that says when it is gone (opened here
+        unless given)."""
         self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
         self.groups: Groups = groups
-        self.pidfd = os.pidfd_open(pid)
+        self.pidfd = pidfd if pidfd >= 0 else os.pidfd_open(pid)
         self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
         zygote.watch(self, (out_r, err_r, meta_r, self.pidfd))
         self.register(zygote)

@@ -44,8 +44,9 @@ class SessionJob(Job):
 
     @classmethod
     def adopt(cls, zygote: JobHost, new_id: int, source: SessionJob, limits: Limits, init: int, interpreter: int,
-              fds: list[int], groups: Groups, frozen: bool) -> SessionJob:
-        """A copy forked from `source`, taken on as a session of its own, idle."""
+              fds: list[int], groups: Groups, frozen: bool, pidfds: tuple[int, int]) -> SessionJob:
+        """A copy forked from `source`, taken on as a session of its own, idle; `pidfds`: its PID 1's and its
+        interpreter's, opened while both were known to live."""
         head: SessionOpenHead = {"op": "open", "id": new_id, "language": source.language, "limits": limits,
                                  "rooted": False}
         copy = cls(zygote, head, b"")
@@ -54,17 +55,17 @@ class SessionJob(Job):
         copy.parent = source
         copy.layers = source.layers + (0 if frozen else 1)  # a live copy enters a Landlock domain of its own
         out_r, err_r, meta_r, job_w = fds
-        copy.attach(zygote, init, out_r, err_r, meta_r, job_w, groups)
-        copy._watch_interpreter(zygote, interpreter)
+        copy.attach(zygote, init, out_r, err_r, meta_r, job_w, groups, pidfds[0])
+        copy._watch_interpreter(zygote, interpreter, pidfds[1])
         copy.hard_deadline = time.monotonic()
         copy.begin_stage(0)
         source.forks.add(copy)
         source.fork_inits.add(init)
         return copy
 
-    def _watch_interpreter(self, zygote: JobHost, pid: int) -> None:
+    def _watch_interpreter(self, zygote: JobHost, pid: int, pidfd: int = -1) -> None:
         self.interpreter = pid
-        self.interpreter_fd = os.pidfd_open(pid)
+        self.interpreter_fd = pidfd if pidfd >= 0 else os.pidfd_open(pid)
         zygote.watch(self, (self.interpreter_fd,))
 
     def background(self) -> list[int]:
