@@ -217,6 +217,39 @@ def test_no_run_can_be_the_tracer_that_lets_namespaces_be_made(server: ServerHan
     assert stdout(call(server, copy, OWN_TRACER)).rsplit(" ", 1)[1] == "38\n"
 
 
+HOLD_CHANNELS = (
+    "import ctypes, os, pty, select\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "os.mkfifo('/tmp/fifo')\npoller = select.epoll()\n"
+    "held = {'eventfd': os.eventfd(0), 'timerfd': libc.timerfd_create(1, 0), 'epoll': poller.fileno(),\n"
+    "        'inotify': libc.inotify_init(), 'pty': pty.openpty()[0], 'fifo': os.open('/tmp/fifo', os.O_RDWR),\n"
+    "        'mqueue': libc.mq_open(b'/q', os.O_CREAT | os.O_RDWR, 0o600, None)}\n"
+    "targets = {name: os.readlink(f'/proc/self/fd/{fd}') for name, fd in held.items()}\n"
+    "kept = {'tmpfs': open('/workdir/kept.txt', 'w+'), 'null': open('/dev/null'), 'system': open('/etc/hostname')}\n"
+    "print(sorted(name for name, fd in held.items() if fd < 0))\n")
+STILL_HELD = ("print(sorted(name for name, fd in held.items() if os.path.exists(f'/proc/self/fd/{fd}')\n"
+              "             and os.readlink(f'/proc/self/fd/{fd}') == targets[name]))\n"
+              "kept['tmpfs'].write('x')\nkept['tmpfs'].flush()\n"
+              "print(kept['null'].read() == '', len(kept['system'].read()) > 0, open('/workdir/kept.txt').read())\n")
+
+
+def test_a_copy_holds_no_channel_to_its_parent_or_its_siblings(server: ServerHandle) -> None:
+    """A copy keeps its files (its own tmpfs's, reopened; read-only ones; /dev/null) and none of what
+    would let it talk to the parent or another copy: eventfd, timerfd, epoll, inotify, pty, FIFO,
+    message queue (red team, 2026-11-29: all seven carried data across a fork and a snapshot)."""
+    parent = create(server)
+    try:
+        assert stdout(call(server, parent, HOLD_CHANNELS)) == "[]\n"
+        answer = requests.post(f"{server.url}/sessions/{parent}/fork", json={"count": 2}, timeout=60)
+        assert answer.status_code == 201, answer.text
+        for copy in answer.json()["session_ids"]:
+            assert stdout(call(server, copy, STILL_HELD)) == "[]\nTrue True x\n"
+            requests.delete(f"{server.url}/sessions/{copy}", timeout=60)
+        assert stdout(call(server, parent, STILL_HELD)).startswith(
+            "['epoll', 'eventfd', 'fifo', 'inotify', 'mqueue', 'pty', 'timerfd']\nTrue True ")
+    finally:
+        requests.delete(f"{server.url}/sessions/{parent}", timeout=60)
+
+
 # Code that leaves its interpreter unable to start again: a seccomp filter of its own (openat refused),
 # or a stack limit no new thread of it fits in.
 OWN_FILTER = ("import ctypes, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"

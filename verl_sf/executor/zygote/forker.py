@@ -63,7 +63,7 @@ PR_SET_KEEPCAPS, PR_SET_SECUREBITS = 8, 28
 LOCKED_SECUREBITS = 0x1 | 0x2 | 0x20 | 0x40 | 0x80
 LANDLOCK_SCOPES = 0x3  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL (ABI 6)
 CHANNELS = (1, 2, 3, 9)  # stdout, stderr, records, calls: each copy gets its own
-NAMESPACE_FILES = {"cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts"}  # readlink: "net:[4026...]"
+STATELESS_DEVICES = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9)}  # null, zero, full, random, urandom
 
 
 class CopyFailed(OSError):
@@ -99,6 +99,7 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
         linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
         # Between calls a python session reads them on fd 9, bash on fd 0 (`read <&9`); a snapshot
         # stands stopped on that read, and is never let go to reach it.
+        _check_untouched(parent)
         try:
             source = tracing.Tracee(parent, reading=() if parent_frozen else (0, 9))
         except tracing.NotIdle as exc:
@@ -138,8 +139,21 @@ def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, 
         message = str(exc) if isinstance(exc, OSError) else traceback.format_exc()
         kind = b"busy " if isinstance(exc, Refused) else b"limit " if isinstance(exc, ProcessLimit) else b"error "
         with contextlib.suppress(OSError):
-            reply.sendall(kind + message.replace("\n", " ").encode() + b"\n")
+            reply.sendall(kind + message.replace("\n", " ").encode(errors="replace") + b"\n")
         os._exit(1)
+
+
+def _check_untouched(interpreter: int) -> None:
+    """The session's code has not traced its interpreter (a tracer of its own keeps ours out) nor
+    loaded a seccomp filter of its own beside its PID 1's (it would refuse what a fork does in the
+    interpreter's name): either is the session's doing, refused as such."""
+    own = procfs.status_fields(interpreter, "TracerPid", "Seccomp_filters")
+    init = procfs.status_fields(procfs.parent(interpreter), "Seccomp_filters")
+    if own.get("TracerPid", "0") != "0":
+        raise Refused("its code made its interpreter traced (ptrace), and a traced process cannot be forked")
+    if own.get("Seccomp_filters") != init.get("Seccomp_filters"):
+        raise Refused("its code loaded a seccomp filter of its own, which would refuse what a fork does in its "
+                      "interpreter's name")
 
 
 def _check_alone(interpreter: int) -> None:
@@ -228,8 +242,8 @@ def _set_up(blueprint: Blueprint, init: tracing.Tracee, source: tracing.Tracee, 
     copy = tracing.Tracee(init.forked, attach=False)
     ends = _channels(copy, source, fifos)
     _reopen_files(copy, source, blueprint.tmpfs_targets)
-    _close_reaching_parent(copy)
-    address = copy.put(cwd.encode() + b"\0")
+    _close_reaching_parent(copy, _unchanging_mounts(copy.pid, blueprint.tmpfs_targets))
+    address = copy.put(os.fsencode(cwd) + b"\0")
     if copy.call("chdir", address) < 0:
         copy.check("chdir", copy.put(cfg["workdir"].encode() + b"\0"))
     copy.check("setsid")  # its own process group, which an interrupt goes to
@@ -267,7 +281,7 @@ def _channels(copy: tracing.Tracee, source: tracing.Tracee, fifos: list[str]) ->
     root = f"/proc/{copy.pid}/root"
     ends: list[int] = []
     for fd, path in zip(CHANNELS, fifos, strict=True):
-        address = copy.put(path.encode() + b"\0")
+        address = copy.put(os.fsencode(path) + b"\0")
         if fd == 9:  # the zygote writes, the copy reads: the reader opens first, without waiting
             theirs = copy.check("open", address, os.O_RDONLY | os.O_NONBLOCK)
             ours = os.open(root + path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -292,55 +306,74 @@ def _channels(copy: tracing.Tracee, source: tracing.Tracee, fifos: list[str]) ->
 
 
 def _reopen_files(copy: tracing.Tracee, source: tracing.Tracee, mounts: list[str]) -> None:
-    """Files the session holds open on its tmpfs, reopened on the copy's own (at the same offset,
-    with the same flags, by the copy itself): else parent and copy would write one file."""
-    devices = set()
-    for target in mounts:
-        with contextlib.suppress(OSError):
-            devices.add(os.stat(f"/proc/{source.pid}/root{target}").st_dev)
+    """Files the session holds open on its tmpfs or on a read-only mount, reopened as the copy's own
+    (at the same offset, with the same flags, by the copy itself): else parent and copy would write
+    one file, and share one offset (a channel: one seeks, the other reads where it is)."""
+    reopenable = _unchanging_mounts(source.pid, mounts)
     for entry in os.listdir(f"/proc/{copy.pid}/fd"):
         try:
             info = os.stat(f"/proc/{copy.pid}/fd/{entry}")
             path = os.readlink(f"/proc/{copy.pid}/fd/{entry}")
             with open(f"/proc/{copy.pid}/fdinfo/{entry}") as fdinfo:
                 fields = dict(line.split(":", 1) for line in fdinfo.read().splitlines() if ":" in line)
-        except OSError:
+            flags, mount = int(fields["flags"], 8), int(fields["mnt_id"])
+        except (OSError, KeyError, ValueError):
+            continue  # closed below
+        if int(entry) in CHANNELS or mount not in reopenable or not stat.S_ISREG(info.st_mode) \
+                or flags & os.O_PATH or path.endswith(" (deleted)"):
             continue
-        if int(entry) in CHANNELS or info.st_dev not in devices or not stat.S_ISREG(info.st_mode) \
-                or path.endswith(" (deleted)"):
-            continue
-        reopened = copy.call("open", copy.put(path.encode() + b"\0"),
-                             int(fields["flags"], 8) & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))
+        reopened = copy.call("open", copy.put(os.fsencode(path) + b"\0"),
+                             flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))
         if reopened < 0:
-            continue  # moved or made unreadable since: it stays shared, as after fork(2)
+            continue  # moved or made unreadable since: closed below, never shared
         copy.check("lseek", reopened, int(fields["pos"]), os.SEEK_SET)
         copy.check("dup2", reopened, int(entry))
         copy.check("close", reopened)
 
 
-def _close_reaching_parent(copy: tracing.Tracee) -> None:
-    """Descriptors inherited from the parent that reach processes or files outside the copy's
-    namespaces and tmpfs: directories (the parent's mount tree: its tmpfs, its /proc), O_PATH
-    handles, files of the parent's /proc, pidfds and namespace files; and sockets and pipes, which
-    every copy would share with the parent and the other copies (a channel between sessions, over
-    which a unix socket passes any descriptor, a copy's /workdir among them)."""
+def _close_reaching_parent(copy: tracing.Tracee, unchanging: set[int]) -> None:
+    """Every descriptor the copy inherited but its own channels, the files reopened above (on its
+    `unchanging` mounts: read-only or its own tmpfs) and the stateless devices.  All else reaches the
+    parent or the other copies: sockets, pipes, FIFOs, ptys, eventfds, timerfds, epoll and inotify
+    instances, message queues, files a copy could not reopen (a channel between sessions, over which
+    a unix socket passes any descriptor, a copy's /workdir among them); and directories, O_PATH
+    handles, /proc files, pidfds and namespace files, which reach the parent's mount tree and processes."""
     own = set()
     for fd in CHANNELS:
         with contextlib.suppress(OSError):
             own.add(os.readlink(f"/proc/{copy.pid}/fd/{fd}"))
     for entry in os.listdir(f"/proc/{copy.pid}/fd"):
         try:
+            info = os.stat(f"/proc/{copy.pid}/fd/{entry}")
             target = os.readlink(f"/proc/{copy.pid}/fd/{entry}")
-            directory = stat.S_ISDIR(os.stat(f"/proc/{copy.pid}/fd/{entry}").st_mode)
             with open(f"/proc/{copy.pid}/fdinfo/{entry}") as fdinfo:
-                flags = int(fdinfo.read().split("flags:", 1)[1].split()[0], 8)
-        except (OSError, IndexError, ValueError):
+                fields = dict(line.split(":", 1) for line in fdinfo.read().splitlines() if ":" in line)
+            flags, mount = int(fields["flags"], 8), int(fields["mnt_id"])
+        except (OSError, KeyError, ValueError):  # gone since the listing, or unreadable: closed all the same
+            copy.call("close", int(entry))
             continue
-        kind = target.partition(":")[0]
-        if int(entry) not in CHANNELS and (directory or flags & os.O_PATH or target.startswith("/proc/")
-                                           or target == "anon_inode:[pidfd]" or kind in NAMESPACE_FILES
-                                           or (kind in ("socket", "pipe") and target not in own)):
-            copy.check("close", int(entry))
+        if int(entry) in CHANNELS or target in own:
+            continue
+        if stat.S_ISCHR(info.st_mode) and (os.major(info.st_rdev), os.minor(info.st_rdev)) in STATELESS_DEVICES:
+            continue
+        if stat.S_ISREG(info.st_mode) and not flags & os.O_PATH and mount in unchanging:
+            continue
+        copy.check("close", int(entry))
+
+
+def _unchanging_mounts(pid: int, tmpfs: list[str]) -> set[int]:
+    """Mounts of the process's namespace where what a file holds no other process can change: the
+    read-only ones, and its own tmpfs mounts (at `tmpfs`)."""
+    unchanging = set()
+    with open(f"/proc/{pid}/mountinfo") as listing:
+        for line in listing:
+            fields, _, tail = line.partition(" - ")
+            parts, fstype = fields.split(), (tail.split() or [""])[0]
+            if fstype in ("proc", "mqueue"):
+                continue  # their files are the kernel's live state, read-only mount or not
+            if "ro" in parts[5].split(",") or (fstype == "tmpfs" and parts[4] in tmpfs):
+                unchanging.add(int(parts[0]))
+    return unchanging
 
 
 def _own_domain(source: tracing.Tracee) -> None:
