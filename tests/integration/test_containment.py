@@ -163,6 +163,17 @@ def test_a_session_call_forging_its_end_of_any_shape_leaves_the_zygote_and_other
     assert set(zygotes(server.process.pid)) == warm, "a zygote died"
 
 
+def test_a_run_reads_nothing_of_the_sandbox_set_up_in_its_command_line(server: ServerHandle) -> None:
+    """A run is a fork of the warm interpreter, so its /proc/<pid>/cmdline is the zygote's argv: the
+    zygote's configuration (uids, host paths, limits) is read from a descriptor, never passed there."""
+    code = ("import os\nfor pid in ('self', '1'):\n    try:\n        print(open(f'/proc/{pid}/cmdline', 'rb').read())\n"
+            "    except OSError as exc:\n        print(exc.errno)\n")
+    body = run_code(server, code)
+    assert body["status"] == "Success", body
+    for leaked in ("run_uids", "seccomp", "workdir", "landlock"):
+        assert leaked not in body["run_result"]["stdout"], body["run_result"]["stdout"]
+
+
 def test_daemons_of_a_run_are_dead_by_its_reply(server: ServerHandle) -> None:
     marker = f"daemon-{secrets.token_hex(4)}"
     code = ("import os, subprocess\n"

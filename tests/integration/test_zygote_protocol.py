@@ -36,9 +36,13 @@ class Zygote:
             "cgroups": {}, "cgroup_v2": False, "seccomp": [], "seccomp_socket_families": [], "libseccomp": "",
             "demote_after": 0.1,
         }
-        command = [sys.executable, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config), os.path.dirname(ZYGOTE_PACKAGE)]
-        self.process = subprocess.Popen(command,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        config_fd = os.memfd_create("zygote-config")
+        os.write(config_fd, json.dumps(config).encode())
+        os.lseek(config_fd, 0, os.SEEK_SET)
+        command = [sys.executable, "-I", "-c", ZYGOTE_BOOTSTRAP, str(config_fd), os.path.dirname(ZYGOTE_PACKAGE)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        start_new_session=True, pass_fds=(config_fd,))
+        os.close(config_fd)
         self.early: dict[int, dict[str, Any]] = {}
         assert self.read()["kind"] == "ready"
 

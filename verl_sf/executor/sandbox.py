@@ -53,8 +53,10 @@ ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
 ZYGOTE_PACKAGE = os.path.dirname(zygote.__file__)
 ZYGOTE_MOUNT = "/verl-sf/zygote"  # where the sandbox sees the zygote package, read-only
 # Imports the package from the directory above it, then runs it (argv: config, that directory).
+# argv: the descriptor its configuration is read from (never argv itself, which every run's /proc/1/cmdline
+# shows), then the package's parent directory.
 ZYGOTE_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[2]); from zygote.main import main; "
-                    "main(sys.argv[1], sys.argv[2])")
+                    "main(int(sys.argv[1]), sys.argv[2])")
 
 
 def sandbox_env(config: ExecutorConfig, toolchains: Toolchains, gpu: Optional[GpuView] = None) -> dict[str, str]:
@@ -264,15 +266,17 @@ class SandboxLauncher:
         prefix = directory.rstrip("/") + "/"
         return sorted({d[len(prefix):].split("/")[0] for d in self.bound_dirs() if d.startswith(prefix)})
 
-    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool) -> list[str]:
+    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool, config_fd: int) -> list[str]:
         """The sandbox's argv; `cgroup_fds` are descriptors of its delegated cgroups (controller ->
-        fd), which the caller passes to the process: the zygote makes run groups through them."""
+        fd), which the caller passes to the process: the zygote makes run groups through them.  Its
+        configuration is written to `config_fd` (a memfd the caller passes too), where it reads it."""
         config = self.zygote_config(name, flavor, cgroup_fds, cgroup_v2)
+        os.write(config_fd, json.dumps(config).encode())
+        os.lseek(config_fd, 0, os.SEEK_SET)
         if not self.isolated:
             os.makedirs(os.path.join(self._state.path, name), exist_ok=True)
-            return [self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config),
-                    os.path.dirname(ZYGOTE_PACKAGE)]
-        return self._bwrap_args() + ["--", self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, json.dumps(config),
+            return [self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, str(config_fd), os.path.dirname(ZYGOTE_PACKAGE)]
+        return self._bwrap_args() + ["--", self.config.python, "-I", "-c", ZYGOTE_BOOTSTRAP, str(config_fd),
                                      os.path.dirname(ZYGOTE_MOUNT)]
 
     def _bwrap_args(self) -> list[str]:

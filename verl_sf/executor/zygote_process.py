@@ -88,13 +88,14 @@ class ZygoteProcess:
             self.cgroup.prepare()
         # The zygote reaches its delegated cgroups through these descriptors, never through a path.
         fds = {c: os.open(d, os.O_RDONLY | os.O_DIRECTORY) for c, d in self.cgroup.dirs.items()} if self.cgroup else {}
+        config_fd = os.memfd_create("zygote-config", os.MFD_CLOEXEC)
         try:
             self.process = await spawn(
-                self.launcher.command(self.name, self.flavor, fds, bool(self.cgroup and self.cgroup.v2)),
-                env=self.launcher.env, preexec_fn=self.launcher.preexec(procs), pass_fds=tuple(fds.values()),
-                limit=MAX_REPLY_BYTES)
+                self.launcher.command(self.name, self.flavor, fds, bool(self.cgroup and self.cgroup.v2), config_fd),
+                env=self.launcher.env, preexec_fn=self.launcher.preexec(procs),
+                pass_fds=(*fds.values(), config_fd), limit=MAX_REPLY_BYTES)
         finally:
-            for fd in fds.values():
+            for fd in (*fds.values(), config_fd):
                 os.close(fd)
         line = await self.process.stdout.readline()
         hello = json.loads(line) if line else {}

@@ -9,8 +9,9 @@ import sys
 from .supervisor import Zygote
 
 
-def main(config_text: str, package_parent: str) -> None:
-    config = json.loads(config_text)
+def main(config_fd: int, package_parent: str) -> None:
+    with open(config_fd, "rb") as handle:  # closed: nothing forked from us holds it
+        config = json.loads(handle.read())
     sys.argv = ["main.py"]  # as `python main.py` has it; set here, a run need not free ours
     if package_parent in sys.path:
         sys.path.remove(package_parent)  # runs import their own modules, never ours
