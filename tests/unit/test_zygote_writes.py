@@ -34,7 +34,7 @@ class EchoLauncher:
     env = dict(os.environ)
     isolated = False  # stopped as on the landlock rung: its requests close, and it exits at their end
 
-    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool) -> list[str]:
+    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool, config_fd: int) -> list[str]:
         return [sys.executable, "-c", ECHO_ZYGOTE]
 
     def preexec(self, procs_files: list[str]) -> Optional[Callable[[], None]]:
