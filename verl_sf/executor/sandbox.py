@@ -52,9 +52,8 @@ LANDLOCK_HOST_ETC = ("passwd", "group", "hosts", "nsswitch.conf", "host.conf", "
 ENV_PASSTHROUGH_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "LANG", "LC_", "TZ")
 ZYGOTE_PACKAGE = os.path.dirname(zygote.__file__)
 ZYGOTE_MOUNT = "/verl-sf/zygote"  # where the sandbox sees the zygote package, read-only
-# Imports the package from the directory above it, then runs it (argv: config, that directory).
-# argv: the descriptor its configuration is read from (never argv itself, which every run's /proc/1/cmdline
-# shows), then the package's parent directory.
+# Imports the package from the directory above it, then runs it.  argv: the descriptor its configuration is
+# read from (never argv itself, which every run's /proc/1/cmdline shows), then that directory.
 ZYGOTE_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[2]); from zygote.main import main; "
                     "main(int(sys.argv[1]), sys.argv[2])")
 
