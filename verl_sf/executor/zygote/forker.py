@@ -147,8 +147,7 @@ def _check_untouched(interpreter: int) -> None:
     """The session's code has not traced its interpreter (a tracer of its own keeps ours out) nor
     loaded a seccomp filter of its own beside its PID 1's (it would refuse what a fork does in the
     interpreter's name): either is the session's doing, refused as such."""
-    own = procfs.status_fields(interpreter, "TracerPid", "Seccomp_filters")
-    init = procfs.status_fields(procfs.parent(interpreter), "Seccomp_filters")
+    own, init = procfs.status(interpreter), procfs.status(procfs.parent(interpreter))
     if own.get("TracerPid", "0") != "0":
         raise Refused("its code made its interpreter traced (ptrace), and a traced process cannot be forked")
     if own.get("Seccomp_filters") != init.get("Seccomp_filters"):

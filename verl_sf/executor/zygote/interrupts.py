@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import signal
 
+from . import procfs
+
 SIGINT_BIT = 1 << (signal.SIGINT - 1)
 
 
@@ -22,15 +24,6 @@ def schedstat(pid: int) -> tuple[float, float]:
         return int(ran) / 1e9, int(waited) / 1e9
     except (OSError, ValueError):
         return 0.0, 0.0
-
-
-def _status(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            lines = fh.read().decode("ascii", "replace").splitlines()
-    except OSError:
-        return {}
-    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
 
 
 class Interrupt:
@@ -75,7 +68,7 @@ class Interrupt:
 
     def _reason(self) -> str | None:
         """What the kernel shows keeps the call from stopping, if anything."""
-        status = _status(self.pid)
+        status = procfs.status(self.pid)
         if int(status.get("SigIgn", "0"), 16) & SIGINT_BIT:
             return "the code ignores SIGINT"
         if int(status.get("SigBlk", "0"), 16) & SIGINT_BIT:
@@ -91,7 +84,7 @@ class Interrupt:
         reason = self._reason()
         if reason is not None:
             return reason
-        state = _status(self.pid).get("State", "?")
+        state = procfs.status(self.pid).get("State", "?")
         try:
             with open(f"/proc/{self.pid}/wchan") as fh:
                 where = fh.read().strip() or "-"

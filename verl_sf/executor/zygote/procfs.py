@@ -131,11 +131,14 @@ def _usage(pid: int, tasks: list[str]) -> tuple[float, float]:
     return max(live / 1e9, (utime + stime) / tick) + (cutime + cstime) / tick, longest / 1e9
 
 
-def status_fields(pid: int, *names: str) -> dict[str, str]:
-    """Fields of /proc/<pid>/status (TracerPid, Seccomp_filters, ...); those missing are left out."""
-    wanted = {name + ":" for name in names}
-    with open(f"/proc/{pid}/status") as fh:
-        return {key[:-1]: value.strip() for key, _, value in (line.partition("\t") for line in fh) if key in wanted}
+def status(pid: int) -> dict[str, str]:
+    """/proc/<pid>/status as its fields (State, TracerPid, Seccomp_filters, ...); {} once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            lines = fh.read().decode("ascii", "replace").splitlines()
+    except OSError:
+        return {}
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
 
 
 def parent(pid: int) -> int:
