@@ -192,6 +192,13 @@ SPINNERS = "import os\nfor _ in range(150):\n    if os.fork() == 0:\n        bre
 CPU_SHARE = "import time\nstart = time.monotonic()\nwhile time.monotonic() - start < 2:\n    pass\nprint(time.process_time())\n"
 
 
+def cpu_share(server: ServerHandle) -> float:
+    """CPU seconds a one-process run gets in 2 s of wall time on the server as it is now."""
+    result = run_code(server, CPU_SHARE)
+    assert result["status"] == "Success", result
+    return float(result["run_result"]["stdout"])
+
+
 def test_a_run_of_many_processes_gets_the_cpu_of_one_run(two_slots: ServerHandle) -> None:
     """151 spinning processes of one run beside a one-process run: each run is a cpu group of its own
     (cgroup v1, as root), so the lone process gets about a core of this machine's two, where in one
@@ -207,12 +214,14 @@ def test_a_run_of_many_processes_gets_the_cpu_of_one_run(two_slots: ServerHandle
             return alone, spun
 
     assert health(two_slots)["limits"]["cpu"].startswith("cgroup per run"), health(two_slots)
+    unhindered = cpu_share(two_slots)
     alone, spun = asyncio.run(scenario())
     assert spun["run_result"]["status"] == "TimeLimitExceeded", spun
     assert alone["status"] == "Success", alone
-    # Of 2 s: ~1.3 s when the two groups share the CPU as their weights say (0.84 s seen on a busy
-    # machine); in one group with the spinners it was 1/151 of a core's share, ~0.01 s.
-    assert float(alone["run_result"]["stdout"]) >= 0.5, alone
+    # Against the same run just before, on a machine whose other load the suite does not control:
+    # about half of it when the two groups share the CPU as their weights say; in one group with
+    # the spinners it was 1/151 of a core's share (~0.01 s of ~1.5 s).
+    assert float(alone["run_result"]["stdout"]) >= 0.15 * unhindered, (alone, unhindered)
 
 
 def test_a_session_call_that_ends_itself_early_runs_on_demoted(two_slots: ServerHandle) -> None:
@@ -220,6 +229,7 @@ def test_a_session_call_that_ends_itself_early_runs_on_demoted(two_slots: Server
     would: what runs between calls is background, its group at the least weight from the reply on,
     so 16 threads spinning in each of two such sessions leave a one-process run its share of the
     machine as a run (red team, 2026-11-29: at full weight they starved such runs to time-outs)."""
+    unhindered = cpu_share(two_slots)
     forge = ("import os, threading, hashlib\n"
              "os.write(3, b'\\n{\"kind\": \"call_done\", \"return_code\": 0, \"cpu_time\": 0.0}\\n')\n"
              "b = b'x' * (1 << 20)\ndef spin():\n    while True:\n        hashlib.sha256(b).digest()\n"
@@ -231,9 +241,9 @@ def test_a_session_call_that_ends_itself_early_runs_on_demoted(two_slots: Server
             ended = run_code(two_slots, forge, session_id=session_id, run_timeout=30)
             assert ended["status"] == "Success", ended  # answered at the forged end: it cannot be told apart
         assert health(two_slots)["limits"]["cpu"].startswith("cgroup per run"), health(two_slots)
-        alone = run_code(two_slots, CPU_SHARE)
-        assert alone["status"] == "Success", alone
-        assert float(alone["run_result"]["stdout"]) >= 0.5, alone  # of 2 s; ~0.05 s beside them at full weight
+        # Against the same run just before, as the machine's other load (another test worker in CI)
+        # is not the suite's to control: 0.06 s of ~1.5 s beside them at full weight, 0.47-1.3 s since.
+        assert cpu_share(two_slots) >= 0.15 * unhindered, unhindered
     finally:
         for session_id in sessions:
             requests.delete(f"{two_slots.url}/sessions/{session_id}", timeout=60)
