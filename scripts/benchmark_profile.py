@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where a stateless run's CPU goes under load: the whole machine sampled by `perf` while a real
-`verl-sf serve` answers `/run_code` at a fixed concurrency.
+`verl-sf serve` answers `/run_code` at a fixed concurrency (or, `--workload e2b`, E2B sandboxes'
+lives through plain HTTP: create, one `/execute`, kill).
 
 Each sample is put to the process it was taken in (the server, a zygote, a child still setting
 up ahead of its job, a run, this load generator, kernel threads, idle) and to what that process
@@ -13,6 +14,7 @@ Needs root (or kernel.perf_event_paranoid <= -1) and `perf` (Debian: `apt-get in
 
 Example:
   python scripts/benchmark_profile.py --concurrency 64 --seconds 6 --output docs/benchmarks/profile.json
+  python scripts/benchmark_profile.py --workload e2b --concurrency 1 --seconds 6
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def role(comm: str, pid: int, roles: dict[int, str]) -> str:
         return "child setting up"
     if comm == "verl-sf-templat":
         return "template"
+    if comm == "verl-sf-root":
+        return "root helper"  # a rooted session's (an E2B sandbox's), forked as its child sets up
     if comm.startswith(("kworker", "ksoftirqd", "rcu", "kdamond", "kcompactd", "migration", "perf")):
         return "kernel threads"
     return "run"
@@ -128,8 +132,9 @@ def zygotes_of(server_pid: int) -> list[int]:
     return [pid for pid in interpreters if parents[pid] not in interpreters and below_server(pid)]
 
 
-async def load(url: str, code: str, concurrency: int, seconds: float, window: list[float]) -> int:
-    """Keep `concurrency` calls in flight for `seconds`; the runs answered inside `window` (start, end)."""
+async def load(url: str, code: str, concurrency: int, seconds: float, window: list[float],
+               workload: str = "run_code") -> int:
+    """Keep `concurrency` calls (or E2B lives) in flight for `seconds`; those answered inside `window` (start, end)."""
     import aiohttp
 
     answered = 0
@@ -138,28 +143,55 @@ async def load(url: str, code: str, concurrency: int, seconds: float, window: li
         async def caller() -> None:
             nonlocal answered
             while time.monotonic() < deadline:
-                async with http.post(url + "/run_code", json={"code": code, "language": "python"}) as reply:
-                    body = await reply.json()
-                if body.get("status") != "Success":
-                    raise RuntimeError(f"a run failed under load: {body}")
+                await (_e2b_life(http, url, code) if workload == "e2b" else _run(http, url, code))
                 if window[0] <= time.monotonic() <= window[1]:
                     answered += 1
         await asyncio.gather(*(caller() for _ in range(concurrency)))
     return answered
 
 
-def profile(url: str, server_pid: int, code: str, concurrency: int, seconds: float, warmup: float) -> dict[str, Any]:
+async def _run(http: Any, url: str, code: str) -> None:
+    async with http.post(url + "/run_code", json={"code": code, "language": "python"}) as reply:
+        body = await reply.json()
+    if body.get("status") != "Success":
+        raise RuntimeError(f"a run failed under load: {body}")
+
+
+async def _e2b_life(http: Any, url: str, code: str) -> None:
+    """One sandbox's life as the SDK sends it: create, one execution, kill."""
+    key = {"X-API-Key": "benchmark"}
+    async with http.post(url + "/v2/sandboxes", json={"templateID": "code-interpreter-v1", "timeout": 60},
+                         headers=key) as reply:
+        created = await reply.json()
+    if reply.status != 201:
+        raise RuntimeError(f"a create failed under load: {created}")
+    sandbox = {"E2b-Sandbox-Id": created["sandboxID"], "E2b-Sandbox-Port": "49999",
+               "X-Access-Token": created["envdAccessToken"]}
+    try:
+        async with http.post(url + "/execute", json={"code": code}, headers=sandbox) as reply:
+            events = [json.loads(line) for line in (await reply.text()).splitlines()]
+        if reply.status != 200 or any(event.get("type") == "error" for event in events):
+            raise RuntimeError(f"an execution failed under load: {events}")
+    finally:
+        async with http.delete(url + "/sandboxes/" + created["sandboxID"], headers=key) as reply:
+            if reply.status != 204:
+                raise RuntimeError(f"a kill failed under load: {reply.status}")
+
+
+def profile(url: str, server_pid: int, code: str, concurrency: int, seconds: float, warmup: float,
+            workload: str = "run_code") -> dict[str, Any]:
     perf = shutil.which("perf")
     if perf is None:
         raise SystemExit("perf is not installed (Debian: apt-get install linux-perf)")
-    roles = {server_pid: "server", os.getpid(): "load generator", **{pid: "zygote" for pid in zygotes_of(server_pid)}}
+    roles = {server_pid: "server", os.getpid(): "load generator"}
     with tempfile.TemporaryDirectory() as scratch:
         data = os.path.join(scratch, "perf.data")
         window = [time.monotonic() + warmup, time.monotonic() + warmup + seconds]
 
         async def drive() -> int:
-            task = asyncio.ensure_future(load(url, code, concurrency, warmup + seconds + 1, window))
+            task = asyncio.ensure_future(load(url, code, concurrency, warmup + seconds + 1, window, workload))
             await asyncio.sleep(warmup)
+            roles.update((pid, "zygote") for pid in zygotes_of(server_pid))  # started by then: some on first use
             recorder = await asyncio.create_subprocess_exec(
                 perf, "record", "-a", "-g", "-q", "-o", data, "--", "sleep", str(seconds),
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -173,7 +205,7 @@ def profile(url: str, server_pid: int, code: str, concurrency: int, seconds: flo
                                 text=True, errors="replace", check=True)
     samples = parse(script.stdout.splitlines())
     cpus = len(os.sched_getaffinity(0))
-    return {"concurrency": concurrency, "seconds": seconds, "cpus": cpus, "runs": runs,
+    return {"workload": workload, "concurrency": concurrency, "seconds": seconds, "cpus": cpus, "runs": runs,
             "calls_per_second": runs / seconds, "cpu_ms_per_run": cpus * seconds * 1000 / max(1, runs),
             "samples": len(samples), "roles": tally(samples, roles, cpus * seconds, runs)}
 
@@ -198,6 +230,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="how long perf samples")
     parser.add_argument("--warmup", type=float, default=3.0, help="load before sampling starts")
     parser.add_argument("--code", default="print(2 + 2)")
+    parser.add_argument("--workload", choices=("run_code", "e2b"), default="run_code",
+                        help="stateless runs, or E2B sandboxes' lives (create, one execution, kill; a 'run' is a life)")
     parser.add_argument("--checkout", help="serve this checkout's verl_sf (a baseline) instead of the installed one")
     parser.add_argument("--output", help="write the result as JSON here")
     args = parser.parse_args(argv)
@@ -205,7 +239,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     process, url = start_server_process(checkout=args.checkout)
     try:
-        result = profile(url, process.pid, args.code, args.concurrency, args.seconds, args.warmup)
+        result = profile(url, process.pid, args.code, args.concurrency, args.seconds, args.warmup, args.workload)
     finally:
         stop_server_process(process)
     result["checkout"] = args.checkout or "installed"

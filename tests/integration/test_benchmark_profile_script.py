@@ -34,6 +34,10 @@ python 200
 
 swapper 0
 \tffffffff81000005 pv_native_safe_halt
+
+verl-sf-root 4102
+\tffffffff81000003 copy_page_range
+\tffffffff81000004 kernel_clone
 """
 
 
@@ -49,14 +53,16 @@ def test_each_sample_goes_to_its_process_and_what_it_was_doing() -> None:
     profile = _script()
     samples = profile.parse(PERF_SCRIPT.splitlines())
     assert [(comm, pid) for comm, pid, _ in samples] == [("python", 4100), ("verl-sf-ready", 4101),
-                                                          ("python", 300), ("python", 200), ("swapper", 0)]
-    roles = profile.tally(samples, {200: "server", 300: "zygote"}, cpu_seconds=1.0, runs=10)
-    assert roles["run"]["activities"] == {"exit": {"share": 0.2, "ms_per_run": 20.0}}
+                                                          ("python", 300), ("python", 200), ("swapper", 0),
+                                                          ("verl-sf-root", 4102)]
+    roles = profile.tally(samples, {200: "server", 300: "zygote"}, cpu_seconds=1.2, runs=10)
+    assert roles["run"]["activities"] == {"exit": {"share": 1 / 6, "ms_per_run": 20.0}}
     assert set(roles["child setting up"]["activities"]) == {"page fault"}
     assert set(roles["zygote"]["activities"]) == {"fork"}
     assert set(roles["server"]["activities"]) == {"user space"}
-    assert set(roles) == {"run", "child setting up", "zygote", "server", "idle"}
-    assert abs(sum(found["ms_per_run"] for found in roles.values()) - 100.0) < 1e-9  # 1 s over 10 runs
+    assert set(roles["root helper"]["activities"]) == {"fork"}
+    assert set(roles) == {"run", "child setting up", "zygote", "server", "idle", "root helper"}
+    assert abs(sum(found["ms_per_run"] for found in roles.values()) - 120.0) < 1e-9  # 1.2 s over 10 runs
 
 
 def test_profiles_a_real_server_under_load(tmp_path: Path) -> None:
@@ -72,3 +78,15 @@ def test_profiles_a_real_server_under_load(tmp_path: Path) -> None:
     assert "fork" in roles["template"]["activities"] and "exit" in roles["run"]["activities"]
     assert abs(sum(role["share"] for role in roles.values()) - 1.0) < 1e-6
     assert "ms of machine CPU per run" in result.stdout
+
+
+def test_profiles_e2b_sandboxes_lives(tmp_path: Path) -> None:
+    """`--workload e2b`: each 'run' is a sandbox's life (create, one execution, kill); its root
+    helper, forked as its session's child sets up, is a role of its own."""
+    output = tmp_path / "profile.json"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--workload", "e2b", "--concurrency", "1", "--seconds", "2",
+                             "--warmup", "1", "--output", str(output)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(output.read_text())
+    assert found["workload"] == "e2b" and found["runs"] > 0
+    assert {"server", "zygote", "run", "child setting up", "root helper", "load generator"} <= set(found["roles"])
