@@ -156,6 +156,22 @@ def test_html_and_png_results(sandbox: Sandbox) -> None:
     assert len(pngs) == 1 and pngs[0].startswith("iVBORw0KGgo")  # base64 of the PNG signature
 
 
+def test_an_execution_with_large_output_arrives_whole_as_json_lines(server: ServerHandle, sandbox: Sandbox) -> None:
+    """Every event of an execution, however large, reaches the SDK: the events are one body of JSON
+    lines ending with `end_of_execution`, as E2B streams them."""
+    code = "print('x' * 300_000)\nimport sys\nprint('y' * 200_000, file=sys.stderr)\n'z' * 100_000"
+    execution = sandbox.run_code(code)
+    assert "".join(execution.logs.stdout) == "x" * 300_000 + "\n"
+    assert "".join(execution.logs.stderr) == "y" * 200_000 + "\n"
+    assert execution.results[0].text == "z" * 100_000 and execution.error is None
+    raw = requests.post(server.url + "/execute", json={"code": "print(1)\n2"}, timeout=60,
+                        headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999",
+                                 "X-Access-Token": sandbox._envd_access_token or ""})
+    assert raw.status_code == 200 and raw.text.endswith("\n"), raw.text
+    events = [json.loads(line) for line in raw.text.splitlines()]
+    assert [event["type"] for event in events] == ["number_of_executions", "stdout", "result", "end_of_execution"]
+
+
 def test_json_results_nested_past_the_limit_keep_their_text(sandbox: Sandbox) -> None:
     nest = "x = []\ny = x\nfor _ in range({}):\n    y.append([])\n    y = y[0]\n"
     shown = "from IPython.display import JSON, display\ndisplay(JSON({'a': x}))\nprint('after')"
@@ -436,7 +452,7 @@ def test_environment_and_metadata_a_sandbox_cannot_hold_are_400_naming_them(
     if field == "envVars":  # and per execution: the code interpreter's /execute
         execute = requests.post(server.url + "/execute", json={"code": "1", "env_vars": body["envVars"]}, timeout=60,
                                 headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999",
-                                         "X-Access-Token": sandbox._envd_access_token})
+                                         "X-Access-Token": sandbox._envd_access_token or ""})
         assert execute.status_code in (400, 422) and "env_vars" in execute.text, execute.text[:500]
     assert sandbox.run_code("1 + 1").text == "2"
 
