@@ -204,6 +204,7 @@ def cpu_shares(server: ServerHandle, beside: str) -> tuple[float, float]:
     before, started = cpu_seconds(pids), time.monotonic()
     result = run_code(server, CPU_SHARE)
     theirs = (cpu_seconds(pids) - before) / (time.monotonic() - started)
+    assert set(pids) <= set(named(beside)), f"some of the processes named {beside} ended while measured"
     assert result["status"] == "Success", result
     return float(result["run_result"]["stdout"]) / result["run_result"]["execution_time"], theirs
 
@@ -215,7 +216,7 @@ def test_a_run_of_many_processes_gets_the_cpu_of_one_run(two_slots: ServerHandle
     async def scenario() -> tuple[tuple[float, float], dict[str, Any]]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             spinners = asyncio.ensure_future(post(session, two_slots.url,
-                                                  {"code": SPINNERS, "language": "python", "run_timeout": 8}))
+                                                  {"code": SPINNERS, "language": "python", "run_timeout": 12}))
             # Forking 150 from a demoted group takes seconds: the ratio below holds for however many there
             # are (one group of M spinners would leave the lone run 1/M of what they get).
             await asyncio.to_thread(wait_until, lambda: len(named("spinners")) >= 20, 30, "the spinners")
