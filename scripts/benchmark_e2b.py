@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import aiohttp
 
+from bench.e2b_life import e2b_life
 from bench.memory import process_kb
 from bench.server import served
 from bench.session_memory import WHO_AM_I, _session_pids
@@ -74,26 +75,11 @@ async def e2b_lifecycle() -> None:
 def e2b_http_lifecycle(session: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[None]]:
     """The same life through plain HTTP, as the SDK sends it (#38 measures it so): `POST /v2/sandboxes`,
     `POST /execute` to the code interpreter's port, `DELETE /sandboxes/{id}`; no SDK in the client."""
-    key = {"X-API-Key": os.environ["E2B_API_KEY"]}
-
     async def call() -> None:
-        async with session.post(url + "/v2/sandboxes", json={"templateID": "code-interpreter-v1", "timeout": 60},
-                                headers=key) as response:
-            created = await response.json()
-        if response.status != 201:
-            raise RuntimeError(f"create answered {response.status}: {created}")
-        sandbox = {"E2b-Sandbox-Id": created["sandboxID"], "E2b-Sandbox-Port": "49999",
-                   "X-Access-Token": created["envdAccessToken"]}
-        try:
-            async with session.post(url + "/execute", json={"code": CODE}, headers=sandbox) as response:
-                events = [json.loads(line) for line in (await response.text()).splitlines()]
-            stdout = "".join(event["text"] for event in events if event.get("type") == "stdout")
-            if stdout != EXPECTED:
-                raise RuntimeError(f"wrong output from /execute: {events}")
-        finally:
-            async with session.delete(url + "/sandboxes/" + created["sandboxID"], headers=key) as response:
-                if response.status != 204:
-                    raise RuntimeError(f"kill answered {response.status}: {await response.text()}")
+        events = await e2b_life(session, url, CODE, os.environ["E2B_API_KEY"])
+        stdout = "".join(event["text"] for event in events if event.get("type") == "stdout")
+        if stdout != EXPECTED:
+            raise RuntimeError(f"wrong output from /execute: {events}")
     return call
 
 

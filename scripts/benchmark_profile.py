@@ -158,24 +158,11 @@ async def _run(http: Any, url: str, code: str) -> None:
 
 
 async def _e2b_life(http: Any, url: str, code: str) -> None:
-    """One sandbox's life as the SDK sends it: create, one execution, kill."""
-    key = {"X-API-Key": "benchmark"}
-    async with http.post(url + "/v2/sandboxes", json={"templateID": "code-interpreter-v1", "timeout": 60},
-                         headers=key) as reply:
-        created = await reply.json()
-    if reply.status != 201:
-        raise RuntimeError(f"a create failed under load: {created}")
-    sandbox = {"E2b-Sandbox-Id": created["sandboxID"], "E2b-Sandbox-Port": "49999",
-               "X-Access-Token": created["envdAccessToken"]}
-    try:
-        async with http.post(url + "/execute", json={"code": code}, headers=sandbox) as reply:
-            events = [json.loads(line) for line in (await reply.text()).splitlines()]
-        if reply.status != 200 or any(event.get("type") == "error" for event in events):
-            raise RuntimeError(f"an execution failed under load: {events}")
-    finally:
-        async with http.delete(url + "/sandboxes/" + created["sandboxID"], headers=key) as reply:
-            if reply.status != 204:
-                raise RuntimeError(f"a kill failed under load: {reply.status}")
+    from bench.e2b_life import e2b_life  # scripts/ is on the path when this runs as a script
+
+    events = await e2b_life(http, url, code, "benchmark")
+    if any(event.get("type") == "error" for event in events):
+        raise RuntimeError(f"an execution failed under load: {events}")
 
 
 def profile(url: str, server_pid: int, code: str, concurrency: int, seconds: float, warmup: float,
