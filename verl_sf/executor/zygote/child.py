@@ -115,7 +115,9 @@ class Child:
         elif self.cfg["landlock"] is not None:
             self._restrict()
         namespace = main_namespace(self.blueprint.cwd if self.blueprint.isolated else self.workdir)
-        if self.cfg["ipython"]:
+        # A rooted child only ever becomes a session's PID 1: its interpreter, forked from it, would fault
+        # the pages a scratch cell wrote here all over again.
+        if self.cfg["ipython"] and not self.rooted:
             ipython_shell.prepare(namespace)
         job = _read_job()
         linux.set_name(self.blueprint.comm)

@@ -107,8 +107,12 @@ def _opener(base: int) -> Callable[[str, int], int]:
 def write(group: Group, name: str, text: str) -> None:
     """Write a file of a job's cgroup, through the delegated directory's descriptor."""
     base, directory = group
-    with open(f"{directory}/{name}", "w", opener=_opener(base)) as fh:
-        fh.write(text)
+    # as open(..., "w") opens it, without a file object (two writes a session call)
+    fd = os.open(f"{directory}/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666, dir_fd=base)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def read_counters(group: Group, name: str) -> dict[str, int]:
