@@ -29,7 +29,7 @@ from .messages import (
     ZygoteConfig,
 )
 from .run_groups import DEMOTED, KILLED, Groups, RunGroups
-from .wire import READ_CHUNK, Lines, loads, readable, write_all
+from .wire import READ_CHUNK, Lines, loads, readable_of, write_all
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
@@ -387,9 +387,9 @@ class Job:
 
     def drain(self, zygote: JobHost) -> None:
         """Output already in the pipes is this job's (or this call's): take it without waiting."""
-        for fd in (self.out_r, self.err_r, self.meta_r):
-            while fd in self.open_fds and readable(fd):
-                self._take(zygote, fd)
+        # One poll a read, the first ready pipe in this order (a take can end the call and drain, or close, the rest).
+        while ready := readable_of([fd for fd in (self.out_r, self.err_r, self.meta_r) if fd in self.open_fds]):
+            self._take(zygote, ready[0])
 
 
 # A session's and a cells run's records come from the process that runs the code: their numbers are
