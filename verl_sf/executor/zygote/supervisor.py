@@ -49,7 +49,6 @@ class Zygote:
         self.isolated = config["isolated"]
         with open("/proc/self/comm", "rb") as comm:
             name = comm.read().strip()
-        self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if self.isolated else -1
         # A session holds seven descriptors here (pipes, pidfds, its network): as many as the hard
         # limit allows (runs set their own limit).
         resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
@@ -98,7 +97,7 @@ class Zygote:
         self.fd_owner: dict[int, Watcher] = {}  # fd -> its job (or fork in progress), for the poll loop
         self.requests = Lines()
         # Last, once the zygote is all set up and before any request: it forks every child.
-        self.template = Template(self.blueprint, self.pidns_fd, [self.req_fd, self.rep_fd])
+        self.template = Template(self.blueprint, [self.req_fd, self.rep_fd])
         # epoll, not poll: a wait costs what is ready, not every fd of every live session (a third of
         # the zygote's CPU at 64 live sessions).  Made after the template's fork, which never holds it.
         self.poller = select.epoll()

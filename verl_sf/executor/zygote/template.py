@@ -42,7 +42,7 @@ class TemplateFailed(OSError):
 class Template:
     """The zygote's side: orders out, pids back."""
 
-    def __init__(self, blueprint: Blueprint, pidns_fd: int, closed: list[int]):
+    def __init__(self, blueprint: Blueprint, closed: list[int]):
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
@@ -50,7 +50,7 @@ class Template:
                 self.socket.close()
                 for fd in closed:
                     os.close(fd)
-                _serve(theirs, blueprint, pidns_fd)
+                _serve(theirs, blueprint)
             except BaseException:
                 os.write(2, f"verl-sf: the zygote's template failed: {traceback.format_exc()}".encode())
             os._exit(1)
@@ -74,7 +74,7 @@ class Template:
         os.waitpid(self.pid, 0)
 
 
-def _serve(channel: socket.socket, blueprint: Blueprint, pidns_fd: int) -> NoReturn:
+def _serve(channel: socket.socket, blueprint: Blueprint) -> NoReturn:
     """The template's loop: fork a child per order, until the zygote closes the channel."""
     linux.set_name(TEMPLATE_NAME)
     linux.die_with_parent()
@@ -84,7 +84,7 @@ def _serve(channel: socket.socket, blueprint: Blueprint, pidns_fd: int) -> NoRet
             os._exit(0)
         order: Order = loads(message.decode())
         try:
-            pid = _fork(order, fds, blueprint, pidns_fd, channel)
+            pid = _fork(order, fds, blueprint, channel)
         except OSError as exc:
             channel.send(b"error %d %s" % (exc.errno or 0, str(exc).encode()))
         else:
@@ -94,15 +94,11 @@ def _serve(channel: socket.socket, blueprint: Blueprint, pidns_fd: int) -> NoRet
                 os.close(fd)
 
 
-def _fork(order: Order, fds: list[int], blueprint: Blueprint, pidns_fd: int, channel: socket.socket) -> int:
+def _fork(order: Order, fds: list[int], blueprint: Blueprint, channel: socket.socket) -> int:
     job_r, out_w, err_w, meta_w, *network = fds
     groups: Groups = {controller: (base, name) for controller, (base, name) in order["groups"].items()}
     reseed_generators()
-    if blueprint.isolated:
-        # The child becomes PID 1 of a brand-new PID namespace.
-        linux.check(linux.libc.setns(pidns_fd, linux.CLONE_NEWPID), "setns")
-        linux.check(linux.libc.unshare(linux.CLONE_NEWPID), "unshare(CLONE_NEWPID)")
-    pid = linux.fork_sibling()
+    pid = linux.fork_sibling(new_pid_namespace=blueprint.isolated)  # isolated: PID 1 of a brand-new namespace
     if pid == 0:
         try:
             channel.close()
