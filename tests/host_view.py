@@ -42,20 +42,25 @@ def cpu_seconds(pids: list[int]) -> float:
     """CPU seconds (user and system, every thread) the processes `pids` have used; a gone one counts 0."""
     ticks = 0
     for pid in pids:
-        stat = _read(f"/proc/{pid}/stat")
-        if stat:
-            fields = stat.rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
+        if fields:
             ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (state first); [] once it is gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[1].split() if stat else []
 
 
 def descendants(root: int) -> dict[int, int]:
     """{pid: parent pid} of every process below `root`."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        stat = _read(f"/proc/{entry.name}/stat") if entry.name.isdigit() else ""
-        if stat:
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        fields = _stat_fields(int(entry.name)) if entry.name.isdigit() else []
+        if fields:
+            parents[int(entry.name)] = int(fields[1])
     below: dict[int, int] = {}
     frontier = [root]
     while frontier:

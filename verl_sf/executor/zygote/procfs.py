@@ -24,6 +24,11 @@ def read(path: str) -> bytes:
         os.close(fd)
 
 
+
+def _stat_fields(path: str) -> list[bytes]:
+    """A `stat` file's fields after the command name (which may hold spaces and parentheses): state first."""
+    return read(path).rpartition(b")")[2].split()
+
 def tree(pid: int, limit: int = 1024, skip: Collection[int] = ()) -> Iterator[int]:
     """`pid` and its descendants (children of every thread), but for those below `skip`."""
     stack = [pid]
@@ -134,7 +139,7 @@ def _usage(pid: int, tasks: list[str]) -> tuple[float, float]:
             live += int(fields[0])
             longest = max(longest, int(fields[1]))
     try:
-        fields = read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
+        fields = _stat_fields(f"/proc/{pid}/stat")
         utime, stime, cutime, cstime = (int(field) for field in fields[11:15])
     except (OSError, ValueError):
         return live / 1e9, longest / 1e9
@@ -154,7 +159,7 @@ def status(pid: int) -> dict[str, str]:
 def parent(pid: int) -> int:
     """`pid`'s parent (0 if it is gone)."""
     try:
-        return int(read(f"/proc/{pid}/stat").rpartition(b")")[2].split()[1])
+        return int(_stat_fields(f"/proc/{pid}/stat")[1])
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -168,7 +173,7 @@ def ended(pid: int) -> bool:
         return True
     for task in tasks:
         try:
-            if read(f"/proc/{pid}/task/{task}/stat").rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+            if _stat_fields(f"/proc/{pid}/task/{task}/stat")[0] not in (b"Z", b"X"):
                 return False
         except (OSError, IndexError):
             continue
