@@ -1,6 +1,7 @@
 """No process of a run executes after its reply, on both rungs, as root and as an ordinary account:
 a cells run is answered as its PID 1 asks to exit, once every process of it is killed and before the
-kernel has torn them down (zygote/exits.py); a `/run_code` run once the kernel reports its PID 1 gone.
+kernel has torn them down (zygote/exits.py); a `/run_code` python run the same way while the server
+has a CPU to spare, and on a busy server once the kernel reports its PID 1 gone.
 
 Every process and thread of the run stamps CLOCK_MONOTONIC (shared with this harness: no time
 namespace) into its own name, in a tight loop, while PID 1 ends; the harness, reading the host's
@@ -9,10 +10,12 @@ namespace) into its own name, in a tight loop, while PID 1 ends; the harness, re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -140,14 +143,28 @@ def test_no_process_of_a_cells_run_executes_after_its_reply(server: ServerHandle
     assert_nothing_stamps_after(tag, arrived)
 
 
+@contextlib.contextmanager
+def busy(server: ServerHandle, runs: int) -> Iterator[None]:
+    """`runs` runs sleeping in flight meanwhile: as many as this machine has CPUs leave none to spare,
+    and a python run is then answered once the kernel reports its PID 1 gone (admission.py)."""
+    with ThreadPoolExecutor(max(runs, 1)) as pool:
+        sleepers = [pool.submit(run_code, server, "import time\ntime.sleep(8)", run_timeout=30) for _ in range(runs)]
+        wait_until(lambda: requests.get(server.url + "/health", timeout=10).json()["in_flight"] >= runs, 30,
+                   f"{runs} runs in flight")
+        yield
+        assert all(sleeper.result()["run_result"]["status"] == "Finished" for sleeper in sleepers)
+
+
+@pytest.mark.parametrize("spare_cpu", [True, False])
 @pytest.mark.parametrize("ending", ["pass", "raise SystemExit(4)"])
-def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, ending: str) -> None:
+def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, ending: str, spare_cpu: bool) -> None:
     tag = new_tag()
-    body = run_code(server, stamping_run(tag, ending), run_timeout=30)
-    arrived = time.monotonic_ns() // 1000 % 10**DIGITS
-    assert body["run_result"]["stdout"] == "stamping\n", body
-    assert body["run_result"]["return_code"] == (4 if "4" in ending else 0), body
-    assert_nothing_stamps_after(tag, arrived)
+    with busy(server, 0 if spare_cpu else len(os.sched_getaffinity(0))):
+        body = run_code(server, stamping_run(tag, ending), run_timeout=30)
+        arrived = time.monotonic_ns() // 1000 % 10**DIGITS
+        assert body["run_result"]["stdout"] == "stamping\n", body
+        assert body["run_result"]["return_code"] == (4 if "4" in ending else 0), body
+        assert_nothing_stamps_after(tag, arrived)
 
 
 def test_no_process_of_a_timed_out_run_executes_after_its_reply(server: ServerHandle) -> None:

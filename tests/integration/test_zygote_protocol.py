@@ -65,10 +65,11 @@ class Zygote:
             self.early[reply["id"]] = reply
         return self.early.pop(job_id)
 
-    def run(self, job_id: int, code: str, **body: Any) -> None:
+    def run(self, job_id: int, code: str, hold_exit: bool = False, **body: Any) -> None:
         head = {"op": "run", "id": job_id, "limits": {**LIMITS, **body.pop("limits", {})}, "compile_timeout": 0,
-                "exec": False}
-        self.send(head, {**BODY_LIMITS, "mode": "python", "code": code, "files": {}, "stdin": None, **body})
+                "exec": False, "hold_exit": hold_exit}
+        self.send(head, {**BODY_LIMITS, "mode": "python", "code": code, "files": {}, "stdin": None,
+                         "hold_exit": hold_exit, **body})
 
 
 @pytest.fixture
@@ -95,14 +96,32 @@ def test_replies_carry_their_ids_in_completion_order(zyg: Zygote) -> None:
     assert zyg.reply_to(1)["stdout"] == "slow\n"
 
 
-def test_a_run_reports_status_code_cpu_and_files(zyg: Zygote) -> None:
+@pytest.mark.parametrize("hold_exit", [False, True])
+def test_a_run_reports_status_code_cpu_and_files(zyg: Zygote, hold_exit: bool) -> None:
     files = {"in.txt": base64.b64encode(b"data").decode()}
     zyg.run(3, "import sys\nprint(open('in.txt').read()); open('out.txt', 'w').write('x'); sys.exit(3)",
-            files=files, fetch_files=["out.txt", "missing.txt"])
+            hold_exit=hold_exit, files=files, fetch_files=["out.txt", "missing.txt"])
     reply = zyg.reply_to(3)
     assert (reply["status"], reply["return_code"], reply["stdout"]) == ("Finished", 3, "data\n")
     assert reply["files"] == {"out.txt": base64.b64encode(b"x").decode()}
     assert reply["cpu_time"] is not None and reply["execution_time"] > 0
+
+
+@pytest.mark.parametrize(("ending", "code"), [
+    ("import os\nos._exit(5)", 5),
+    ("raise ValueError('no')", 1),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),  # no exit_group: the kernel's report
+    # a thread's exit_group is not PID 1's own thread: let go, and the kernel reports the process's end
+    ("import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(6))).start()", 6),
+    # a child's exit_group is let go; PID 1's own is the verdict
+    ("import subprocess, sys\nassert subprocess.run([sys.executable, '-c', 'raise SystemExit(2)']).returncode == 2\n"
+     "sys.exit(4)", 4),
+])
+def test_a_run_that_holds_its_exit_is_answered_with_its_own_status(zyg: Zygote, ending: str, code: int) -> None:
+    zyg.run(6, "print('started', flush=True)\n" + ending, hold_exit=True)
+    reply = zyg.reply_to(6)
+    assert (reply["status"], reply["return_code"], reply["stdout"]) == ("Finished", code, "started\n"), reply
+    assert reply["cpu_time"] is not None
 
 
 def test_timeout_and_cancel(zyg: Zygote) -> None:
@@ -268,8 +287,9 @@ def test_a_burst_of_runs_each_gets_its_answer_while_the_template_forks_their_chi
     child, and the loop then finds that answer taken.  Every run is answered, and the zygote serves on."""
     for round_ in range(5):
         batch = "".join(json.dumps({"op": "run", "id": 1000 * round_ + i, "limits": LIMITS, "compile_timeout": 0,
-                                    "exec": False}) + "\t" +
-                        json.dumps({**BODY_LIMITS, "mode": "python", "code": f"print({i})", "files": {}, "stdin": None})
+                                    "exec": False, "hold_exit": i % 2 == 0}) + "\t" +
+                        json.dumps({**BODY_LIMITS, "mode": "python", "code": f"print({i})", "files": {}, "stdin": None,
+                                    "hold_exit": i % 2 == 0})
                         + "\n" for i in range(16))
         assert zyg.process.stdin is not None
         zyg.process.stdin.write(batch.encode())  # one write: the zygote reads them all in one go

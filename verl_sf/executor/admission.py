@@ -9,6 +9,7 @@ start, not counting time it waited for a CPU.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from typing import Optional
@@ -36,6 +37,7 @@ class Admission:
         self.gpu_slots: Optional[GpuSlots] = None  # with --gpus: one slot per GPU (runs_per_gpu)
         self.cgroups: Optional[CgroupManager] = None  # set at start, where runs are confined
         self._make_room = make_room
+        self.cpus = len(os.sched_getaffinity(0))
 
     def refuse(self, message: str) -> Overloaded:
         """The refusal to raise, counted."""
@@ -79,6 +81,9 @@ class Admission:
                 zygote = await pool.pick(flavor)
                 queue_wait = time.monotonic() - arrived
                 jobs.hand_over(job.head["limits"], queue_wait)
+                if job.body["mode"] == "python":
+                    # A CPU to spare: the exit's hand-over costs one, and takes the teardown off the reply's path.
+                    jobs.hold_exit(job, self.stats.in_flight < self.cpus)
                 reply = await zygote.run(job.head, await encode_body(job.body))
             finally:
                 lease.release()

@@ -53,6 +53,11 @@ def hand_over(job_limits: Limits, waited: float) -> None:
     job_limits["hard_timeout"] = max(job_limits["hard_timeout"] - waited, job_limits["timeout"])
 
 
+def hold_exit(job: JobRequest, hold: bool) -> None:
+    """Whether the run's PID 1 hands its exit to the zygote (exits.py), in both halves of the job."""
+    job.head["hold_exit"] = job.body["hold_exit"] = hold
+
+
 def body_limits(config: ExecutorConfig, memory_mb: int) -> RunBody:
     return {"fsize": config.max_file_size_mb << 20, "nofile": config.max_open_files, "nproc": config.max_processes,
             "memory": memory_mb << 20, "output_limit": config.output_limit_bytes}
@@ -74,7 +79,7 @@ def run_job(request: RunCodeRequest, source: PreparedSource, argv: list[str], co
         if compile_argv:
             body["compile_argv"] = compile_argv
     budget = request.run_timeout + request.compile_timeout + CLIENT_SLACK_S
-    head: RunHead = {"op": "run", "id": next_id(), "exec": not fast_path,
+    head: RunHead = {"op": "run", "id": next_id(), "exec": not fast_path, "hold_exit": False,
                      "compile_timeout": request.compile_timeout if compile_argv else 0,
                      "limits": limits(config, request.run_timeout, budget, memory_mb)}
     return JobRequest(head, body)
@@ -83,8 +88,8 @@ def run_job(request: RunCodeRequest, source: PreparedSource, argv: list[str], co
 def jupyter_job(request: RunJupyterRequest, config: ExecutorConfig, memory_mb: int) -> JobRequest:
     body: RunBody = {**body_limits(config, memory_mb), "mode": "jupyter", "cells": request.cells,
                      "cell_timeout": request.cell_timeout, "files": {k: v or "" for k, v in request.files.items()},
-                     "fetch_files": request.fetch_files}
-    head: RunHead = {"op": "run", "id": next_id(), "compile_timeout": 0, "exec": False,
+                     "fetch_files": request.fetch_files, "hold_exit": True}
+    head: RunHead = {"op": "run", "id": next_id(), "compile_timeout": 0, "exec": False, "hold_exit": True,
                      "limits": limits(config, request.total_timeout, request.total_timeout + CLIENT_SLACK_S, memory_mb)}
     return JobRequest(head, body)
 

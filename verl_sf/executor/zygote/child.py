@@ -142,7 +142,7 @@ class Child:
         os.lseek(stdin_fd, 0, os.SEEK_SET)
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
-        if mode == "jupyter":  # PID 1 runs the cells: its exit_group is the verdict, held for the zygote
+        if job.get("hold_exit"):  # PID 1 runs the code: its exit_group is the verdict, held for the zygote
             exits.hand_over(JOB_FD)
         os.close(JOB_FD)
         children_cpu = None

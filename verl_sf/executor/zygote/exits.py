@@ -1,16 +1,17 @@
-"""A cells run's end, seen as it begins: its PID 1's `exit_group`, held by a seccomp notification.
+"""A run's end, seen as it begins: its PID 1's `exit_group`, held by a seccomp notification.
 
-A cells run's PID 1 is the forked interpreter that ran the cells, so its exit status is the
-verdict, and the kernel reports it (wait4, a pidfd) only once the process has torn down its
-copy-on-write address space (IPython's pages its cells wrote) and its namespaces.  Instead the
-child adds a filter that hands its `exit_group` calls to a listener, and sends the listener to the
-zygote before the cells run.  The call's argument is the status the kernel would report; the
-process is blocked in the call, so it runs no more code.  The zygote then kills every process of
-the run and answers; the teardown happens after.  A run whose PID 1 dies otherwise (a signal, the
-last thread's `exit`) is answered once the kernel reports it, as before.
+A cells run's PID 1, and a fast-path python run's, is the forked interpreter that ran the code,
+so its exit status is the verdict, and the kernel reports it (wait4, a pidfd) only once the process
+has torn down its copy-on-write address space (the pages its code wrote) and its namespaces.
+Instead the child adds a filter that hands its `exit_group` calls to a listener, and sends the
+listener to the zygote before the code runs.  The call's argument is the status the kernel would
+report; the process is blocked in the call, so it runs no more code.  The zygote then kills every
+process of the run and answers; the teardown happens after.  A run whose PID 1 dies otherwise (a
+signal, the last thread's `exit`) is answered once the kernel reports it, as before.
 
-Only cells: for a plain python run the filter's compilation and the descriptor's passing cost
-more CPU than the teardown they take off the reply's path (docs/performance.md).
+Cells runs always; a python run only while the server has fewer runs in flight than CPUs
+(`hold_exit`, set by admission.py): the filter and the descriptor's passing cost more CPU than the
+teardown they take off the reply's path, which only a busy machine misses (docs/performance.md).
 """
 from __future__ import annotations
 

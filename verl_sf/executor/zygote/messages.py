@@ -62,6 +62,7 @@ class RunHead(TypedDict):
     limits: Limits
     compile_timeout: float  # 0: no compile stage
     exec: bool  # the program runs below a PID 1 that runs no user code: PID 1's records are trusted
+    hold_exit: bool  # PID 1 hands its exit_group to the zygote (exits.py): answered before its teardown
 
 
 class CancelHead(TypedDict):
@@ -131,6 +132,7 @@ class RunBody(TypedDict, total=False):
     cells: list[str]
     cell_timeout: float
     fetch_files: Optional[list[str]]
+    hold_exit: bool  # as the head's
     fsize: int
     nofile: int
     nproc: int

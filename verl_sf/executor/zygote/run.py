@@ -1,7 +1,7 @@
 """A one-shot run: an optional compile stage, then the program, answered once it has ended.
 
 A run is answered as soon as its end is known from something it cannot forge, every process of it
-killed first (Job.end_now): its PID 1 held in exit_group (cells, exits.py), the `done` record of an
+killed first (Job.end_now): its PID 1 held in exit_group (`hold_exit`: exits.py), the `done` record of an
 exec run's PID 1 (which runs no user code), or the zygote's own kill (a time-out, a cap, a cancel).
 Otherwise, once the kernel reports PID 1 gone."""
 
@@ -34,13 +34,9 @@ class Run(Job):
         super().start(zygote)
         if self.job_w < 0:
             return
-        if self._sends_listener(zygote):
+        if self.head["hold_exit"]:
             zygote.watch(self, (self.job_w,))
         # Otherwise kept until the child has read its job (on_tick), then closed: a run reads its job to the end.
-
-    def _sends_listener(self, zygote: JobHost) -> bool:
-        """A cells run's child sends its exit listener on its job socket (exits.py)."""
-        return bool(zygote.cfg["ipython"]) and not self.head["exec"]
 
     def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.job_w:
@@ -89,12 +85,12 @@ class Run(Job):
                 self.program_done = float(record["cpu_time"])  # answered after this read (on_event)
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
-        if self.job_w >= 0:  # until its child has read its job (a cells run's: until its listener came)
+        if self.job_w >= 0:  # until its child has read its job (one that holds its exit: until its listener came)
             if unsent(self.job_w):
                 # Its child is still setting up (under a fork storm its cgroup join waits on the kernel's
                 # cgroup lock): no code of the run's has started, so neither has its clock.
                 self.stage_started = now
-            elif not self._sends_listener(zygote):  # read: nothing of the run's can put it back
+            elif not self.head["hold_exit"]:  # read: nothing of the run's can put it back
                 os.close(self.job_w)
                 self.job_w = -1
         if self.past_deadline(zygote, now):
