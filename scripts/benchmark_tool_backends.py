@@ -85,6 +85,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int,
                         help=f"measured batches of C simultaneous calls per level = calls per virtual client "
                              f"(default: {DEFAULT_ITERATIONS})")
+    parser.add_argument("--pause-ms", type=float, default=0.0,
+                        help="a pause after each batch, not measured: a rollout's generation between its tool "
+                             "calls (default: 0, as the guide)")
     parser.add_argument("--scenarios", nargs="*", choices=list(SCENARIOS), default=list(SCENARIOS),
                         help="default: all; `--scenarios` alone: none (e.g. bursts only)")
     parser.add_argument("--bursts", nargs="*", choices=list(bursts.BURSTS), default=[],
@@ -133,6 +136,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error(f"--burst-scale must be > 0, got {args.burst_scale}")
     if args.iterations < 1 or args.warmup < 0:
         parser.error(f"--iterations must be >= 1 and --warmup >= 0, got {args.iterations} and {args.warmup}")
+    if args.pause_ms < 0:
+        parser.error(f"--pause-ms must be >= 0, got {args.pause_ms}")
     if args.run_timeout <= 0:
         parser.error(f"--run-timeout must be > 0, got {args.run_timeout}")
     if args.client_timeout is None:
@@ -237,7 +242,7 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
                                          client_timeout=args.client_timeout, docker_image=args.docker_image,
                                          docker_memory=args.docker_memory)
     settings = Settings(args.warmup, args.iterations, args.run_timeout, args.client_timeout,
-                        args.memory_limit_mb, args.memory_interval)
+                        args.memory_limit_mb, args.memory_interval, args.pause_ms / 1000)
     label = " ".join([name, *args.server_arg])
     summary: dict[str, Any] = {
         "backend": name, "label": label, "created_at": datetime.now(timezone.utc).isoformat(),
@@ -245,6 +250,7 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
         "load_average_at_start": os.getloadavg(),
         "load_model": "iterations = measured batches of `concurrency` simultaneous calls per level",
         "config": {"concurrency": args.concurrency, "warmup": args.warmup, "iterations": args.iterations,
+                   "pause_ms": args.pause_ms,
                    "scenarios": args.scenarios, "bursts": args.bursts, "burst_scale": args.burst_scale,
                    "run_timeout": args.run_timeout,
                    "client_timeout": args.client_timeout, "memory_limit_MB": args.memory_limit_mb,

@@ -4,7 +4,8 @@ At concurrency c, one *iteration* is a batch of c calls started together; the ne
 starts when the whole batch has answered.  `warmup` batches run first and are not measured,
 then `iterations` measured batches: c * iterations measured calls per level (so iterations is
 also the number of calls each of the c virtual clients makes).  Throughput is measured calls
-divided by the summed wall time of the measured batches.  The run is bounded: every call has
+divided by the summed wall time of the measured batches; a `pause_s` after each batch (a
+rollout generating between its tool calls) is not part of it.  The run is bounded: every call has
 a deadline (`client_timeout`), and the number of calls is fixed up front.
 """
 
@@ -33,6 +34,7 @@ class Settings:
     client_timeout: float
     memory_limit_mb: int
     memory_interval: float
+    pause_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -103,6 +105,7 @@ async def measure_level(backend: BenchBackend, scenario: Scenario, concurrency: 
     try:
         for _ in range(settings.warmup):
             await asyncio.gather(*(tracked(session) for session in sessions))
+            await asyncio.sleep(settings.pause_s)
 
         calls: list[Call] = []
         measured_wall = 0.0
@@ -112,6 +115,7 @@ async def measure_level(backend: BenchBackend, scenario: Scenario, concurrency: 
                 started = time.perf_counter()
                 calls.extend(await asyncio.gather(*(tracked(session) for session in sessions)))
                 measured_wall += time.perf_counter() - started
+                await asyncio.sleep(settings.pause_s)
         client_cpu = time.thread_time() - cpu_started
     finally:
         await asyncio.gather(*(backend.end_session(session) for session in sessions if session))

@@ -28,7 +28,7 @@ from bench.report import BURST_COLUMNS, CSV_COLUMNS  # noqa: E402
 
 GUIDE_COLUMNS = ["scenario", "concurrency", "p50_s", "p95_s", "max_s", "mean_s", "throughput_calls_per_s",
                  "success_count", "failure_count"]
-TINY = ["--concurrency", "1", "2", "--iterations", "2", "--warmup", "1",
+TINY = ["--concurrency", "1", "2", "--iterations", "2", "--warmup", "1", "--pause-ms", "5",
         "--scenarios", "simple_stdout", "runtime_error"]
 SMALL_SERVER = "--server-arg=--slots=2"  # passed through to `verl-sf serve`; starts faster
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -86,7 +86,7 @@ def test_run_writes_guide_columns_and_counts(tiny_run: Path, backend: str) -> No
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["backend"] == backend
     assert summary["config"]["concurrency"] == [1, 2]
-    assert (summary["config"]["warmup"], summary["config"]["iterations"]) == (1, 2)
+    assert (summary["config"]["warmup"], summary["config"]["iterations"], summary["config"]["pause_ms"]) == (1, 2, 5)
     assert len(summary["results"]) == 4
     assert summary["memory"]["idle_after_start_mb"] > 0
 
@@ -179,6 +179,7 @@ def test_compare_rejects_a_directory_it_did_not_write(tmp_path: Path) -> None:
     (["--backend", "nosuch"], "--backend: unknown 'nosuch'"),
     (["--concurrency", "0"], "--concurrency: every level must be >= 1"),
     (["--iterations", "0"], "--iterations must be >= 1"),
+    (["--pause-ms", "-1"], "--pause-ms must be >= 0"),
     (["--backend", "sandbox_fusion"], "sandbox_fusion needs the server's address"),
     (["--backend", "subprocess", "--server-arg=--no-fast-path"], "--server-arg only applies to --backend verl-sf"),
     (["--scenarios", "nosuch"], "invalid choice: 'nosuch'"),
