@@ -21,6 +21,7 @@ import pytest
 import requests
 from e2b_code_interpreter import Sandbox
 
+from tests.integration.test_zygote_protocol import THREAD_EXITS_FIRST
 from tests.server_fixtures import (
     CONTAINER_MODES,
     SERVER_MODES,
@@ -30,6 +31,7 @@ from tests.server_fixtures import (
     server_in_mode,
 )
 from tests.waiting import wait_until
+from verl_sf.executor.zygote import exits
 
 DIGITS = 13  # a name holds 15 bytes: a 2-byte tag, then microseconds modulo 10**13 (115 days)
 
@@ -165,6 +167,16 @@ def test_no_process_of_a_run_executes_after_its_reply(server: ServerHandle, endi
         assert body["run_result"]["stdout"] == "stamping\n", body
         assert body["run_result"]["return_code"] == (4 if "4" in ending else 0), body
         assert_nothing_stamps_after(tag, arrived)
+
+
+def test_a_threads_exit_under_way_is_the_verdict_of_a_run_answered_at_its_exit(server: ServerHandle) -> None:
+    """A thread of PID 1 ends the run with 1 while the main thread asks for 0 (a red team's finding:
+    the main thread's call was taken as the verdict while the kernel ended the run with 1).  A race:
+    every round is one more chance for it."""
+    code = THREAD_EXITS_FIRST % exits.SYSCALLS[os.uname().machine][1]
+    for round_ in range(50):
+        result = run_code(server, code, run_timeout=30)["run_result"]
+        assert (result["status"], result["return_code"]) == ("Finished", 1), (round_, result)
 
 
 def test_no_process_of_a_timed_out_run_executes_after_its_reply(server: ServerHandle) -> None:

@@ -20,6 +20,7 @@ import pytest
 from tests.host_view import comm, descendants
 from tests.waiting import wait_until
 from verl_sf.executor.sandbox import ZYGOTE_BOOTSTRAP, ZYGOTE_PACKAGE
+from verl_sf.executor.zygote import exits
 from verl_sf.executor.zygote.messages import Limits, ZygoteConfig
 
 LIMITS: Limits = {"timeout": 5.0, "hard_timeout": 10.0, "output_limit": 1 << 16, "memory": 0, "nproc": 64}
@@ -111,7 +112,7 @@ def test_a_run_reports_status_code_cpu_and_files(zyg: Zygote, hold_exit: bool) -
     ("import os\nos._exit(5)", 5),
     ("raise ValueError('no')", 1),
     ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),  # no exit_group: the kernel's report
-    # a thread's exit_group is not PID 1's own thread: let go, and the kernel reports the process's end
+    # another thread of PID 1 ending it (after the main thread has finished its code)
     ("import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(6))).start()", 6),
     # a child's exit_group is let go; PID 1's own is the verdict
     ("import subprocess, sys\nassert subprocess.run([sys.executable, '-c', 'raise SystemExit(2)']).returncode == 2\n"
@@ -122,6 +123,34 @@ def test_a_run_that_holds_its_exit_is_answered_with_its_own_status(zyg: Zygote, 
     reply = zyg.reply_to(6)
     assert (reply["status"], reply["return_code"], reply["stdout"]) == ("Finished", code, "started\n"), reply
     assert reply["cpu_time"] is not None
+
+
+# A thread of PID 1 ends it with 1 and, while that call is under way, the main thread asks for 0:
+# the kernel's status is the first call's, whichever the zygote sees last.
+THREAD_EXITS_FIRST = """
+import ctypes, os, threading
+thread = threading.Thread(target=ctypes.CDLL(None)._exit, args=(1,))  # ctypes lets go of the GIL
+thread.start()
+while True:
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/syscall") as fh:
+            if fh.read().split()[0] == "%d":  # the thread is in its exit_group
+                break
+    except (OSError, IndexError):
+        pass
+os._exit(0)
+"""
+
+
+def test_a_threads_exit_under_way_is_the_verdict_of_a_run_that_holds_its_exit(zyg: Zygote) -> None:
+    """The race a red team found: a thread's exit_group let go by the zygote, then the main thread's
+    taken as the verdict (0) while the kernel ended the process with the thread's 1.  A race: each
+    round is one more chance for it."""
+    code = THREAD_EXITS_FIRST % exits.SYSCALLS[os.uname().machine][1]
+    for round_ in range(20):
+        zyg.run(80 + round_, code, hold_exit=True)
+        reply = zyg.reply_to(80 + round_)
+        assert (reply["status"], reply["return_code"]) == ("Finished", 1), (round_, reply)
 
 
 def test_timeout_and_cancel(zyg: Zygote) -> None:

@@ -3,11 +3,13 @@
 A cells run's PID 1, and a fast-path python run's, is the forked interpreter that ran the code,
 so its exit status is the verdict, and the kernel reports it (wait4, a pidfd) only once the process
 has torn down its copy-on-write address space (the pages its code wrote) and its namespaces.
-Instead the child adds a filter that hands its `exit_group` calls to a listener, and sends the
-listener to the zygote before the code runs.  The call's argument is the status the kernel would
-report; the process is blocked in the call, so it runs no more code.  The zygote then kills every
-process of the run and answers; the teardown happens after.  A run whose PID 1 dies otherwise (a
-signal, the last thread's `exit`) is answered once the kernel reports it, as before.
+Instead the child adds a filter that hands the `exit_group` calls of its threads and of every
+process it starts to a listener, and sends the listener to the zygote before the code runs.  The
+first call of a thread of PID 1 is the verdict: its argument is the status the kernel would report
+(the first call of a thread group sets it), and the caller, blocked in the call, runs no more code;
+other processes' calls are let go.  The zygote then kills every process of the run and answers;
+the teardown happens after.  A run whose PID 1 dies otherwise (a signal, the last thread's `exit`)
+is answered once the kernel reports it, as before.
 
 Cells runs always; a python run only while the server has fewer runs in flight than CPUs
 (`hold_exit`, set by admission.py): the filter and the descriptor's passing cost more CPU than the

@@ -40,6 +40,11 @@ def tree(pid: int, limit: int = 1024, skip: Collection[int] = ()) -> Iterator[in
         stack.extend(child for child in children(current) if child not in skip)
 
 
+def thread_of(pid: int, tid: int) -> bool:
+    """Whether `tid` is a thread of process `pid` (itself included)."""
+    return tid == pid or os.path.exists(f"/proc/{pid}/task/{tid}")
+
+
 def children(pid: int) -> list[int]:
     """`pid`'s children, of every thread (one thread exiting meanwhile must not hide the others')."""
     found: list[int] = []

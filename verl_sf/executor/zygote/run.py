@@ -11,7 +11,7 @@ import os
 import signal
 from typing import Any, Optional
 
-from . import exits
+from . import exits, procfs
 from .job import Job, JobHost
 from .messages import RunHead, RunReply, StageResult
 from .wire import readable, unsent
@@ -63,8 +63,10 @@ class Run(Job):
         notice = exits.take(self.listener)
         if notice is None:
             return
-        notice_id, pid, code = notice
-        if pid == self.pid and self.alive and not self.exited:
+        notice_id, tid, code = notice
+        # Any thread of PID 1 ends it: the first one's call is the status the kernel would report (a
+        # thread's call let go could end PID 1 with its status after another thread's was taken).
+        if self.alive and not self.exited and procfs.thread_of(self.pid, tid):
             self.end_now(zygote, code << 8)  # the wait status of exit(code)
         else:
             exits.let_go(self.listener, notice_id)  # any other process of the run, exiting
