@@ -88,10 +88,12 @@ def run_job(request: RunCodeRequest, source: PreparedSource, argv: list[str], co
 def jupyter_job(request: RunJupyterRequest, config: ExecutorConfig, memory_mb: int) -> JobRequest:
     body: RunBody = {**body_limits(config, memory_mb), "mode": "jupyter", "cells": request.cells,
                      "cell_timeout": request.cell_timeout, "files": {k: v or "" for k, v in request.files.items()},
-                     "fetch_files": request.fetch_files, "hold_exit": True}
-    head: RunHead = {"op": "run", "id": next_id(), "compile_timeout": 0, "exec": False, "hold_exit": True,
+                     "fetch_files": request.fetch_files}
+    head: RunHead = {"op": "run", "id": next_id(), "compile_timeout": 0, "exec": False, "hold_exit": False,
                      "limits": limits(config, request.total_timeout, request.total_timeout + CLIENT_SLACK_S, memory_mb)}
-    return JobRequest(head, body)
+    job = JobRequest(head, body)
+    hold_exit(job, True)  # its PID 1 runs the cells: answered before the teardown of what they wrote
+    return job
 
 
 def session_open(language: SessionLanguage, files: dict[str, Optional[str]], config: ExecutorConfig,
