@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.waiting import wait_until
+
 if TYPE_CHECKING:
     from verl_sf.executor import Executor
 
@@ -27,6 +29,17 @@ def kill_queued(pid: int) -> bool:
     status = _read(f"/proc/{pid}/status")
     pending = [line.split()[1] for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
     return any(int(mask, 16) & 1 << 8 for mask in pending)
+
+
+def killed_by_reply(pids: list[int], what: str) -> None:
+    """Processes of a run still on the host once its reply came: each has SIGKILL queued (it runs no
+    more of its code; #38: a reply waits for the kill, not for the exit) and is gone soon after."""
+    assert all(kill_queued(pid) or _gone(pid) for pid in pids), f"{what}: not killed by the reply: {pids}"
+    wait_until(lambda: all(_gone(pid) for pid in pids), 5, f"{what}: the killed processes to end")
+
+
+def _gone(pid: int) -> bool:
+    return not _read(f"/proc/{pid}/cmdline")  # a zombie's is empty too: its exit is done
 
 
 def comm(pid: int) -> str:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.host_view import comm, descendants, run_processes, zygotes
+from tests.host_view import comm, descendants, killed_by_reply, run_processes, zygotes
 from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
 from tests.waiting import wait_until
@@ -92,7 +92,7 @@ def test_a_forged_completion_record_neither_ends_nor_outlives_the_run(server: Se
     body = run_code(server, code, run_timeout=2)
     assert time.monotonic() - started >= 2, "answered before its time-out: the forged record was believed"
     assert body["status"] == "Failed" and body["run_result"]["status"] == "TimeLimitExceeded", body
-    assert processes_with(server, marker) == [], "the run outlived its reply"
+    killed_by_reply(processes_with(server, marker), "the run")
 
 
 def test_a_forged_record_does_not_change_the_return_code(server: ServerHandle) -> None:
@@ -182,7 +182,7 @@ def test_daemons_of_a_run_are_dead_by_its_reply(server: ServerHandle) -> None:
             + FORGE + "os._exit(0)\n")
     body = run_code(server, code)
     assert body["run_result"]["return_code"] == 0, body
-    assert processes_with(server, marker) == [], "a daemon outlived the run's reply"
+    killed_by_reply(processes_with(server, marker), "a daemon of the run")
 
 
 def test_an_exec_run_cannot_write_its_pid1s_records(server: ServerHandle) -> None:

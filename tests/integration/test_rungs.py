@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from tests import container_profile
-from tests.host_view import comm, descendants, kill_queued, named
+from tests.host_view import comm, descendants, killed_by_reply, named
 from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import (
     CONTAINER_MODES,
@@ -212,8 +212,8 @@ def test_nothing_outlives_the_run(server: ServerHandle) -> None:
             f"    os.execv('/bin/sleep', ['{marker}-2', '3600'])\n"
             "os._exit(0)\n")
     run_code(server, code)
-    alive = [pid for pid in descendants(server.process.pid) if marker.encode() in cmdline(pid)]
-    assert alive == [], "a process outlived its run's reply"
+    killed_by_reply([pid for pid in descendants(server.process.pid) if marker.encode() in cmdline(pid)],
+                    "a process of the run")
 
 
 def test_a_timed_out_run_is_ended_whole(server: ServerHandle) -> None:
@@ -221,11 +221,8 @@ def test_a_timed_out_run_is_ended_whole(server: ServerHandle) -> None:
     body = run_code(server, f"import subprocess\nsubprocess.Popen(['{marker}', '3600'], executable='/bin/sleep')\n"
                             "while True: pass\n", run_timeout=1)
     assert body["run_result"]["status"] == "TimeLimitExceeded"
-    # At the reply every process of the run has SIGKILL queued (#38: the reply waits for the kill, not
-    # for the exit); one may still be on a run queue, on its way out, and must be gone soon after.
-    left = [pid for pid in descendants(server.process.pid) if marker.encode() in cmdline(pid)]
-    assert all(kill_queued(pid) for pid in left if cmdline(pid)), left
-    wait_until(lambda: not any(cmdline(pid) for pid in left), 5, "the killed processes to end")
+    killed_by_reply([pid for pid in descendants(server.process.pid) if marker.encode() in cmdline(pid)],
+                    "a process of the timed-out run")
 
 
 def test_memory_cap(server: ServerHandle) -> None:
