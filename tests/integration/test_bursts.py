@@ -178,6 +178,24 @@ def test_a_short_run_is_answered_while_every_slot_is_busy_with_loops(two_slots: 
     assert loops_done_before == 0  # it did not wait for the loops' time-outs
 
 
+# Its own nice after sleeping past its first slice, then once it has spun a slice of CPU (0 or 19: demoted).
+NICE_AFTER = ("import os, time\ntime.sleep(0.6)\nidle = os.getpriority(os.PRIO_PROCESS, 0)\n"
+              "while time.process_time() < 0.3:\n    pass\nuntil = time.monotonic() + 8\n"
+              "while os.getpriority(os.PRIO_PROCESS, 0) != 19 and time.monotonic() < until:\n    time.sleep(0.05)\n"
+              "print(idle, os.getpriority(os.PRIO_PROCESS, 0))\n")
+
+
+def test_a_run_is_demoted_for_the_cpu_it_used_never_for_the_time_it_waited(two_slots: ServerHandle) -> None:
+    """A fresh CI machine, 2026-11-29: in a batch of 256 verl-tool turns, the first runs had not had a
+    slice of CPU by the end of their first slice of wall time (the batch's start kept the machine
+    busy); demoted then, they waited behind every fresh run of the batch until their client's deadline
+    and were answered as starved.  A run that outlives its slice without using it (waiting for a CPU,
+    or asleep, as here) keeps its priority; once it has spun a slice of CPU it is demoted."""
+    result = run_code(two_slots, NICE_AFTER, run_timeout=15)
+    assert result["status"] == "Success", result
+    assert result["run_result"]["stdout"] == "0 19\n", result
+
+
 def test_the_medium_case_more_runs_than_cores_needing_some_cpu_each_all_succeed(two_slots: ServerHandle) -> None:
     """Correct programs that need ~0.3 s of CPU each, 24 in flight on this machine's cores: waiting
     for the CPU never turns one into a time-out."""

@@ -165,9 +165,9 @@ class Job:
     def next_tick(self) -> Optional[float]:
         """When the running stage next needs looking at: its slice, its samples, its deadline."""
         due = self.deadline()
-        if not self.demoted:
-            return min(due, self.stage_started + self.demote_after)
-        return min(due, time.monotonic() + TICK)
+        sliced = self.stage_started + self.demote_after
+        now = time.monotonic()
+        return min(due, sliced if now < sliced else now + TICK)
 
     # -- events ----------------------------------------------------------------------------------
     def on_event(self, zygote: JobHost, fd: int) -> None:
@@ -250,32 +250,35 @@ class Job:
         raise NotImplementedError
 
     def past_deadline(self, zygote: JobHost, now: float) -> bool:
-        """Keep the stage's clock: demote it past its first slice, sample it, and at its deadline
-        mark it timed out (starved: cut off by the client's deadline before it had its own time-out
-        of running time)."""
-        if not self.demoted and now >= self.stage_started + self.demote_after:
-            self.demoted = True
-            zygote.groups.weigh(self.groups, DEMOTED)
-        if self.demoted:
-            self.sample()
+        """Keep the stage's clock: sample it once it outlives its first slice of wall time, and at its
+        deadline mark it timed out (starved: cut off by the client's deadline before it had its own
+        time-out of running time)."""
+        if now >= self.stage_started + self.demote_after:
+            self.sample(zygote)
         if now < self.deadline():
             return False
         self.timed_out = True
         self.starved = self.hard_deadline < self.stage_started + self.stage_timeout + self.wait_seen
         return True
 
-    def sample(self) -> None:
-        """CPU time used and time spent waiting for a CPU, over the job's processes; each of them
-        (setsid or not, every thread) goes to the lowest CPU priority: fresh runs get the CPU first.
+    def sample(self, zygote: JobHost) -> None:
+        """CPU time used and time spent waiting for a CPU, over the job's processes.  Once they have
+        had a slice of CPU between them the job is demoted: its group to the least weight and each of
+        its processes (setsid or not, every thread) to nice 19, so fresh runs get the CPU first.  A job
+        that outlived its slice waiting for a CPU (a busy machine) is not long, and keeps its weight.
         The wait credited is at most the wall time the run did not spend on a CPU: a run whose
         processes (a fork bomb) had a CPU's worth between them was not starved, however long each waited."""
         now = time.monotonic()
-        cpu, wait = procfs.demote_tree(self.pid, self.fork_inits)
+        cpu, wait = procfs.tree_cpu(self.pid, self.fork_inits, renice=self.demoted)
         if self.wait_base is None:
             self.wait_base = self.sample_base(cpu, wait, now)
         base_cpu, base_wait, since = self.wait_base
         self.cpu_seen = cpu - base_cpu
         self.wait_seen = max(self.wait_seen, min(wait - base_wait, now - since - self.cpu_seen))
+        if not self.demoted and self.cpu_seen >= self.demote_after:
+            self.demoted = True
+            zygote.groups.weigh(self.groups, DEMOTED)
+            procfs.renice_tree(self.pid, self.fork_inits)
 
     def sample_base(self, cpu: float, wait: float, now: float) -> tuple[float, float, float]:
         """What the stage's CPU and wait count from, and since when: a fresh run's processes, from the stage's start."""
@@ -360,7 +363,7 @@ class Job:
         result: dict[str, Any] = {"status": status, "return_code": status_of(return_code),
                                   "execution_time": time.monotonic() - self.stage_started,
                                   "cpu_time": seconds_of(cpu_time)}
-        if self.demoted:
+        if self.wait_base is not None:  # sampled: it outlived its first slice
             result["cpu_wait_time"] = self.wait_seen
             if result["cpu_time"] is None:
                 result["cpu_time"] = self.cpu_seen

@@ -45,7 +45,7 @@ class ZygoteConfig(TypedDict):
     seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
     seccomp_socket_families: list[int]  # socket() refused with EPERM for these address families
     libseccomp: str
-    demote_after: float  # seconds of wall time after which a run drops to the lowest CPU priority
+    demote_after: float  # a run's first slice: sampled past it in wall time, demoted past it in CPU time
 
 
 class Limits(TypedDict):

@@ -109,21 +109,32 @@ def cpu_time(pid: int) -> float:
     return _usage(pid, _tasks(pid))[0]
 
 
-def demote_tree(pid: int, skip: Collection[int] = ()) -> tuple[float, float]:
-    """Every thread of `pid` and its descendants to nice 19 (nice is per thread, and a setsid'd
-    process is out of the job's process group); returns (seconds on a CPU summed over them, every
-    thread and every child they waited for included; the longest any one thread waited for a CPU:
-    a run of many busy processes must not pass for a starved one by adding up their waits)."""
+def tree_cpu(pid: int, skip: Collection[int] = (), renice: bool = False) -> tuple[float, float]:
+    """(seconds on a CPU summed over `pid` and its descendants, every thread and every child they
+    waited for included; the longest any one thread waited for a CPU: a run of many busy processes
+    must not pass for a starved one by adding up their waits).  `renice`: each thread to nice 19 on
+    the way (nice is per thread, and a setsid'd process is out of the job's process group)."""
     cpu = wait = 0.0
     for current in tree(pid, 256, skip):
         tasks = _tasks(current)
-        for task in tasks:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, int(task), 19)
+        if renice:
+            _renice(tasks)
         used, waited = _usage(current, tasks)
         cpu += used
         wait = max(wait, waited)
     return cpu, wait
+
+
+def renice_tree(pid: int, skip: Collection[int] = ()) -> None:
+    """Every thread of `pid` and its descendants to nice 19."""
+    for current in tree(pid, 256, skip):
+        _renice(_tasks(current))
+
+
+def _renice(tasks: list[str]) -> None:
+    for task in tasks:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, int(task), 19)
 
 
 def _tasks(pid: int) -> list[str]:
