@@ -23,7 +23,7 @@ SERVERS: set[int] = set()
 
 def _server_cgroups() -> list[str]:
     found = []
-    for controller in ("memory", "pids", "cpu", ""):
+    for controller in ("memory", "pids", "cpu", "cpuacct", ""):
         base = CGROUP_ROOT / controller if controller else CGROUP_ROOT
         found.extend(str(group) for pid in SERVERS for group in base.glob(f"verl-sf-{pid}-*"))
     return sorted(found)

@@ -39,6 +39,11 @@ THREADS = ("import threading, hashlib\nb = b'x' * (1 << 24)\ndef spin():\n    wh
 RESPAWNS = ("import os, time\ndef spin(seconds):\n    until = time.time() + seconds\n    while time.time() < until:\n        pass\n"
             "live = 0\nwhile True:\n    while live < 16:\n        if os.fork() == 0:\n            spin(0.15)\n            os._exit(0)\n"
             "        live += 1\n    spin(0.05)\n    while live and os.waitpid(-1, os.WNOHANG)[0]:\n        live -= 1\n")
+# The same with SIGCHLD ignored: the kernel reaps the children, and /proc keeps none of their CPU.
+REAPED = ("import os, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\ndef spin(seconds):\n"
+          "    until = time.time() + seconds\n    while time.time() < until:\n        pass\n"
+          "while True:\n    for _ in range(16):\n        if os.fork() == 0:\n            spin(0.15)\n            os._exit(0)\n"
+          "    spin(0.15)\n")
 BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
 
 
@@ -147,17 +152,21 @@ def test_a_fork_bombs_time_out_is_its_own_not_a_starved_run(two_slots: ServerHan
         assert body["run_result"]["execution_time"] < 15, body
 
 
-@pytest.mark.parametrize("code", [THREADS, RESPAWNS], ids=["threads", "respawned-children"])
+@pytest.mark.parametrize("code", [THREADS, RESPAWNS, REAPED], ids=["threads", "respawned-children", "reaped-children"])
 def test_a_run_that_had_the_cpu_gets_no_credit_for_its_own_processes_waits(two_slots: ServerHandle, code: str) -> None:
     """Red team, 2026-11-28: the CPU a run used is every thread's and every reaped child's, so a run
     whose main thread waits behind its own threads, or whose spinning children come and go, had a
-    CPU's worth and is answered at about its run_timeout, not at its hard limit as a starved run."""
+    CPU's worth and is answered at about its run_timeout, not at its hard limit as a starved run.
+    Children the kernel reaps leave nothing in /proc: the run's cgroup counts them (cpuacct.usage)."""
+    assert health(two_slots)["limits"]["cpu"].endswith("of CPU"), health(two_slots)
     body = {"code": code, "language": "python", "run_timeout": 2, "compile_timeout": 1}
     [(status, _, reply)] = asyncio.run(burst(two_slots.url, [body]))
     assert status == 200 and reply["run_result"]["status"] == "TimeLimitExceeded", reply
     assert not reply["run_result"]["cpu_starved"], reply
     # Its hard limit is 10.5 s (the client's 13 s less the reply margin): it got there before.
     assert reply["run_result"]["execution_time"] < 6, reply
+    # Credited at most the time its processes were off a CPU between them: well under half of its time.
+    assert reply["run_result"]["cpu_wait_time"] < reply["run_result"]["execution_time"] / 2, reply
 
 
 def test_a_short_run_is_answered_while_every_slot_is_busy_with_loops(two_slots: ServerHandle) -> None:
@@ -191,6 +200,7 @@ def test_a_run_is_demoted_for_the_cpu_it_used_never_for_the_time_it_waited(two_s
     busy); demoted then, they waited behind every fresh run of the batch until their client's deadline
     and were answered as starved.  A run that outlives its slice without using it (waiting for a CPU,
     or asleep, as here) keeps its priority; once it has spun a slice of CPU it is demoted."""
+    assert health(two_slots)["limits"]["cpu"].endswith("of CPU"), health(two_slots)  # counted whole: cpuacct
     result = run_code(two_slots, NICE_AFTER, run_timeout=15)
     assert result["status"] == "Success", result
     assert result["run_result"]["stdout"] == "0 19\n", result

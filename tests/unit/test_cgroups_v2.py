@@ -110,3 +110,25 @@ def test_run_groups_under_v2_write_memory_max_and_read_memory_events(delegated: 
     (base / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert groups.memory_kill(made) == "own"
     os.close(delegated)
+
+
+def test_run_groups_under_v2_count_a_jobs_cpu_in_its_groups_cpu_stat(delegated: int) -> None:
+    """Every v2 group has cpu.stat: a job's CPU, its processes gone included, since its group was taken."""
+    Path(f"/proc/self/fd/{delegated}/cpu.stat").write_text("usage_usec 0\n")
+    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True})  # type: ignore[typeddict-item]
+    made = groups.make(1)
+    stat = Path(f"/proc/self/fd/{delegated}/run-1/cpu.stat")
+    stat.write_text("usage_usec 250000\nuser_usec 200000\nsystem_usec 50000\n")
+    assert groups.cpu_used(made) == pytest.approx(0.25)
+    groups.release(made, killed_for_memory=False)
+    reused = groups.make(2)
+    assert reused == made
+    stat.write_text("usage_usec 400000\nuser_usec 300000\nsystem_usec 100000\n")
+    assert groups.cpu_used(reused) == pytest.approx(0.15)  # what its earlier job used is not its own
+    os.close(delegated)
+
+
+def test_run_groups_without_a_counter_say_so(delegated: int) -> None:
+    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True})  # type: ignore[typeddict-item]
+    assert groups.cpu_used(groups.make(1)) is None
+    os.close(delegated)

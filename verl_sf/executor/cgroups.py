@@ -182,26 +182,30 @@ class CgroupManager:
             self._homes["memory"] = self._tops["memory"] / "zygotes"
             for group in (self._parents["memory"], self._homes["memory"]):
                 group.mkdir(exist_ok=True)
-            self._cpu_group()
+            self._cpu_groups()
         if self.memory_cap_bytes:  # an out-of-memory kill then stays among the runs
             _write(self._parents["memory"] / ("memory.max" if self.v2 else "memory.limit_in_bytes"),
                    str(self.memory_cap_bytes))
 
-    def _cpu_group(self) -> None:
+    def _cpu_groups(self) -> None:
         """v1: a group of the cpu controller for the sandboxes, each delegated one below it where its
         zygote makes a group per run, where one is mounted and ours to write; without one they keep
-        the root group."""
-        base = self.root / "cpu"
-        if not (base / "cpu.shares").exists():
-            return
-        try:
-            _sweep_stale_groups(base)
-            (base / self.name).mkdir(exist_ok=True)
-        except OSError as exc:
-            log.warning("verl-sf: no cpu cgroup for the sandboxes (%s): each run competes for the CPU as its own "
-                        "autogroup, with the server", exc)
-            return
-        self._tops["cpu"] = self._parents["cpu"] = base / self.name
+        the root group.  The same of cpuacct where it is mounted apart (where it shares cpu's
+        hierarchy, the cpu groups count): the CPU a run's processes used, the ones gone included."""
+        for controller, probe in (("cpu", "cpu.shares"), ("cpuacct", "cpuacct.usage")):
+            base = self.root / controller
+            if not (base / probe).exists() or (controller == "cpuacct" and "cpu" in self._tops
+                                               and base.resolve() == (self.root / "cpu").resolve()):
+                continue
+            try:
+                _sweep_stale_groups(base)
+                (base / self.name).mkdir(exist_ok=True)
+            except OSError as exc:
+                log.warning("verl-sf: no %s cgroup for the sandboxes (%s): %s", controller, exc,
+                            "each run competes for the CPU as its own autogroup, with the server" if controller == "cpu"
+                            else "a run's CPU is what its live processes and the children they waited for used")
+                continue
+            self._tops[controller] = self._parents[controller] = base / self.name
 
     def _v2_base(self) -> Path:
         """The top of the tree if we may write there, else our own delegated group."""
@@ -221,6 +225,13 @@ class CgroupManager:
     def cpu_per_run(self) -> bool:
         """Whether each run and session weighs alike for the CPU, in a cpu group of its own."""
         return "cpu" in self._parents
+
+    @property
+    def cpu_counted(self) -> bool:
+        """Whether each run's group counts its CPU whole (v1's cpuacct.usage, v2's cpu.stat): the zygote
+        then demotes a run for the CPU it used, where otherwise for the time it lived."""
+        return self.v2 or "cpuacct" in self._parents or ("cpu" in self._parents
+                                                          and (self._parents["cpu"] / "cpuacct.usage").exists())
 
     def sandbox(self, name: str) -> Optional[SandboxCgroup]:
         if not self.available:

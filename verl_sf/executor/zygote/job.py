@@ -266,16 +266,21 @@ class Job:
         had a slice of CPU between them the job is demoted: its group to the least weight and each of
         its processes (setsid or not, every thread) to nice 19, so fresh runs get the CPU first.  A job
         that outlived its slice waiting for a CPU (a busy machine) is not long, and keeps its weight.
+        Where no cgroup counts the job's CPU whole, what /proc shows of it can be hidden (children the
+        kernel reaps), so the job is demoted once it outlives its slice, whatever it used.
         The wait credited is at most the wall time the run did not spend on a CPU: a run whose
         processes (a fork bomb) had a CPU's worth between them was not starved, however long each waited."""
         now = time.monotonic()
         cpu, wait = procfs.tree_cpu(self.pid, self.fork_inits, renice=self.demoted)
+        counted = zygote.groups.cpu_used(self.groups)
+        if counted is not None:  # the group holds every process the walk finds, and those gone unwaited for
+            cpu = max(cpu, counted)
         if self.wait_base is None:
             self.wait_base = self.sample_base(cpu, wait, now)
         base_cpu, base_wait, since = self.wait_base
         self.cpu_seen = cpu - base_cpu
         self.wait_seen = max(self.wait_seen, min(wait - base_wait, now - since - self.cpu_seen))
-        if not self.demoted and self.cpu_seen >= self.demote_after:
+        if not self.demoted and (counted is None or self.cpu_seen >= self.demote_after):
             self.demoted = True
             zygote.groups.weigh(self.groups, DEMOTED)
             procfs.renice_tree(self.pid, self.fork_inits)

@@ -1,4 +1,4 @@
-"""One cgroup per job (memory and pids caps; its CPU weight under cgroup v1), below the sandbox's
+"""One cgroup per job (memory and pids caps; its CPU weight and use under cgroup v1), below the sandbox's
 delegated directories, which the zygote reaches through descriptors only.  Emptied groups are
 reused rather than made and removed per run; the limits last written to each are remembered so a
 reused group is written only when a value changes."""
@@ -17,6 +17,10 @@ Groups = dict[str, Group]  # controller -> group
 # A job's cpu.shares: in its first slice (the kernel's default); past it (the least); being killed
 # (the most: its processes, SIGKILL pending, take a CPU first to end rather than wait behind every job).
 FRESH, DEMOTED, KILLED = "1024", "2", "262144"
+# Where a group counts its processes' CPU, by controller, first found first taken: (file, key, seconds
+# per unit).  v1: cpuacct's own hierarchy, or cpu's where the two share one; v2: every group's cpu.stat.
+CPU_COUNTERS = {"cpuacct": ("cpuacct.usage", "", 1e-9), "cpu": ("cpuacct.usage", "", 1e-9),
+                "memory": ("cpu.stat", "usage_usec", 1e-6)}
 
 
 class RunGroups:
@@ -25,6 +29,12 @@ class RunGroups:
         self.v2 = config["cgroup_v2"]
         self.free: list[Groups] = []
         self.written: dict[tuple[Group, str], str] = {}  # (group, file) -> the value it holds
+        # Which group counts a job's CPU whole, its processes gone included (children reaped by the
+        # kernel for a parent ignoring SIGCHLD add nothing to it in /proc); none without such a group.
+        self.counter = next(((controller, *CPU_COUNTERS[controller]) for controller in CPU_COUNTERS
+                             if controller in self.bases and _has(self.bases[controller], CPU_COUNTERS[controller][0])),
+                            None)
+        self.used_before: dict[Group, int] = {}  # a reused group's counter when it was released
         if self.v2:
             for base in set(self.bases.values()):  # before any fork: every child then starts in the leaf too
                 with contextlib.suppress(FileExistsError):
@@ -55,7 +65,11 @@ class RunGroups:
                     os.rmdir(name, dir_fd=base)
                 for controller in ("memory.max", "memory.limit_in_bytes", "pids.max", "cpu.shares"):
                     self.written.pop(((base, name), controller), None)
+                self.used_before.pop((base, name), None)
             return
+        if self.counter is not None and self.counter[0] in groups:
+            controller, name, key, _ = self.counter
+            self.used_before[groups[controller]] = read_counters(groups[controller], name).get(key, 0)
         if "memory" in groups and not self.v2:
             write(groups["memory"], "memory.failcnt", "0")  # a later kill then says whose cap it was
         self.weigh(groups, FRESH)  # the next child sets up in it ahead of its job
@@ -82,6 +96,16 @@ class RunGroups:
             write(group, name, value)
             self.written[(group, name)] = value
 
+    def cpu_used(self, groups: Groups) -> Optional[float]:
+        """CPU seconds the job's processes used since its group was taken, every one of them counted
+        (a reused group's ready child setting up included); None where no group counts it."""
+        if self.counter is None or self.counter[0] not in groups:
+            return None
+        controller, name, key, unit = self.counter
+        group = groups[controller]
+        used = read_counters(group, name).get(key)
+        return None if used is None else (used - self.used_before.get(group, 0)) * unit
+
     def memory_kill(self, groups: Groups) -> Optional[MemoryScope]:
         """Whose cap the kernel killed a process of this group for: "own" (the group reached its
         limit), "shared" (the cap over all runs and sessions was reached first), or None."""
@@ -98,6 +122,14 @@ class RunGroups:
     def path_of(self, groups: Groups) -> Optional[str]:
         """A group's name below the sandbox's memory directory, for the server to read its usage."""
         return groups["memory"][1] if "memory" in groups else None
+
+
+def _has(base: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=base)
+    except OSError:
+        return False
+    return True
 
 
 def _opener(base: int) -> Callable[[str, int], int]:

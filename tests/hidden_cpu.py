@@ -1,0 +1,25 @@
+"""A run that spends its CPU where /proc does not count it, on every rung and account: it is demoted all the same."""
+
+from __future__ import annotations
+
+from tests.server_fixtures import ServerHandle, run_code
+
+# Spends its CPU in a chain of processes the kernel reaps (SIGCHLD ignored, which they inherit): each
+# spins 30 ms of CPU, forks the next and exits, so /proc shows one or two of them at a time, and the
+# parent, asleep.  Its nice once demoted, or after 3 s.
+HIDDEN_CPU = ("import os, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nif os.fork() == 0:\n"
+              "    while True:\n        while time.process_time() < 0.03:\n            pass\n"
+              "        if os.fork() != 0:\n            os._exit(0)\nuntil = time.monotonic() + 3\n"
+              "while os.getpriority(os.PRIO_PROCESS, 0) != 19 and time.monotonic() < until:\n    time.sleep(0.05)\n"
+              "print(os.getpriority(os.PRIO_PROCESS, 0), round(time.process_time(), 3))\n")
+
+
+def hidden_cpu_is_demoted(server: ServerHandle) -> None:
+    """Demoted for the CPU it used, a run must not keep its weight by using it where /proc does not
+    count it (children of a parent that ignores SIGCHLD leave nothing in its counters): the run's
+    cgroup counts it (cpuacct.usage), and where no cgroup does, a run is demoted for the time it lived."""
+    result = run_code(server, HIDDEN_CPU, run_timeout=15)
+    assert result["status"] == "Success", result
+    nice, own_cpu = result["run_result"]["stdout"].split()
+    assert nice == "19", result
+    assert float(own_cpu) < 0.1, result  # the parent's own CPU stayed under a slice
