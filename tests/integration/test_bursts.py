@@ -22,7 +22,7 @@ import requests
 import sandbox_fusion
 from verl.utils.reward_score.sandbox_fusion.utils import check_correctness
 
-from tests.host_view import cpu_seconds, named
+from tests.host_view import cpu_seconds, named, zygotes
 from tests.server_fixtures import ServerHandle, run_code, start_server, stop_server
 from tests.waiting import wait_until
 from verl_sf.models import RunCodeResponse
@@ -204,6 +204,47 @@ def test_a_run_is_demoted_for_the_cpu_it_used_never_for_the_time_it_waited(two_s
     result = run_code(two_slots, NICE_AFTER, run_timeout=15)
     assert result["status"] == "Success", result
     assert result["run_result"]["stdout"] == "0 19\n", result
+
+
+# 240 threads asleep (a run's pids cap is a little more), next to no CPU: a run long, never demoted.
+SLEEPING_THREADS = ("import threading, time\nevent = threading.Event()\nfor _ in range(240):\n"
+                    "    threading.Thread(target=event.wait, daemon=True).start()\ntime.sleep(60)\n")
+
+
+def test_runs_of_many_sleeping_threads_cost_the_sandbox_little_to_watch(two_slots: ServerHandle) -> None:
+    """Red team, 2026-11-29: the zygote sampled each run past its first slice after every one of its
+    events, reading every thread's schedstat: 16 runs of 240 sleeping threads took 0.6 CPUs of the
+    zygotes' (outside any run's group) by themselves, 1.4 beside a stream of short runs, whose p50
+    went from 0.09 to 1.5 s.  A run is now sampled once a tick, two reads a process whatever its threads."""
+    short = {"code": SHORT, "language": "python", "run_timeout": 5}
+
+    async def stream(session: aiohttp.ClientSession, pids: list[int]) -> float:
+        """The zygotes' CPU seconds over 40 short runs, 4 at a time."""
+        before = cpu_seconds(pids)
+        for _ in range(10):
+            await asyncio.gather(*(post(session, two_slots.url, short) for _ in range(4)))
+        return cpu_seconds(pids) - before
+
+    async def scenario() -> tuple[float, float, float, list[Any]]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await stream(session, [])  # the zygotes started and warm
+            pids = zygotes(two_slots.process.pid)
+            alone = await stream(session, pids)
+            sleepers = [asyncio.ensure_future(post(session, two_slots.url, {"code": SLEEPING_THREADS,
+                                                                           "language": "python", "run_timeout": 4}))
+                        for _ in range(16)]
+            await asyncio.to_thread(wait_until, lambda: health(two_slots)["in_flight"] == 16, 30, "the sleepers")
+            await asyncio.sleep(0.5)  # each past its first slice, its threads started
+            before = cpu_seconds(pids)
+            await asyncio.sleep(2)
+            idle = cpu_seconds(pids) - before
+            beside = await stream(session, pids)
+            return alone, idle, beside, await asyncio.gather(*sleepers)
+
+    alone, idle, beside, sleepers = asyncio.run(scenario())
+    assert all(body["run_result"]["status"] == "TimeLimitExceeded" for _, _, body in sleepers), sleepers
+    assert idle < 0.3, idle  # CPU seconds of the zygotes in 2 s of watching the 16 runs
+    assert beside < 2 * alone + 0.2, (alone, beside)
 
 
 def test_the_medium_case_more_runs_than_cores_needing_some_cpu_each_all_succeed(two_slots: ServerHandle) -> None:

@@ -104,6 +104,7 @@ class Job:
         self.files_dir = ""  # set at start: the run's own directory
         self.files_checked = 0.0
         self.watch_processes = not zygote.cfg["cgroups"] and not zygote.cfg["isolated"] and not own_uid
+        self.processes_checked = 0.0
         self.demote_after = zygote.cfg["demote_after"]
 
     # -- start and stages ------------------------------------------------------------------------
@@ -148,6 +149,7 @@ class Job:
             self.buffers = {self.out_r: bytearray(), self.err_r: bytearray()}
             self.dropped = 0
         self.wait_seen = 0.0  # CPU-wait of this stage, sampled for runs past their first slice
+        self.next_sample = now + self.demote_after  # then a tick after each sample: never once per event
         self.wait_base: Optional[tuple[float, float, float]] = None
         self.cpu_seen = 0.0
         self.demoted = False
@@ -165,9 +167,7 @@ class Job:
     def next_tick(self) -> Optional[float]:
         """When the running stage next needs looking at: its slice, its samples, its deadline."""
         due = self.deadline()
-        sliced = self.stage_started + self.demote_after
-        now = time.monotonic()
-        return min(due, sliced if now < sliced else now + TICK)
+        return min(due, self.next_sample)
 
     # -- events ----------------------------------------------------------------------------------
     def on_event(self, zygote: JobHost, fd: int) -> None:
@@ -236,7 +236,7 @@ class Job:
             self.memory_killed = True
             self.kill(zygote, MEMORY_KILLS["own"])
             return
-        if self.watch_processes and self.alive and self._over_processes():
+        if self.watch_processes and self.alive and self._over_processes(now):
             self.kill_for_cap(zygote, f"more than {self.limits['nproc']} processes")
             return
         if self.files_cap and self.alive and now - self.files_checked >= TICK:
@@ -250,10 +250,11 @@ class Job:
         raise NotImplementedError
 
     def past_deadline(self, zygote: JobHost, now: float) -> bool:
-        """Keep the stage's clock: sample it once it outlives its first slice of wall time, and at its
+        """Keep the stage's clock: sample it once it outlives its first slice of wall time and each tick
+        after (not at each of the zygote's events: a sample walks the job's processes), and at its
         deadline mark it timed out (starved: cut off by the client's deadline before it had its own
         time-out of running time)."""
-        if now >= self.stage_started + self.demote_after:
+        if now >= self.next_sample:
             self.sample(zygote)
         if now < self.deadline():
             return False
@@ -271,7 +272,10 @@ class Job:
         The wait credited is at most the wall time the run did not spend on a CPU: a run whose
         processes (a fork bomb) had a CPU's worth between them was not starved, however long each waited."""
         now = time.monotonic()
-        cpu, wait = procfs.tree_cpu(self.pid, self.fork_inits, renice=self.demoted)
+        self.next_sample = now + TICK
+        members = zygote.groups.members(self.groups)
+        processes = members if members is not None else list(procfs.tree(self.pid, 256, self.fork_inits))
+        cpu, wait = procfs.cpu_of(processes, renice=self.demoted)
         counted = zygote.groups.cpu_used(self.groups)
         if counted is not None:  # the group holds every process the walk finds, and those gone unwaited for
             cpu = max(cpu, counted)
@@ -283,13 +287,17 @@ class Job:
         if not self.demoted and (counted is None or self.cpu_seen >= self.demote_after):
             self.demoted = True
             zygote.groups.weigh(self.groups, DEMOTED)
-            procfs.renice_tree(self.pid, self.fork_inits)
+            procfs.renice_all(processes)
 
     def sample_base(self, cpu: float, wait: float, now: float) -> tuple[float, float, float]:
         """What the stage's CPU and wait count from, and since when: a fresh run's processes, from the stage's start."""
         return 0.0, 0.0, self.stage_started
 
-    def _over_processes(self) -> bool:
+    def _over_processes(self, now: float) -> bool:
+        """Counted at most once a tick, as memory is."""
+        if now - self.processes_checked < TICK / 2:
+            return False
+        self.processes_checked = now
         return sum(1 for _ in procfs.tree(self.pid, self.limits["nproc"] + 1, self.fork_inits)) > self.limits["nproc"]
 
     def _over_memory(self, now: float) -> bool:

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import stat
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from .wire import READ_CHUNK
 
@@ -106,29 +106,38 @@ def _kill(pid: int) -> None:
 
 def cpu_time(pid: int) -> float:
     """CPU seconds of `pid` and of the children it waited for, as wait4 reports them once it ends."""
-    return _usage(pid, _tasks(pid))[0]
+    return _usage(pid, [f"/proc/{pid}/task/{task}/schedstat" for task in _tasks(pid)])[0]
 
 
-def tree_cpu(pid: int, skip: Collection[int] = (), renice: bool = False) -> tuple[float, float]:
-    """(seconds on a CPU summed over `pid` and its descendants, every thread and every child they
-    waited for included; the longest any one thread waited for a CPU: a run of many busy processes
-    must not pass for a starved one by adding up their waits).  `renice`: each thread to nice 19 on
-    the way (nice is per thread, and a setsid'd process is out of the job's process group)."""
+def cpu_of(pids: Iterable[int], renice: bool = False) -> tuple[float, float]:
+    """(seconds on a CPU summed over the processes `pids`, every thread and every child they waited
+    for included; the longest any one of them waited for a CPU, as its main thread did: a run of many
+    busy processes must not pass for a starved one by adding up their waits).  Two reads a process,
+    however many threads it has: a run of 250 sleeping threads costs the sandbox no more to watch than
+    a run of one.  A process kept to fewer CPUs than the sandbox has waits by its own choice: its wait
+    is not counted.  `renice`: each thread to nice 19 on the way (nice is per thread)."""
     cpu = wait = 0.0
-    for current in tree(pid, 256, skip):
-        tasks = _tasks(current)
+    for pid in pids:
         if renice:
-            _renice(tasks)
-        used, waited = _usage(current, tasks)
+            _renice(_tasks(pid))
+        used, waited = _usage(pid, [f"/proc/{pid}/schedstat"])
         cpu += used
-        wait = max(wait, waited)
+        if waited > wait and _on_every_cpu(pid):
+            wait = waited
     return cpu, wait
 
 
-def renice_tree(pid: int, skip: Collection[int] = ()) -> None:
-    """Every thread of `pid` and its descendants to nice 19."""
-    for current in tree(pid, 256, skip):
-        _renice(_tasks(current))
+def _on_every_cpu(pid: int) -> bool:
+    try:
+        return len(os.sched_getaffinity(pid)) >= len(os.sched_getaffinity(0))
+    except OSError:
+        return False
+
+
+def renice_all(pids: Iterable[int]) -> None:
+    """Every thread of the processes `pids` to nice 19."""
+    for pid in pids:
+        _renice(_tasks(pid))
 
 
 def _renice(tasks: list[str]) -> None:
@@ -144,23 +153,23 @@ def _tasks(pid: int) -> list[str]:
         return []
 
 
-def _usage(pid: int, tasks: list[str]) -> tuple[float, float]:
-    """(CPU seconds of `pid` and of the children it waited for: its live threads to the nanosecond
-    (schedstat), threads gone and children to the clock tick; the longest any of its live threads
-    waited for a CPU)."""
-    live = longest = 0
-    for task in tasks:
+def _usage(pid: int, schedstats: list[str]) -> tuple[float, float]:
+    """(CPU seconds of `pid` and of the children it waited for: what the `schedstat` files given
+    (its threads', or its main thread's) count to the nanosecond, all its threads' and its children's
+    to the clock tick; the longest any of those threads waited for a CPU)."""
+    ran = longest = 0
+    for path in schedstats:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = read(f"/proc/{pid}/task/{task}/schedstat").split()
-            live += int(fields[0])
+            fields = read(path).split()
+            ran += int(fields[0])
             longest = max(longest, int(fields[1]))
     try:
         fields = _stat_fields(f"/proc/{pid}/stat")
         utime, stime, cutime, cstime = (int(field) for field in fields[11:15])
     except (OSError, ValueError):
-        return live / 1e9, longest / 1e9
+        return ran / 1e9, longest / 1e9
     tick = os.sysconf("SC_CLK_TCK")
-    return max(live / 1e9, (utime + stime) / tick) + (cutime + cstime) / tick, longest / 1e9
+    return max(ran / 1e9, (utime + stime) / tick) + (cutime + cstime) / tick, longest / 1e9
 
 
 def status(pid: int) -> dict[str, str]:

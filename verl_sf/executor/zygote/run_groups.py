@@ -106,6 +106,15 @@ class RunGroups:
         used = read_counters(group, name).get(key)
         return None if used is None else (used - self.used_before.get(group, 0)) * unit
 
+    def members(self, groups: Groups) -> Optional[list[int]]:
+        """The job's processes, as its group lists them (one read, however many threads they have,
+        where walking their tree reads each thread's children); None without a group."""
+        for group in groups.values():
+            text = read_text(group, "cgroup.procs")
+            if text is not None:
+                return [int(pid) for pid in text.split()]
+        return None
+
     def memory_kill(self, groups: Groups) -> Optional[MemoryScope]:
         """Whose cap the kernel killed a process of this group for: "own" (the group reached its
         limit), "shared" (the cap over all runs and sessions was reached first), or None."""
@@ -147,13 +156,20 @@ def write(group: Group, name: str, text: str) -> None:
         os.close(fd)
 
 
-def read_counters(group: Group, name: str) -> dict[str, int]:
-    """`key value` lines of a cgroup file (a file of one number: under the key ""); {} if unreadable."""
+def read_text(group: Group, name: str) -> Optional[str]:
+    """A file of a job's cgroup, through the delegated directory's descriptor; None if unreadable."""
     base, directory = group
     try:
         with open(f"{directory}/{name}", "rb", opener=_opener(base)) as fh:
-            text = fh.read().decode()
+            return fh.read().decode()
     except OSError:
+        return None
+
+
+def read_counters(group: Group, name: str) -> dict[str, int]:
+    """`key value` lines of a cgroup file (a file of one number: under the key ""); {} if unreadable."""
+    text = read_text(group, name)
+    if text is None:
         return {}
     counters = {}
     for line in text.splitlines():

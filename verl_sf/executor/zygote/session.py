@@ -194,7 +194,7 @@ class SessionJob(Job):
         # processes to nice 19 (after the reply: a walk of /proc nothing of the call waits for); the next
         # call raises the group again.
         for pid in self.background():
-            procfs.renice_tree(pid)
+            procfs.renice_all(procfs.tree(pid, 256))
         zygote.groups.weigh(self.groups, DEMOTED)
 
     # -- ending ----------------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""What the zygote counts of a job's processes as it samples them (procfs.cpu_of), against real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from verl_sf.executor.zygote import procfs
+
+SPIN = "import os, sys\nif sys.argv[1] == 'pinned':\n    os.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
+
+
+@pytest.fixture
+def spinners() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def spin(started: list[subprocess.Popen], count: int, where: str) -> list[int]:
+    started.extend(subprocess.Popen([sys.executable, "-c", SPIN, where]) for _ in range(count))
+    time.sleep(1)  # long enough for them to wait on one another
+    return [process.pid for process in started[-count:]]
+
+
+def test_more_spinners_than_cpus_wait_for_one(spinners: list[subprocess.Popen]) -> None:
+    cpu, wait = procfs.cpu_of(spin(spinners, len(os.sched_getaffinity(0)) + 1, "anywhere"))
+    assert cpu > 0.5 and wait > 0.05, (cpu, wait)
+
+
+def test_a_process_kept_to_fewer_cpus_waits_by_its_own_choice(spinners: list[subprocess.Popen]) -> None:
+    """Red team, 2026-11-29: a run pinned to one CPU beside its own runs pinned there (in other
+    sandboxes, at full weight) was credited 18 s of waiting and answered as starved, a sandbox error,
+    while the other CPU sat idle."""
+    cpu, wait = procfs.cpu_of(spin(spinners, 2, "pinned"))
+    assert cpu > 0.5, cpu
+    assert wait == 0.0
