@@ -314,6 +314,9 @@ SYSCALLS = {  # x86-64 numbers: name -> (number, arguments)
     "open_by_handle_at": (304, (0, 0, 0)),
     "kexec_load": (246, (0, 0, 0, 0)),
     "init_module": (175, (0, 0, 0)),
+    # Red team, 2026-11-29: a run pinned to one CPU beside runs of its own pinned there was credited
+    # its wait and answered as starved, a sandbox error, while the other CPU sat idle.
+    "sched_setaffinity": (203, (0, 8, 0)),
 }
 
 

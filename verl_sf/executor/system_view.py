@@ -38,6 +38,9 @@ SECCOMP_DENIED: tuple[str, ...] = (
     "get_kernel_syms", "query_module", "vm86", "vm86old", "fanotify_init",
     # newer interfaces a run has no business with: other mounts, LSM attributes, secret memory
     "statmount", "listmount", "lsm_get_self_attr", "lsm_set_self_attr", "lsm_list_modules", "memfd_secret",
+    # a run kept to fewer CPUs than its sandbox has would wait by its own choice, credited as the
+    # server's (docs/scheduling.md, "The time-out clock")
+    "sched_setaffinity",
 )
 
 # Socket address families a run may not open (socket() refused with EPERM), as Docker's default

@@ -33,6 +33,7 @@ from .wire import READ_CHUNK, Lines, loads, readable_of, write_all
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
+WAITS_READ = 32  # processes whose wait a sample reads, where a cgroup counts the job's CPU
 MEMORY_KILLS: dict[MemoryScope, str] = {
     "own": "killed for exceeding its memory limit",
     "shared": "killed for memory: the runs and sessions of this server together reached its memory cap "
@@ -153,6 +154,7 @@ class Job:
         self.wait_base: Optional[tuple[float, float, float]] = None
         self.cpu_seen = 0.0
         self.demoted = False
+        self.reniced: set[int] = set()  # the processes set to nice 19 since its demotion
         self.timed_out = False
         self.starved = False
 
@@ -270,14 +272,16 @@ class Job:
         Where no cgroup counts the job's CPU whole, what /proc shows of it can be hidden (children the
         kernel reaps), so the job is demoted once it outlives its slice, whatever it used.
         The wait credited is at most the wall time the run did not spend on a CPU: a run whose
-        processes (a fork bomb) had a CPU's worth between them was not starved, however long each waited."""
+        processes (a fork bomb) had a CPU's worth between them was not starved, however long each waited.
+        What a sample reads is bounded whatever the job runs: with a group, its count and the waits of
+        its first WAITS_READ processes (fewer read only credits less), and each process reniced once."""
         now = time.monotonic()
         self.next_sample = now + TICK
         members = zygote.groups.members(self.groups)
         processes = members if members is not None else list(procfs.tree(self.pid, 256, self.fork_inits))
-        cpu, wait = procfs.cpu_of(processes, renice=self.demoted)
         counted = zygote.groups.cpu_used(self.groups)
-        if counted is not None:  # the group holds every process the walk finds, and those gone unwaited for
+        cpu, wait = procfs.cpu_of(processes if counted is None else processes[:WAITS_READ])
+        if counted is not None:  # the group holds every process, those gone unwaited for too
             cpu = max(cpu, counted)
         if self.wait_base is None:
             self.wait_base = self.sample_base(cpu, wait, now)
@@ -287,7 +291,10 @@ class Job:
         if not self.demoted and (counted is None or self.cpu_seen >= self.demote_after):
             self.demoted = True
             zygote.groups.weigh(self.groups, DEMOTED)
-            procfs.renice_all(processes)
+        if self.demoted:  # those started since inherit nice 19, but for a race with the walk
+            fresh = [pid for pid in processes if pid not in self.reniced]
+            procfs.renice_all(fresh)
+            self.reniced.update(fresh)
 
     def sample_base(self, cpu: float, wait: float, now: float) -> tuple[float, float, float]:
         """What the stage's CPU and wait count from, and since when: a fresh run's processes, from the stage's start."""

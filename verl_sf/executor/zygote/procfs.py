@@ -109,29 +109,17 @@ def cpu_time(pid: int) -> float:
     return _usage(pid, [f"/proc/{pid}/task/{task}/schedstat" for task in _tasks(pid)])[0]
 
 
-def cpu_of(pids: Iterable[int], renice: bool = False) -> tuple[float, float]:
+def cpu_of(pids: Iterable[int]) -> tuple[float, float]:
     """(seconds on a CPU summed over the processes `pids`, every thread and every child they waited
     for included; the longest any one of them waited for a CPU, as its main thread did: a run of many
     busy processes must not pass for a starved one by adding up their waits).  Two reads a process,
-    however many threads it has: a run of 250 sleeping threads costs the sandbox no more to watch than
-    a run of one.  A process kept to fewer CPUs than the sandbox has waits by its own choice: its wait
-    is not counted.  `renice`: each thread to nice 19 on the way (nice is per thread)."""
+    however many threads it has."""
     cpu = wait = 0.0
     for pid in pids:
-        if renice:
-            _renice(_tasks(pid))
         used, waited = _usage(pid, [f"/proc/{pid}/schedstat"])
         cpu += used
-        if waited > wait and _on_every_cpu(pid):
-            wait = waited
+        wait = max(wait, waited)
     return cpu, wait
-
-
-def _on_every_cpu(pid: int) -> bool:
-    try:
-        return len(os.sched_getaffinity(pid)) >= len(os.sched_getaffinity(0))
-    except OSError:
-        return False
 
 
 def renice_all(pids: Iterable[int]) -> None:
