@@ -279,10 +279,11 @@ class Job:
         self.next_sample = now + TICK
         members = zygote.groups.members(self.groups)
         processes = members if members is not None else list(procfs.tree(self.pid, 256, self.fork_inits))
-        counted = zygote.groups.cpu_used(self.groups)
-        cpu, wait = procfs.cpu_of(processes if counted is None else processes[:WAITS_READ])
-        if counted is not None:  # the group holds every process, those gone unwaited for too
-            cpu = max(cpu, counted)
+        counted = zygote.groups.cpu_used(self.groups)  # every process, those gone unwaited for too
+        if counted is None:
+            cpu, wait = procfs.cpu_of(processes)
+        else:
+            cpu, wait = counted, procfs.longest_wait(processes[:WAITS_READ])
         if self.wait_base is None:
             self.wait_base = self.sample_base(cpu, wait, now)
         base_cpu, base_wait, since = self.wait_base

@@ -122,6 +122,15 @@ def cpu_of(pids: Iterable[int]) -> tuple[float, float]:
     return cpu, wait
 
 
+def longest_wait(pids: Iterable[int]) -> float:
+    """The longest any of the processes `pids` (its main thread) waited for a CPU: one read a process."""
+    longest = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            longest = max(longest, int(read(f"/proc/{pid}/schedstat").split()[1]))
+    return longest / 1e9
+
+
 def renice_all(pids: Iterable[int]) -> None:
     """Every thread of the processes `pids` to nice 19."""
     for pid in pids:
