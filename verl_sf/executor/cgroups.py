@@ -49,9 +49,11 @@ def _write(path: Path, value: str) -> None:
 class SandboxCgroup:
     """The groups one sandbox lives in, one directory per controller (the same one under v2)."""
 
-    def __init__(self, dirs: dict[str, Path], v2: bool, homes: Optional[dict[str, Path]] = None):
+    def __init__(self, dirs: dict[str, Path], v2: bool, homes: Optional[dict[str, Path]] = None,
+                 cpu_counter: str = ""):
         self.dirs = {controller: str(path) for controller, path in dirs.items()}
         self.v2 = v2
+        self.cpu_counter = cpu_counter  # the controller whose run groups count each run's CPU; "": none
         # Where the zygote itself lives, by controller: its delegated directory unless given.
         self.homes = {**self.dirs, **{controller: str(path) for controller, path in (homes or {}).items()}}
 
@@ -227,11 +229,15 @@ class CgroupManager:
         return "cpu" in self._parents
 
     @property
-    def cpu_counted(self) -> bool:
-        """Whether each run's group counts its CPU whole (v1's cpuacct.usage, v2's cpu.stat): the zygote
-        then demotes a run for the CPU it used, where otherwise for the time it lived."""
-        return self.v2 or "cpuacct" in self._parents or ("cpu" in self._parents
-                                                          and (self._parents["cpu"] / "cpuacct.usage").exists())
+    def cpu_counter(self) -> str:
+        """The controller whose run groups count each run's CPU whole (v1's cpuacct.usage, v2's cpu.stat,
+        keyed as the zygote's `CPU_COUNTERS`): the zygote then demotes a run for the CPU it used, where
+        otherwise ("": none counts) for the time it lived."""
+        if self.v2:
+            return "memory"  # v2: one group for every controller, and every group has cpu.stat
+        if "cpuacct" in self._parents:
+            return "cpuacct"
+        return "cpu" if "cpu" in self._parents and (self._parents["cpu"] / "cpuacct.usage").exists() else ""
 
     def sandbox(self, name: str) -> Optional[SandboxCgroup]:
         if not self.available:
@@ -241,7 +247,7 @@ class CgroupManager:
             path = parent / name
             path.mkdir(exist_ok=True)
             dirs[controller] = path
-        return SandboxCgroup(dirs, self.v2, self._homes)
+        return SandboxCgroup(dirs, self.v2, self._homes, self.cpu_counter)
 
     def memory_usage(self) -> Optional[int]:
         """Bytes charged to all runs and sessions together (files in their tmpfs included).  Read on

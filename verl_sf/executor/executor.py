@@ -164,7 +164,7 @@ class Executor:
         cgroups = "off" if self.cgroups is None else "on" if self.cgroups.available else self.cgroups.reason
         limits = self.rung.limits(self.cgroups is not None and self.cgroups.available)
         if self.cgroups is not None and self.cgroups.available:
-            past = "past its first slice of CPU" if self.cgroups.cpu_counted else "past its first slice"
+            past = "past its first slice of CPU" if self.cgroups.cpu_counter else "past its first slice"
             limits["cpu"] = (f"cgroup per run, its weight the least {past}" if self.cgroups.cpu_per_run
                              else f"nice 19 {past} (no cpu cgroup of the server's)")
         if self.rung.confined and pool is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from verl_sf.executor import zygote
-from verl_sf.executor.cgroups import join_cgroups
+from verl_sf.executor.cgroups import SandboxCgroup, join_cgroups
 from verl_sf.executor.config import CELLS, STDLIB_PRELOAD, ExecutorConfig
 from verl_sf.executor.gpus import GpuView
 from verl_sf.executor.languages import STANDARD_DIRS, Toolchains
@@ -210,7 +210,7 @@ class SandboxLauncher:
         return [flavor]
 
     def zygote_config(self, name: str, flavor: str, cgroup_fds: dict[str, int],
-                      cgroup_v2: bool) -> ZygoteConfig:
+                      cgroup: Optional[SandboxCgroup]) -> ZygoteConfig:
         cfg = self.config
         if self.isolated:
             workdir, tmpdir, datadir = SANDBOX_WORKDIR, SANDBOX_TMP, SANDBOX_DATA
@@ -238,7 +238,8 @@ class SandboxLauncher:
             "ipython": flavor.endswith(CELLS),
             "fetch_limit": cfg.fetch_file_limit_bytes,
             "cgroups": cgroup_fds,
-            "cgroup_v2": cgroup_v2,
+            "cgroup_v2": bool(cgroup and cgroup.v2),
+            "cpu_counter": cgroup.cpu_counter if cgroup else "",
             "seccomp": self.rung.seccomp_denied(),
             "seccomp_socket_families": list(SECCOMP_DENIED_SOCKET_FAMILIES) if self.isolated else [],
             "libseccomp": libseccomp_path() or "" if self.rung.confined else "",
@@ -265,11 +266,12 @@ class SandboxLauncher:
         prefix = directory.rstrip("/") + "/"
         return sorted({d[len(prefix):].split("/")[0] for d in self.bound_dirs() if d.startswith(prefix)})
 
-    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool, config_fd: int) -> list[str]:
-        """The sandbox's argv; `cgroup_fds` are descriptors of its delegated cgroups (controller ->
-        fd), which the caller passes to the process: the zygote makes run groups through them.  Its
+    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup: Optional[SandboxCgroup],
+                config_fd: int) -> list[str]:
+        """The sandbox's argv; `cgroup_fds` are descriptors of its delegated cgroups (`cgroup`'s, controller
+        -> fd), which the caller passes to the process: the zygote makes run groups through them.  Its
         configuration is written to `config_fd` (a memfd the caller passes too), where it reads it."""
-        config = self.zygote_config(name, flavor, cgroup_fds, cgroup_v2)
+        config = self.zygote_config(name, flavor, cgroup_fds, cgroup)
         os.write(config_fd, json.dumps(config).encode())
         os.lseek(config_fd, 0, os.SEEK_SET)
         if not self.isolated:

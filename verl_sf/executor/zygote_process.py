@@ -91,7 +91,7 @@ class ZygoteProcess:
         config_fd = os.memfd_create("zygote-config", os.MFD_CLOEXEC)
         try:
             self.process = await spawn(
-                self.launcher.command(self.name, self.flavor, fds, bool(self.cgroup and self.cgroup.v2), config_fd),
+                self.launcher.command(self.name, self.flavor, fds, self.cgroup, config_fd),
                 env=self.launcher.env, preexec_fn=self.launcher.preexec(procs),
                 pass_fds=(*fds.values(), config_fd), limit=MAX_REPLY_BYTES)
         finally:

@@ -42,6 +42,7 @@ class ZygoteConfig(TypedDict):
     fetch_limit: int  # bytes of fetched files per run, all files together
     cgroups: dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
     cgroup_v2: bool
+    cpu_counter: str  # the controller whose run groups count a run's CPU whole (run_groups.CPU_COUNTERS); "": none
     seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
     seccomp_socket_families: list[int]  # socket() refused with EPERM for these address families
     libseccomp: str

@@ -17,8 +17,8 @@ Groups = dict[str, Group]  # controller -> group
 # A job's cpu.shares: in its first slice (the kernel's default); past it (the least); being killed
 # (the most: its processes, SIGKILL pending, take a CPU first to end rather than wait behind every job).
 FRESH, DEMOTED, KILLED = "1024", "2", "262144"
-# Where a group counts its processes' CPU, by controller, first found first taken: (file, key, seconds
-# per unit).  v1: cpuacct's own hierarchy, or cpu's where the two share one; v2: every group's cpu.stat.
+# Where a group counts its processes' CPU, by controller: (file, key, seconds per unit).  v1: cpuacct's
+# own hierarchy, or cpu's where the two share one; v2: every group's cpu.stat.
 CPU_COUNTERS = {"cpuacct": ("cpuacct.usage", "", 1e-9), "cpu": ("cpuacct.usage", "", 1e-9),
                 "memory": ("cpu.stat", "usage_usec", 1e-6)}
 
@@ -30,10 +30,9 @@ class RunGroups:
         self.free: list[Groups] = []
         self.written: dict[tuple[Group, str], str] = {}  # (group, file) -> the value it holds
         # Which group counts a job's CPU whole, its processes gone included (children reaped by the
-        # kernel for a parent ignoring SIGCHLD add nothing to it in /proc); none without such a group.
-        self.counter = next(((controller, *CPU_COUNTERS[controller]) for controller in CPU_COUNTERS
-                             if controller in self.bases and _has(self.bases[controller], CPU_COUNTERS[controller][0])),
-                            None)
+        # kernel for a parent ignoring SIGCHLD add nothing to it in /proc), as the server found it.
+        counter = config["cpu_counter"]
+        self.counter = (counter, *CPU_COUNTERS[counter]) if counter in self.bases else None
         self.used_before: dict[Group, int] = {}  # a reused group's counter when it was released
         if self.v2:
             for base in set(self.bases.values()):  # before any fork: every child then starts in the leaf too
@@ -131,14 +130,6 @@ class RunGroups:
     def path_of(self, groups: Groups) -> Optional[str]:
         """A group's name below the sandbox's memory directory, for the server to read its usage."""
         return groups["memory"][1] if "memory" in groups else None
-
-
-def _has(base: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=base)
-    except OSError:
-        return False
-    return True
 
 
 def _opener(base: int) -> Callable[[str, int], int]:
