@@ -97,7 +97,7 @@ def delegated(tmp_path: Path) -> int:
 
 
 def test_run_groups_under_v2_write_memory_max_and_read_memory_events(delegated: int) -> None:
-    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True, "cpu_counter": "memory"})  # type: ignore[typeddict-item]
+    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True, "cpu_counter": "memory", "group_prefix": ""})  # type: ignore[typeddict-item]
     # Before it forks anything the zygote moves to its leaf (a group that hands controllers down holds no process).
     assert Path(f"/proc/self/fd/{delegated}/zygote/cgroup.procs").read_text() == "0"
     made = groups.make(1)
@@ -116,7 +116,7 @@ def test_run_groups_under_v2_write_memory_max_and_read_memory_events(delegated: 
 def test_run_groups_under_v2_count_a_jobs_cpu_in_its_groups_cpu_stat(delegated: int) -> None:
     """Every v2 group has cpu.stat: a job's CPU, its processes gone included, since its group was taken."""
     Path(f"/proc/self/fd/{delegated}/cpu.stat").write_text("usage_usec 0\n")
-    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True, "cpu_counter": "memory"})  # type: ignore[typeddict-item]
+    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True, "cpu_counter": "memory", "group_prefix": ""})  # type: ignore[typeddict-item]
     made = groups.make(1)
     stat = Path(f"/proc/self/fd/{delegated}/run-1/cpu.stat")
     stat.write_text("usage_usec 250000\nuser_usec 200000\nsystem_usec 50000\n")
@@ -130,6 +130,6 @@ def test_run_groups_under_v2_count_a_jobs_cpu_in_its_groups_cpu_stat(delegated: 
 
 
 def test_run_groups_without_a_counter_say_so(delegated: int) -> None:
-    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True, "cpu_counter": ""})  # type: ignore[typeddict-item]
+    groups = RunGroups({"cgroups": {"memory": delegated, "pids": delegated}, "cgroup_v2": True, "cpu_counter": "", "group_prefix": ""})  # type: ignore[typeddict-item]
     assert groups.cpu_used(groups.make(1)) is None
     os.close(delegated)

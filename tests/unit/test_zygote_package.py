@@ -118,7 +118,7 @@ def delegated() -> Iterator[int]:
 
 
 def _groups(fd: int) -> RunGroups:
-    groups = RunGroups({"cgroups": {"memory": fd, "pids": fd}, "cgroup_v2": False, "cpu_counter": ""})  # type: ignore[typeddict-item]
+    groups = RunGroups({"cgroups": {"memory": fd, "pids": fd}, "cgroup_v2": False, "cpu_counter": "", "group_prefix": ""})  # type: ignore[typeddict-item]
     return groups
 
 

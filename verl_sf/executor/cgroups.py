@@ -50,10 +50,12 @@ class SandboxCgroup:
     """The groups one sandbox lives in, one directory per controller (the same one under v2)."""
 
     def __init__(self, dirs: dict[str, Path], v2: bool, homes: Optional[dict[str, Path]] = None,
-                 cpu_counter: str = ""):
+                 cpu_counter: str = "", prefix: str = "", shared: frozenset[str] = frozenset()):
         self.dirs = {controller: str(path) for controller, path in dirs.items()}
         self.v2 = v2
         self.cpu_counter = cpu_counter  # the controller whose run groups count each run's CPU; "": none
+        self.prefix = prefix  # of its run groups' names, which are unique among every sandbox's
+        self.shared = shared  # controllers whose directory holds every sandbox's run groups (cpu)
         # Where the zygote itself lives, by controller: its delegated directory unless given.
         self.homes = {**self.dirs, **{controller: str(path) for controller, path in (homes or {}).items()}}
 
@@ -91,9 +93,13 @@ class SandboxCgroup:
             _hand_over_interfaces(Path(directory))
 
     def remove(self) -> None:
-        """Once its zygote is gone."""
-        for directory in dict.fromkeys(self.dirs.values()):
-            _remove_tree(Path(directory), kill=True)
+        """Once its zygote is gone: its groups, and its run groups where every sandbox's are kept."""
+        for controller, directory in {d: c for c, d in self.dirs.items()}.items():
+            if controller in self.shared:
+                for group in Path(directory).glob(f"{self.prefix}run-*"):
+                    _remove_tree(group, kill=True)
+            else:
+                _remove_tree(Path(directory), kill=True)
 
 
 def _hand_over_interfaces(directory: Path) -> None:
@@ -157,6 +163,7 @@ class CgroupManager:
         self._tops: dict[str, Path] = {}  # this server's group, by controller
         self._parents: dict[str, Path] = {}  # where the sandboxes' groups go, by controller
         self._homes: dict[str, Path] = {}  # where the zygotes live when not in their sandbox's group
+        self._shared: set[str] = set()  # controllers whose run groups are every sandbox's siblings
         self._usage_fd: Optional[int] = None  # the runs' memory.current (v2) or memory.usage_in_bytes (v1)
         try:
             self._setup()
@@ -190,10 +197,11 @@ class CgroupManager:
                    str(self.memory_cap_bytes))
 
     def _cpu_groups(self) -> None:
-        """v1: a group of the cpu controller for the sandboxes, each delegated one below it where its
-        zygote makes a group per run, where one is mounted and ours to write; without one they keep
-        the root group.  The same of cpuacct where it is mounted apart (where it shares cpu's
-        hierarchy, the cpu groups count): the CPU a run's processes used, the ones gone included."""
+        """v1: a group of the cpu controller, delegated to every sandbox, where the zygotes live and
+        make a group per run, all of them siblings, where one is mounted and ours to write; without
+        one they keep the root group.  Of cpuacct where it is mounted apart (where it shares cpu's
+        hierarchy, the cpu groups count), a group for the sandboxes with each one's delegated below
+        it: the CPU a run's processes used, the ones gone included."""
         for controller, probe in (("cpu", "cpu.shares"), ("cpuacct", "cpuacct.usage")):
             base = self.root / controller
             if not (base / probe).exists() or (controller == "cpuacct" and "cpu" in self._tops
@@ -208,6 +216,8 @@ class CgroupManager:
                             else "a run's CPU is what its live processes and the children they waited for used")
                 continue
             self._tops[controller] = self._parents[controller] = base / self.name
+            if controller == "cpu":  # a run's weight then counts against every run's, whichever sandbox has it
+                self._shared.add(controller)
 
     def _v2_base(self) -> Path:
         """The top of the tree if we may write there, else our own delegated group."""
@@ -244,10 +254,9 @@ class CgroupManager:
             return None
         dirs = {}
         for controller, parent in self._parents.items():
-            path = parent / name
-            path.mkdir(exist_ok=True)
-            dirs[controller] = path
-        return SandboxCgroup(dirs, self.v2, self._homes, self.cpu_counter)
+            dirs[controller] = parent if controller in self._shared else parent / name
+            dirs[controller].mkdir(exist_ok=True)
+        return SandboxCgroup(dirs, self.v2, self._homes, self.cpu_counter, f"{name}.", frozenset(self._shared))
 
     def memory_usage(self) -> Optional[int]:
         """Bytes charged to all runs and sessions together (files in their tmpfs included).  Read on

@@ -240,6 +240,7 @@ class SandboxLauncher:
             "cgroups": cgroup_fds,
             "cgroup_v2": bool(cgroup and cgroup.v2),
             "cpu_counter": cgroup.cpu_counter if cgroup else "",
+            "group_prefix": cgroup.prefix if cgroup else "",
             "seccomp": self.rung.seccomp_denied(),
             "seccomp_socket_families": list(SECCOMP_DENIED_SOCKET_FAMILIES) if self.isolated else [],
             "libseccomp": libseccomp_path() or "" if self.rung.confined else "",

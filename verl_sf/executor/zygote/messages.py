@@ -43,6 +43,7 @@ class ZygoteConfig(TypedDict):
     cgroups: dict[str, int]  # controller (memory, pids) -> a descriptor of the delegated directory run groups go in
     cgroup_v2: bool
     cpu_counter: str  # the controller whose run groups count a run's CPU whole (run_groups.CPU_COUNTERS); "": none
+    group_prefix: str  # of the run groups' names: a delegated directory may hold every sandbox's (cpu)
     seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
     seccomp_socket_families: list[int]  # socket() refused with EPERM for these address families
     libseccomp: str

@@ -1,7 +1,8 @@
 """One cgroup per job (memory and pids caps; its CPU weight and use under cgroup v1), below the sandbox's
-delegated directories, which the zygote reaches through descriptors only.  Emptied groups are
-reused rather than made and removed per run; the limits last written to each are remembered so a
-reused group is written only when a value changes."""
+delegated directories, which the zygote reaches through descriptors only (v1's cpu one holds every
+sandbox's jobs, each named with its sandbox's prefix: siblings, so a job's weight counts against every
+job's).  Emptied groups are reused rather than made and removed per run; the limits last written to
+each are remembered so a reused group is written only when a value changes."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class RunGroups:
     def __init__(self, config: ZygoteConfig):
         self.bases = config["cgroups"]
         self.v2 = config["cgroup_v2"]
+        self.prefix = config["group_prefix"]
         self.free: list[Groups] = []
         self.written: dict[tuple[Group, str], str] = {}  # (group, file) -> the value it holds
         # Which group counts a job's CPU whole, its processes gone included (children reaped by the
@@ -47,11 +49,12 @@ class RunGroups:
         if self.free:
             return self.free.pop()
         groups: Groups = {}
+        name = f"{self.prefix}run-{sequence}"
         for controller, base in self.bases.items():
-            if (base, f"run-{sequence}") not in groups.values():
+            if (base, name) not in groups.values():
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(f"run-{sequence}", 0o755, dir_fd=base)
-            groups[controller] = (base, f"run-{sequence}")
+                    os.mkdir(name, 0o755, dir_fd=base)
+            groups[controller] = (base, name)
         return groups
 
     def release(self, groups: Groups, killed_for_memory: bool) -> None:
