@@ -39,6 +39,8 @@ from verl_sf.executor.zygote.messages import ZYGOTE_LEAF
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids")
+# v1: a run's weight counts against every run's, whichever sandbox has it: their groups are siblings.
+SHARED = ("cpu",)
 
 
 def _write(path: Path, value: str) -> None:
@@ -50,12 +52,11 @@ class SandboxCgroup:
     """The groups one sandbox lives in, one directory per controller (the same one under v2)."""
 
     def __init__(self, dirs: dict[str, Path], v2: bool, homes: Optional[dict[str, Path]] = None,
-                 cpu_counter: str = "", prefix: str = "", shared: frozenset[str] = frozenset()):
+                 cpu_counter: str = "", prefix: str = ""):
         self.dirs = {controller: str(path) for controller, path in dirs.items()}
         self.v2 = v2
         self.cpu_counter = cpu_counter  # the controller whose run groups count each run's CPU; "": none
         self.prefix = prefix  # of its run groups' names, which are unique among every sandbox's
-        self.shared = shared  # controllers whose directory holds every sandbox's run groups (cpu)
         # Where the zygote itself lives, by controller: its delegated directory unless given.
         self.homes = {**self.dirs, **{controller: str(path) for controller, path in (homes or {}).items()}}
 
@@ -95,7 +96,7 @@ class SandboxCgroup:
     def remove(self) -> None:
         """Once its zygote is gone: its groups, and its run groups where every sandbox's are kept."""
         for controller, directory in {d: c for c, d in self.dirs.items()}.items():
-            if controller in self.shared:
+            if controller in SHARED:
                 for group in Path(directory).glob(f"{self.prefix}run-*"):
                     _remove_tree(group, kill=True)
             else:
@@ -163,10 +164,11 @@ class CgroupManager:
         self._tops: dict[str, Path] = {}  # this server's group, by controller
         self._parents: dict[str, Path] = {}  # where the sandboxes' groups go, by controller
         self._homes: dict[str, Path] = {}  # where the zygotes live when not in their sandbox's group
-        self._shared: set[str] = set()  # controllers whose run groups are every sandbox's siblings
         self._usage_fd: Optional[int] = None  # the runs' memory.current (v2) or memory.usage_in_bytes (v1)
+        self.cpu_counter = ""  # the controller whose run groups count each run's CPU whole; "": none does
         try:
             self._setup()
+            self.cpu_counter = self._cpu_counter()
             self.available = True
         except OSError as exc:
             self.reason = f"cgroups not writable ({exc}); memory and process caps fall back to rlimits"
@@ -216,8 +218,6 @@ class CgroupManager:
                             else "a run's CPU is what its live processes and the children they waited for used")
                 continue
             self._tops[controller] = self._parents[controller] = base / self.name
-            if controller == "cpu":  # a run's weight then counts against every run's, whichever sandbox has it
-                self._shared.add(controller)
 
     def _v2_base(self) -> Path:
         """The top of the tree if we may write there, else our own delegated group."""
@@ -238,8 +238,7 @@ class CgroupManager:
         """Whether each run and session weighs alike for the CPU, in a cpu group of its own."""
         return "cpu" in self._parents
 
-    @property
-    def cpu_counter(self) -> str:
+    def _cpu_counter(self) -> str:
         """The controller whose run groups count each run's CPU whole (v1's cpuacct.usage, v2's cpu.stat,
         keyed as the zygote's `CPU_COUNTERS`): the zygote then demotes a run for the CPU it used, where
         otherwise ("": none counts) for the time it lived."""
@@ -254,9 +253,9 @@ class CgroupManager:
             return None
         dirs = {}
         for controller, parent in self._parents.items():
-            dirs[controller] = parent if controller in self._shared else parent / name
+            dirs[controller] = parent if controller in SHARED else parent / name
             dirs[controller].mkdir(exist_ok=True)
-        return SandboxCgroup(dirs, self.v2, self._homes, self.cpu_counter, f"{name}.", frozenset(self._shared))
+        return SandboxCgroup(dirs, self.v2, self._homes, self.cpu_counter, f"{name}.")
 
     def memory_usage(self) -> Optional[int]:
         """Bytes charged to all runs and sessions together (files in their tmpfs included).  Read on
