@@ -178,23 +178,31 @@ def no_new_privs() -> None:
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def fork_sibling(new_pid_namespace: bool) -> int:
-    """os.fork(), but the child is our parent's (CLONE_PARENT), as glibc's fork makes it: the
-    child's tid in its thread descriptor, Python's fork hooks and state on both sides.  With
-    `new_pid_namespace` the child is PID 1 of a PID namespace of its own, below ours."""
+def sibling_fork(new_pid_namespace: bool) -> Callable[[], int]:
+    """A fork like os.fork(), but the child is our parent's (CLONE_PARENT), as glibc's fork makes it:
+    the child's tid in its thread descriptor, Python's fork hooks and state on both sides.  With
+    `new_pid_namespace` the child is PID 1 of a PID namespace of its own, below ours.  The system
+    call's arguments are made once: each fork then writes as few of the caller's pages as it can."""
     number, tid_last = CLONE_CALL
     tid = ctypes.c_void_p(libc.pthread_self() + THREAD_TID_OFFSET)
     # The exit signal is our own's (SIGCHLD, to the parent we share).
     flags = ctypes.c_ulong(CLONE_PARENT | CLONE_CHILD_SETTID | (CLONE_NEWPID if new_pid_namespace else 0))
-    ctypes.pythonapi.PyOS_BeforeFork()
-    pid: int = python_libc.syscall(number, flags, None, None, *((None, tid) if tid_last else (tid, None)))
-    if pid == 0:
-        ctypes.pythonapi.PyOS_AfterFork_Child()
-        return 0
-    ctypes.pythonapi.PyOS_AfterFork_Parent()
-    if pid < 0:
-        check(-1, "clone(CLONE_PARENT)")
-    return pid
+    arguments = (number, flags, None, None, *((None, tid) if tid_last else (tid, None)))
+    clone, before, child, parent = (python_libc.syscall, ctypes.pythonapi.PyOS_BeforeFork,
+                                    ctypes.pythonapi.PyOS_AfterFork_Child, ctypes.pythonapi.PyOS_AfterFork_Parent)
+
+    def fork() -> int:
+        before()
+        pid: int = clone(*arguments)
+        if pid == 0:
+            child()
+            return 0
+        parent()
+        if pid < 0:
+            check(-1, "clone(CLONE_PARENT)")
+        return pid
+
+    return fork
 
 
 def die_with_parent() -> None:

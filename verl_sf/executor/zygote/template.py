@@ -4,7 +4,7 @@ The zygote relays every job's traffic (code, files, `envs` in; output and record
 heap, and freed memory is not cleared: a child forked from it would hold earlier jobs' data, which
 its code could read from its own memory.  So the zygote never forks a child itself.  It asks the
 template, which holds no job's data and only ever receives the child's pipe ends and small orders,
-and which forks with CLONE_PARENT (linux.fork_sibling): the child is the zygote's, to wait for
+and which forks with CLONE_PARENT (linux.sibling_fork): the child is the zygote's, to wait for
 and reap as before.  Orders are answered in the order sent, a pid (or an error) each.
 """
 
@@ -22,6 +22,7 @@ from .warmup import reseed_generators
 from .wire import dumps, loads
 
 TEMPLATE_NAME = b"verl-sf-templat"  # what `ps` shows (15 characters at most)
+ORDER_BYTES = 4096  # an order is ~200 bytes of JSON
 ORDER_FDS = 5  # job socket, stdout, stderr and fd 3 ends of the child, and a network namespace to join
 
 
@@ -75,39 +76,41 @@ class Template:
 
 
 def _serve(channel: socket.socket, blueprint: Blueprint) -> NoReturn:
-    """The template's loop: fork a child per order, until the zygote closes the channel."""
+    """The template's loop: fork a child per order, until the zygote closes the channel.  Every page
+    the template writes after a fork is a page the kernel copies, so it only forks: the child reads
+    its order and reseeds its generators itself."""
     linux.set_name(TEMPLATE_NAME)
     linux.die_with_parent()
+    fork = linux.sibling_fork(new_pid_namespace=blueprint.isolated)  # isolated: PID 1 of a brand-new namespace
+    receive, send, close, ancillary = channel.recvmsg, channel.send, os.close, socket.CMSG_LEN(ORDER_FDS * 4)
     while True:
-        message, fds, _, _ = socket.recv_fds(channel, 65536, ORDER_FDS)
+        message, control, _, _ = receive(ORDER_BYTES, ancillary)
+        fds = memoryview(control[0][2]).cast("i").tolist() if control else []
         if not message:
             os._exit(0)
-        order: Order = loads(message.decode())
         try:
-            pid = _fork(order, fds, blueprint, channel)
+            pid = fork()
         except OSError as exc:
-            channel.send(b"error %d %s" % (exc.errno or 0, str(exc).encode()))
+            send(b"error %d %s" % (exc.errno or 0, str(exc).encode()))
         else:
-            channel.send(b"%d" % pid)
-        finally:
-            for fd in fds:
-                os.close(fd)
+            if pid == 0:
+                _child(message, fds, blueprint, channel)
+            send(b"%d" % pid)
+        for fd in fds:
+            close(fd)
 
 
-def _fork(order: Order, fds: list[int], blueprint: Blueprint, channel: socket.socket) -> int:
-    job_r, out_w, err_w, meta_w, *network = fds
-    groups: Groups = {controller: (base, name) for controller, (base, name) in order["groups"].items()}
-    reseed_generators()
-    pid = linux.fork_sibling(new_pid_namespace=blueprint.isolated)  # isolated: PID 1 of a brand-new namespace
-    if pid == 0:
+def _child(message: bytes, fds: list[int], blueprint: Blueprint, channel: socket.socket) -> NoReturn:
+    try:
+        channel.close()
+        reseed_generators()
+        order: Order = loads(message.decode())
+        job_r, out_w, err_w, meta_w, *network = fds
+        groups: Groups = {controller: (base, name) for controller, (base, name) in order["groups"].items()}
+        child = Child(blueprint, groups, order["sequence"], network[0] if order["network"] else -1, order["rooted"])
+        child.setup(job_r, out_w, err_w, meta_w)
+    except BaseException:
         try:
-            channel.close()
-            child = Child(blueprint, groups, order["sequence"], network[0] if order["network"] else -1,
-                          order["rooted"])
-            child.setup(job_r, out_w, err_w, meta_w)
-        except BaseException:
-            try:
-                os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
-            finally:
-                os._exit(126)
-    return pid
+            os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
+        finally:
+            os._exit(126)
