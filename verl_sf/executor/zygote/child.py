@@ -13,6 +13,7 @@ import fcntl
 import os
 import resource
 import signal
+from collections.abc import Callable
 from typing import NamedTuple, NoReturn, Optional
 
 from . import exits, ipython_shell, landlock, linux, root
@@ -55,6 +56,7 @@ class Blueprint(NamedTuple):
     mounts: list[Mount]
     comm: bytes  # a run's process name, as `python main.py` would show it
     cwd: str  # what os.getcwd() gives a run
+    reseed: Callable[[], None]  # the generators libraries seeded at import, from OS entropy (warmup.reseeder)
 
     @property
     def tmpfs_targets(self) -> list[str]:

@@ -40,6 +40,8 @@ MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 libc = ctypes.CDLL(None, use_errno=True)
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 libc.syscall.restype = ctypes.c_long
+libc.getrandom.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+libc.getrandom.restype = ctypes.c_ssize_t
 # Looked up (dlsym) once here rather than in every run, whose lookups would copy pages.
 for _name in ("capget", "capset", "mount", "prctl", "setns", "unshare", "syscall"):
     getattr(libc, _name)

@@ -69,13 +69,13 @@ class Zygote:
                   for target in dict.fromkeys((config["workdir"], config["tmpdir"], config["datadir"]))
                   if target in config["sizes"]]
         os.makedirs(config["workdir"], exist_ok=True)
-        self.blueprint = Blueprint(config, seccomp, mounts, name, os.path.realpath(config["workdir"]))
         if self.isolated:
             linux.shrink_capabilities()
         else:
             linux.become_subreaper()  # a run's orphans come back here when its PID 1 is gone
         install_stdio(stdio_for_runs())  # before the preload, whose gc.freeze() then covers it
-        preload(config["preload"], config["ipython"])
+        reseed = preload(config["preload"], config["ipython"])
+        self.blueprint = Blueprint(config, seccomp, mounts, name, os.path.realpath(config["workdir"]), reseed)
         self.groups = RunGroups(config)
         if self.isolated:
             linux.read_only_tree()  # once, after the warm-up's writes: every run's mount namespace copies it

@@ -18,7 +18,6 @@ from typing import NoReturn, TypedDict
 from . import linux
 from .child import Blueprint, Child
 from .run_groups import Groups
-from .warmup import reseed_generators
 from .wire import dumps, loads
 
 TEMPLATE_NAME = b"verl-sf-templat"  # what `ps` shows (15 characters at most)
@@ -103,7 +102,7 @@ def _serve(channel: socket.socket, blueprint: Blueprint) -> NoReturn:
 def _child(message: bytes, fds: list[int], blueprint: Blueprint, channel: socket.socket) -> NoReturn:
     try:
         channel.close()
-        reseed_generators()
+        blueprint.reseed()
         order: Order = loads(message.decode())
         job_r, out_w, err_w, meta_w, *network = fds
         groups: Groups = {controller: (base, name) for controller, (base, name) in order["groups"].items()}

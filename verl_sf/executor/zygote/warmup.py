@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import ctypes
 import gc
 import importlib
 import sys
 import types
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
 
 from . import ipython_shell
-from .linux import MADV_COLLAPSE, MADV_HUGEPAGE, libc
+from .linux import MADV_COLLAPSE, MADV_HUGEPAGE, check, libc
 
 # First calls into these libraries import submodules and fill caches; doing them once here
 # spares every forked run.
@@ -28,15 +29,17 @@ WARMUPS = {
 }
 
 # Generators that libraries seed once, at import: every forked run would replay the same
-# numbers, where a fresh `python main.py` draws new ones.  The zygote reseeds them (from OS
-# entropy) before each fork, where it costs no copy-on-write faults.
+# numbers, where a fresh `python main.py` draws new ones.  Each child reseeds them from OS entropy.
 RESEEDED_MODULES = ("numpy.random", "sympy.core.random")
+MT19937_KEY_WORDS = 624  # numpy's mt19937_state: uint32_t key[624], then int pos
+MT19937_KEY_BYTES = MT19937_KEY_WORDS * 4
 
 
-def preload(modules: list[str], cells: bool = False) -> None:
+def preload(modules: list[str], cells: bool = False) -> Callable[[], None]:
     """Import and warm up what is there (a missing optional library is just not preloaded), and
     for a zygote that serves cells IPython's shell; then freeze the heap: the collector then never
-    dirties the shared pages of a child."""
+    dirties the shared pages of a child.  Returns what reseeds, in a child, the generators these
+    libraries seeded at import."""
     loaded = []
     with threading_stand_in():
         for name in modules:
@@ -51,16 +54,47 @@ def preload(modules: list[str], cells: bool = False) -> None:
         if cells:
             ipython_shell.warm()
             importlib.import_module(f"{__package__}.guest")  # E2B's agent: every sandbox's session has it
+    reseed = reseeder()
     gc.collect()
     gc.freeze()
     collapse_heap()
+    return reseed
 
 
-def reseed_generators() -> None:
-    for name in RESEEDED_MODULES:
-        module = sys.modules.get(name)
-        if module is not None:
+def reseeder() -> Callable[[], None]:
+    """Made in the zygote, called in each child just forked, where every page it writes is a page
+    copied: numpy's global generator gets OS entropy written straight over its Mersenne Twister's
+    key (its `seed()` would build a SeedSequence through numpy's layers: ~120 page copies against
+    ~30, `docs/performance.md`); any other its own `seed()`."""
+    numpy_random = sys.modules.get("numpy.random")
+    key = _mt19937_key(numpy_random) if numpy_random is not None else None
+    seeded = [module for name in RESEEDED_MODULES if (module := sys.modules.get(name)) is not None
+              and not (key is not None and module is numpy_random)]
+
+    def reseed() -> None:
+        if key is not None:
+            address, position = key
+            filled = 0
+            while filled < MT19937_KEY_BYTES:  # past 256 bytes a signal may cut a getrandom short
+                count = libc.getrandom(address + filled, MT19937_KEY_BYTES - filled, 0)
+                check(0 if count > 0 else -1, "getrandom")
+                filled += count
+            position.value = MT19937_KEY_WORDS  # the next draw turns the whole new key
+        for module in seeded:
             module.seed()
+
+    return reseed
+
+
+def _mt19937_key(numpy_random: types.ModuleType) -> Optional[tuple[int, ctypes.c_int]]:
+    """The address of the key of numpy's global generator and its position in it, where numpy
+    names that generator (1.25 and later) and it is the MT19937 its legacy functions draw from."""
+    generator: Any = getattr(numpy_random, "get_bit_generator", lambda: None)()
+    if type(generator).__name__ != "MT19937":
+        return None
+    numpy_random.seed()  # no cached normal value (legacy `randn`'s second draw) is left for every child to share
+    address: int = generator.ctypes.state_address
+    return address, ctypes.c_int.from_address(address + MT19937_KEY_BYTES)
 
 
 @contextlib.contextmanager
