@@ -68,8 +68,8 @@ def reseeder() -> Callable[[], None]:
     ~30, `docs/performance.md`); any other its own `seed()`."""
     numpy_random = sys.modules.get("numpy.random")
     key = _mt19937_key(numpy_random) if numpy_random is not None else None
-    seeded = [module for name in RESEEDED_MODULES if (module := sys.modules.get(name)) is not None
-              and not (key is not None and module is numpy_random)]
+    loaded = [sys.modules[name] for name in RESEEDED_MODULES if name in sys.modules]
+    seeded = [module for module in loaded if key is None or module is not numpy_random]
 
     def reseed() -> None:
         if key is not None:
@@ -77,7 +77,8 @@ def reseeder() -> Callable[[], None]:
             filled = 0
             while filled < MT19937_KEY_BYTES:  # past 256 bytes a signal may cut a getrandom short
                 count = libc.getrandom(address + filled, MT19937_KEY_BYTES - filled, 0)
-                check(0 if count > 0 else -1, "getrandom")
+                if count <= 0:
+                    check(-1, "getrandom")
                 filled += count
             position.value = MT19937_KEY_WORDS  # the next draw turns the whole new key
         for module in seeded:
