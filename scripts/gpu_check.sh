@@ -25,9 +25,9 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 python3 --version
 
 say "install"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$wheels"/*.whl || exit 1
-export PYTHONPATH=/tmp/site
+# Into the interpreter's own environment: sandboxes run code with it and none of the server's environment
+# (cells import IPython there; a PYTHONPATH would not reach them).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$wheels"/*.whl || exit 1
 command -v bwrap >/dev/null || dpkg -i "$wheels"/bubblewrap_*.deb || exit 1
 grep -q 'libseccomp\.so\.2' <(ldconfig -p) || dpkg -i "$wheels"/libseccomp2_*.deb || exit 1
 bwrap --version
