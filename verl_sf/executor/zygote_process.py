@@ -74,11 +74,13 @@ class ZygoteProcess:
         return len(self.pending)
 
     async def ensure_started(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            return
-        if self._closed:
-            raise SandboxCrashed(f"sandbox {self.name} ({self.flavor}) is stopped: the server is shutting down")
+        """A zygote takes requests once its start is done, not once its process exists: until its hello
+        is read and its cgroup settled (v2: its run groups have no caps' files before), none is sent."""
         if self._starting is None or self._starting.done():
+            if self.process is not None and self.process.returncode is None:
+                return
+            if self._closed:
+                raise SandboxCrashed(f"sandbox {self.name} ({self.flavor}) is stopped: the server is shutting down")
             self._starting = asyncio.ensure_future(self._start())
         await asyncio.shield(self._starting)
 
