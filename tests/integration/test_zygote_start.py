@@ -17,7 +17,7 @@ from verl_sf.executor.zygote_process import ZygoteProcess
 # A zygote slow to say hello, which tells for each request whether it was waiting before the hello left.
 SLOW_HELLO_ZYGOTE = r"""
 import json, os, select, sys, time
-time.sleep(0.4)
+time.sleep(1.0)
 early = bool(select.select([0], [], [], 0)[0])
 os.write(1, b'{"kind": "ready", "id": 0}\n')
 pending = b""
