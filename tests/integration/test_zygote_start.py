@@ -7,42 +7,21 @@ run failed as a SandboxError (seen on a v2 host, a sandbox started under a burst
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
+from tests.script_zygote import ScriptLauncher
 from verl_sf.executor.zygote_process import ZygoteProcess
 
 # A zygote slow to say hello, which tells for each request whether it was waiting before the hello left.
-SLOW_HELLO_ZYGOTE = r"""
-import json, os, select, sys, time
+SLOW_HELLO = """
 time.sleep(1.0)
 early = bool(select.select([0], [], [], 0)[0])
-os.write(1, b'{"kind": "ready", "id": 0}\n')
-pending = b""
-while True:
-    chunk = os.read(0, 1 << 20)
-    if not chunk:
-        break
-    pending += chunk
-    *lines, pending = pending.split(b"\n")
-    for line in lines:
-        head = json.loads(line.partition(b"\t")[0])
-        os.write(1, json.dumps({"kind": "run", "id": head["id"], "sent_before_hello": early}).encode() + b"\n")
+def fields(head, lines):
+    return {"sent_before_hello": early}
+def after_read():
+    global early
     early = False
 """
-
-
-class SlowHelloLauncher:
-    env = dict(os.environ)
-    isolated = False
-
-    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool, config_fd: int) -> list[str]:
-        return [sys.executable, "-c", SLOW_HELLO_ZYGOTE]
-
-    def preexec(self, procs_files: list[str]) -> Optional[Callable[[], None]]:
-        return None
 
 
 class SettleRecorder:
@@ -63,7 +42,7 @@ class SettleRecorder:
 
 async def _two_requests_during_the_start() -> tuple[list[dict[str, Any]], list[bool]]:
     cgroup = SettleRecorder()
-    zygote = ZygoteProcess("slow", "stdlib", SlowHelloLauncher(), cgroup, lambda session, why: None)  # type: ignore[arg-type]
+    zygote = ZygoteProcess("slow", "stdlib", ScriptLauncher(SLOW_HELLO), cgroup, lambda session, why: None)  # type: ignore[arg-type]
     settled_when_sent: list[bool] = []
     write = zygote._write
 

@@ -4,41 +4,18 @@ wakes the zygote, and under load many requests are made per turn."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
+from tests.script_zygote import ScriptLauncher
 from verl_sf.executor.zygote_process import ZygoteProcess
 
-# A zygote's side of the protocol, answering each request line with how many lines came in the read
-# that carried it.
-ECHO_ZYGOTE = r"""
-import json, os, sys
-os.write(1, b'{"kind": "ready", "id": 0}\n')
-pending = b""
-while True:
-    chunk = os.read(0, 1 << 20)
-    if not chunk:
-        break
-    pending += chunk
-    *lines, pending = pending.split(b"\n")
-    for line in lines:
-        head = json.loads(line.partition(b"\t")[0])
-        reply = {"kind": "run", "id": head["id"], "lines_in_read": len(lines), "order": head["order"]}
-        os.write(1, json.dumps(reply).encode() + b"\n")
+# Each request answered with how many lines came in the read that carried it.
+ECHO = """
+def fields(head, lines):
+    return {"lines_in_read": len(lines), "order": head["order"]}
+def after_read():
+    pass
 """
-
-
-class EchoLauncher:
-    env = dict(os.environ)
-    isolated = False  # stopped as on the landlock rung: its requests close, and it exits at their end
-
-    def command(self, name: str, flavor: str, cgroup_fds: dict[str, int], cgroup_v2: bool, config_fd: int) -> list[str]:
-        return [sys.executable, "-c", ECHO_ZYGOTE]
-
-    def preexec(self, procs_files: list[str]) -> Optional[Callable[[], None]]:
-        return None
 
 
 def _head(job_id: int, order: int) -> Any:
@@ -46,7 +23,7 @@ def _head(job_id: int, order: int) -> Any:
 
 
 async def _requests(count: int) -> list[dict[str, Any]]:
-    zygote = ZygoteProcess("echo", "stdlib", EchoLauncher(), None, lambda session, why: None)  # type: ignore[arg-type]
+    zygote = ZygoteProcess("echo", "stdlib", ScriptLauncher(ECHO), None, lambda session, why: None)  # type: ignore[arg-type]
     try:
         replies = await asyncio.gather(*(zygote.run(_head(100 + i, i), b"{}") for i in range(count)))
         return [dict(reply) for reply in replies]
