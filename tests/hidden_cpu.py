@@ -1,6 +1,9 @@
-"""A run that spends its CPU where /proc does not count it, on every rung and account: it is demoted all the same."""
+"""What runs on past its turn is demoted, on every rung and account: a run that spends its CPU where
+/proc does not count it, and what a session's call leaves running after its reply."""
 
 from __future__ import annotations
+
+import requests
 
 from tests.server_fixtures import ServerHandle, run_code
 
@@ -23,3 +26,26 @@ def hidden_cpu_is_demoted(server: ServerHandle) -> None:
     nice, own_cpu = result["run_result"]["stdout"].split()
     assert nice == "19", result
     assert float(own_cpu) < 0.1, result  # the parent's own CPU stayed under a slice
+
+
+# A child of the call's and an orphan its PID 1 took in, both asleep; their pids in the session's namespace.
+LEFT_RUNNING = ("import os, subprocess, sys\nsleep = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+                "child = subprocess.Popen(sleep).pid\nread, write = os.pipe()\nif os.fork() == 0:\n"
+                "    orphan = os.fork()\n    if orphan == 0:\n        os.execv(sys.executable, sleep)\n"
+                "    os.write(write, str(orphan).encode())\n    os._exit(0)\nos.wait()\n"
+                "orphan = int(os.read(read, 16))\n")
+
+
+def session_background_is_demoted(server: ServerHandle) -> None:
+    """What a session's call leaves running goes to nice 19 with its reply, before the next call is
+    read (a call that left nothing, its group holding the session's own processes only, is answered
+    as before)."""
+    session = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60).json()["session_id"]
+    try:
+        assert run_code(server, "x = 1", session_id=session)["status"] == "Success"
+        assert run_code(server, LEFT_RUNNING, session_id=session)["status"] == "Success"
+        nice = run_code(server, "print(os.getpriority(os.PRIO_PROCESS, child), os.getpriority(os.PRIO_PROCESS, orphan), x)",
+                        session_id=session)
+        assert nice["run_result"]["stdout"] == "19 19 1\n", nice
+    finally:
+        requests.delete(f"{server.url}/sessions/{session}", timeout=60)

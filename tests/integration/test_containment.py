@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.hidden_cpu import hidden_cpu_is_demoted
+from tests.hidden_cpu import hidden_cpu_is_demoted, session_background_is_demoted
 from tests.host_view import comm, descendants, killed_by_reply, run_processes, zygotes
 from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
@@ -356,6 +356,10 @@ def test_a_setsid_busy_loop_is_demoted_with_its_run(server: ServerHandle) -> Non
         pids = wait_until(lambda: processes_with(server, marker), 10, "the setsid'd loop to start")
         wait_until(lambda: all(_nice(pid) == 19 for pid in pids), 5, "the setsid'd loop to be demoted")
         running.result()
+
+
+def test_what_a_session_call_leaves_running_is_demoted_from_its_reply_on(server: ServerHandle) -> None:
+    session_background_is_demoted(server)
 
 
 def test_a_run_spending_its_cpu_in_processes_the_kernel_reaps_is_demoted_all_the_same(server: ServerHandle) -> None:

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from tests import container_profile
-from tests.hidden_cpu import hidden_cpu_is_demoted
+from tests.hidden_cpu import hidden_cpu_is_demoted, session_background_is_demoted
 from tests.host_view import comm, descendants, killed_by_reply, named
 from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import (
@@ -228,6 +228,10 @@ def test_a_timed_out_run_is_ended_whole(server: ServerHandle) -> None:
 
 def test_a_run_spending_its_cpu_in_processes_the_kernel_reaps_is_demoted_all_the_same(server: ServerHandle) -> None:
     hidden_cpu_is_demoted(server)
+
+
+def test_what_a_session_call_leaves_running_is_demoted_from_its_reply_on(server: ServerHandle) -> None:
+    session_background_is_demoted(server)
 
 
 def test_memory_cap(server: ServerHandle) -> None:

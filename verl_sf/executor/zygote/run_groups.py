@@ -31,6 +31,7 @@ class RunGroups:
         self.prefix = config["group_prefix"]
         self.free: list[Groups] = []
         self.written: dict[tuple[Group, str], str] = {}  # (group, file) -> the value it holds
+        self.shares: dict[Group, int] = {}  # a group's cpu.shares, kept open: a session's calls write it twice each
         # Which group counts a job's CPU whole, its processes gone included (children reaped by the
         # kernel for a parent ignoring SIGCHLD add nothing to it in /proc), as the server found it.
         counter = config["cpu_counter"]
@@ -67,6 +68,9 @@ class RunGroups:
                     os.rmdir(name, dir_fd=base)
                 for controller in ("memory.max", "memory.limit_in_bytes", "pids.max", "cpu.shares"):
                     self.written.pop(((base, name), controller), None)
+                shares = self.shares.pop((base, name), -1)
+                if shares >= 0:
+                    os.close(shares)
                 self.used_before.pop((base, name), None)
             return
         if self.counter is not None and self.counter[0] in groups:
@@ -88,9 +92,16 @@ class RunGroups:
 
     def weigh(self, groups: Groups, shares: str) -> None:
         """A job's CPU weight against every other job, however many processes it has (FRESH, DEMOTED, KILLED)."""
-        if "cpu" in groups:
-            with contextlib.suppress(OSError):
-                self._write_limit(groups["cpu"], "cpu.shares", shares)
+        group = groups.get("cpu")
+        if group is None or self.written.get((group, "cpu.shares")) == shares:
+            return
+        self.written.pop((group, "cpu.shares"), None)
+        with contextlib.suppress(OSError):
+            fd = self.shares.get(group)
+            if fd is None:
+                fd = self.shares[group] = os.open(f"{group[1]}/cpu.shares", os.O_WRONLY | os.O_CLOEXEC, dir_fd=group[0])
+            os.write(fd, shares.encode())
+            self.written[(group, "cpu.shares")] = shares
 
     def _write_limit(self, group: Group, name: str, value: str) -> None:
         if self.written.get((group, name)) != value:

@@ -193,9 +193,16 @@ class SessionJob(Job):
         # that wrote this record itself and runs on.  Its group drops to the lowest CPU weight, and the
         # processes to nice 19 (after the reply: a walk of /proc nothing of the call waits for); the next
         # call raises the group again.
-        for pid in self.background():
-            procfs.renice_all(procfs.tree(pid, 256))
+        if not self._alone(zygote):
+            for pid in self.background():
+                procfs.renice_all(procfs.tree(pid, 256))
         zygote.groups.weigh(self.groups, DEMOTED)
+
+    def _alone(self, zygote: JobHost) -> bool:
+        """Whether the session's group holds none but its own processes: one read of it, where
+        `background` reads two directories and two files of /proc (after each call)."""
+        members = zygote.groups.members(self.groups)
+        return members is not None and set(members) <= {self.pid, self.interpreter, self.root_helper}
 
     # -- ending ----------------------------------------------------------------------------------
     def on_event(self, zygote: JobHost, fd: int) -> None:

@@ -51,6 +51,8 @@ class Template:
                 for fd in closed:
                     os.close(fd)
                 _serve(theirs, blueprint)
+            except BrokenPipeError:
+                pass  # the zygote went first, its server stopping: no one is left to answer
             except BaseException:
                 os.write(2, f"verl-sf: the zygote's template failed: {traceback.format_exc()}".encode())
             os._exit(1)
