@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 from typing import Optional
 
 from .messages import ZYGOTE_LEAF, Limits, MemoryScope, ZygoteConfig
@@ -146,10 +145,6 @@ class RunGroups:
         return groups["memory"][1] if "memory" in groups else None
 
 
-def _opener(base: int) -> Callable[[str, int], int]:
-    return lambda path, flags: os.open(path, flags | os.O_CLOEXEC, dir_fd=base)
-
-
 def write(group: Group, name: str, text: str) -> None:
     """Write a file of a job's cgroup, through the delegated directory's descriptor."""
     base, directory = group
@@ -162,13 +157,23 @@ def write(group: Group, name: str, text: str) -> None:
 
 
 def read_text(group: Group, name: str) -> Optional[str]:
-    """A file of a job's cgroup, through the delegated directory's descriptor; None if unreadable."""
+    """A file of a job's cgroup, through the delegated directory's descriptor; None if unreadable.
+    Read with bare system calls: a file object adds a stat, a seek and a terminal check to each read
+    (a session call reads its group's process list)."""
     base, directory = group
     try:
-        with open(f"{directory}/{name}", "rb", opener=_opener(base)) as fh:
-            return fh.read().decode()
+        fd = os.open(f"{directory}/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=base)
     except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def read_counters(group: Group, name: str) -> dict[str, int]:
