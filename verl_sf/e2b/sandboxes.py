@@ -233,22 +233,18 @@ class Sandboxes:
         return call_code("setup", {"envs": envs, "default_context": default_context, "home_alias": home_alias})
 
     async def _start_ready(self, home_alias: Optional[str]) -> Ready:
-        """A sandbox's session set up and its first cell run in a scratch context, removed after: one
-        session call, as every call of a refill takes CPU from the sandboxes in use."""
+        """A sandbox's session set up and its first cell run in a context dropped after: one cell of one
+        session call, as every cell of a refill takes CPU from the sandboxes in use."""
         ready = Ready(await self._new_session(), secrets.token_hex(16), time.time())
-        scratch = secrets.token_hex(16)
         try:
-            cells = [self._setup_code(ready.default_context, {}, home_alias),
-                     call_code("dispatch", {"op": "ctx_create", "args": {"context_id": scratch, "cwd": "."}}),
-                     call_code("run_cell", {"context": scratch, "code": WARMUP_CELL, "envs": {}}),
-                     call_code("dispatch", {"op": "ctx_remove", "args": {"context_id": scratch}})]
-            warmed = await self.executor.run_jupyter(RunJupyterRequest(cells=cells, total_timeout=30.0,
+            cell = call_code("warm", {"envs": {}, "default_context": ready.default_context, "home_alias": home_alias,
+                                      "code": WARMUP_CELL})
+            warmed = await self.executor.run_jupyter(RunJupyterRequest(cells=[cell], total_timeout=30.0,
                                                                        session_id=ready.session_id))
-            if warmed.status.value != "Success" or not warmed.session_alive or len(warmed.cells) != len(cells) \
-                    or any(cell.error for cell in warmed.cells):
-                raise GuestError("internal", f"the warm-up cells failed: {warmed.message or warmed.cells}")
-            for answered in (warmed.cells[0], warmed.cells[1], warmed.cells[3]):  # setup, ctx_create, ctx_remove
-                parse_answer(answered.stdout)
+            if warmed.status.value != "Success" or not warmed.session_alive or len(warmed.cells) != 1 \
+                    or warmed.cells[0].error:
+                raise GuestError("internal", f"the warm-up cell failed: {warmed.message or warmed.cells}")
+            parse_answer(warmed.cells[0].stdout)
         except BaseException:
             self.executor.end_session(ready.session_id)
             raise

@@ -52,7 +52,21 @@ class GuestError(Exception):
 
 def setup(payload):
     """Sandbox-wide environment variables and the default context (the session's `__main__`)."""
+    _set_up(json.loads(payload))
+    _answer({"ok": True})
+
+
+def warm(payload):
+    """A ready sandbox's set-up and a first cell run as an execution runs, in a context of its own
+    that is dropped after: the pages every first execution writes are copied before a client waits
+    for one, in one call (each call is a cell of IPython's of its own)."""
     request = json.loads(payload)
+    _set_up(request)
+    _execute(_new_context(_home), request["code"], {})
+    _answer({"ok": True})
+
+
+def _set_up(request):
     global _home
     _home = os.getcwd()  # the session's working directory (imported in the warm interpreter, elsewhere)
     if os.path.isdir(HOME_ALIAS) and os.path.samefile(HOME_ALIAS, _home):  # E2B's home is a real directory here
@@ -62,7 +76,6 @@ def setup(payload):
     os.environ.update(request["envs"])
     os.environ.update(HOME=_home, PWD=_home)
     _contexts[request["default_context"]] = _new_context(_home)
-    _answer({"ok": True})
 
 
 # ---- paths -------------------------------------------------------------------------------------
@@ -484,17 +497,24 @@ def run_cell(payload):
     apply only while it runs."""
     request = json.loads(payload)
     context = _context(request["context"])
+    main = _execute(context, request["code"], request["envs"])
+    ipython_shell.current.display.append({NOTE: {"count": context["count"], "main": main}})
+
+
+def _execute(context, code, envs):
+    """`code` run in `context` by IPython's own `run_cell`, with `envs` set while it runs; the index of
+    its main result among the cell's displays (None without one)."""
     shell = vars(builtins)["get_ipython"]()  # a builtin while IPython runs a cell
-    saved_env = {key: os.environ.get(key) for key in request["envs"]}
-    os.environ.update(request["envs"])
+    saved_env = {key: os.environ.get(key) for key in envs}
+    os.environ.update(envs)
     saved_cwd = os.getcwd()
     os.chdir(context["cwd"])
     hook = shell.displayhook
     hook.main_index = None
     try:
         with _entered(shell, context):
-            shell.run_cell(request["code"], store_history=True)
-        ipython_shell.current.display.append({NOTE: {"count": context["count"], "main": hook.main_index}})
+            shell.run_cell(code, store_history=True)
+        return hook.main_index
     finally:
         context["cwd"] = os.getcwd()
         os.chdir(saved_cwd)
