@@ -7,14 +7,15 @@ import os
 import signal
 import stat
 from collections.abc import Collection, Iterable, Iterator
+from typing import Optional
 
 from .wire import READ_CHUNK
 
 
-def read(path: str) -> bytes:
-    """A /proc file, read by descriptor: a Python file object costs four more system calls (an isatty
-    probe, two seeks, a stat), several a session call."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def read(path: str, dir_fd: Optional[int] = None) -> bytes:
+    """A /proc (or cgroup) file, read by descriptor: a Python file object costs four more system calls
+    (an isatty probe, two seeks, a stat), several a session call."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         chunks = []
         while chunk := os.read(fd, READ_CHUNK):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import Optional
 
+from . import procfs
 from .messages import ZYGOTE_LEAF, Limits, MemoryScope, ZygoteConfig
 
 Group = tuple[int, str]  # (descriptor of the delegated directory, the group's name below it)
@@ -91,22 +93,23 @@ class RunGroups:
 
     def weigh(self, groups: Groups, shares: str) -> None:
         """A job's CPU weight against every other job, however many processes it has (FRESH, DEMOTED, KILLED)."""
-        group = groups.get("cpu")
-        if group is None or self.written.get((group, "cpu.shares")) == shares:
-            return
-        self.written.pop((group, "cpu.shares"), None)
-        with contextlib.suppress(OSError):
-            fd = self.shares.get(group)
-            if fd is None:
-                fd = self.shares[group] = os.open(f"{group[1]}/cpu.shares", os.O_WRONLY | os.O_CLOEXEC, dir_fd=group[0])
-            os.write(fd, shares.encode())
-            self.written[(group, "cpu.shares")] = shares
+        if "cpu" in groups:
+            with contextlib.suppress(OSError):
+                self._write_limit(groups["cpu"], "cpu.shares", shares, self._write_shares)
 
-    def _write_limit(self, group: Group, name: str, value: str) -> None:
+    def _write_limit(self, group: Group, name: str, value: str,
+                     writer: Optional[Callable[[Group, str, str], None]] = None) -> None:
         if self.written.get((group, name)) != value:
             self.written.pop((group, name), None)
-            write(group, name, value)
+            (writer or write)(group, name, value)
             self.written[(group, name)] = value
+
+    def _write_shares(self, group: Group, name: str, value: str) -> None:
+        """Through a descriptor kept open (closed when the group is removed)."""
+        fd = self.shares.get(group)
+        if fd is None:
+            fd = self.shares[group] = os.open(f"{group[1]}/{name}", os.O_WRONLY | os.O_CLOEXEC, dir_fd=group[0])
+        os.write(fd, value.encode())
 
     def cpu_used(self, groups: Groups) -> Optional[float]:
         """CPU seconds the job's processes used since its group was taken, every one of them counted
@@ -157,23 +160,12 @@ def write(group: Group, name: str, text: str) -> None:
 
 
 def read_text(group: Group, name: str) -> Optional[str]:
-    """A file of a job's cgroup, through the delegated directory's descriptor; None if unreadable.
-    Read with bare system calls: a file object adds a stat, a seek and a terminal check to each read
-    (a session call reads its group's process list)."""
+    """A file of a job's cgroup, through the delegated directory's descriptor; None if unreadable."""
     base, directory = group
     try:
-        fd = os.open(f"{directory}/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=base)
+        return procfs.read(f"{directory}/{name}", dir_fd=base).decode()
     except OSError:
         return None
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks).decode()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_counters(group: Group, name: str) -> dict[str, int]:
