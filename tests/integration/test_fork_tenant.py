@@ -169,6 +169,36 @@ def test_a_copy_cannot_reach_its_pid_1(server: ServerHandle) -> None:
     assert traced == "-1 1" and read in ("1", "13") and signalled == "1"  # EPERM (EACCES for the read)
 
 
+# Every process the session sees but itself and its PID 1: a fork's or a snapshot's, nested below it.
+POISON = ("import os, resource\nothers = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]\n"
+          "def errno_of(call):\n    try:\n        call()\n        return 0\n    except OSError as exc:\n        return exc.errno\n"
+          "print(sorted({errno_of(call) for pid in others for call in (\n"
+          "    lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1)),\n"
+          "    lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),\n"
+          "    lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)))}), len(others))")
+BUSY = ("import os, resource, time\nnice, policy = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)\n"
+        "while time.process_time() < 1.5:\n    pass\n"
+        "print(resource.getrlimit(resource.RLIMIT_CPU)[0] == resource.RLIM_INFINITY, nice, policy)")
+
+
+def test_a_session_cannot_poison_its_forks_or_its_snapshots(server: ServerHandle) -> None:
+    """Red team, 2026-11-30: a session saw its fork's and its snapshot's processes (their PID namespaces
+    are nested below its own) and, sharing their uid, set their RLIMIT_CPU to 1 s, their nice and
+    their policy: the fork died on its next busy call, as did every session started from the snapshot."""
+    sid = create(server)
+    answer = fork(server, sid)
+    assert answer.status_code == 201, answer.text
+    [copy] = answer.json()["session_ids"]
+    made = requests.post(f"{server.url}/sessions/{sid}/snapshot", timeout=60)
+    assert made.status_code == 201, made.text
+    refused, seen = stdout(call(server, sid, POISON)).split(" ", 1)
+    assert refused == "[1]" and int(seen) >= 4, (refused, seen)  # EPERM for each, on two processes of each copy
+    assert stdout(call(server, copy, BUSY)) == "True 0 0\n"
+    started = requests.post(server.url + "/sessions", json={"from_snapshot": made.json()["snapshot_id"]}, timeout=60)
+    assert started.status_code == 201, started.text
+    assert stdout(call(server, started.json()["session_id"], BUSY)) == "True 0 0\n"
+
+
 def test_a_signal_storm_does_not_fail_the_fork(server: ServerHandle) -> None:
     """A timer every 50 µs would interrupt the clone made in the session's name: its signals wait
     until the fork is made, and then reach it again (its mask is as it was)."""

@@ -105,6 +105,20 @@ async def test_forks_and_their_parent_are_independent(executor: Executor) -> Non
     assert await run(executor, second, "print(x)") == "41\n"
 
 
+async def test_a_tree_deeper_than_any_path_is_copied_whole(executor: Executor) -> None:
+    """Red team, 2026-11-30: the copy of a session's files recursed, so a `mkdir d; cd d` chain past
+    Python's recursion limit (and PATH_MAX) failed its fork; a fork copies it as deep as it goes."""
+    parent = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
+    await run(executor, parent, "import os\ntop = os.getcwd()\nfor _ in range(2500):\n    os.mkdir('d')\n"
+                                "    os.chdir('d')\nopen('bottom', 'w').write('deep')\nos.symlink('/etc/hostname', 'link')\n"
+                                "os.chmod('.', 0o500)\nos.chdir(top)")
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    walk = "import os\nlevels = 0\nwhile os.path.isdir('d'):\n    os.chdir('d')\n    levels += 1\n" \
+           "print(levels, open('bottom').read(), os.readlink('link'), oct(os.stat('.').st_mode & 0o777))\nos.chdir(top)"
+    assert await run(executor, fork, walk) == "2500 deep /etc/hostname 0o500\n"
+    assert await run(executor, parent, walk) == "2500 deep /etc/hostname 0o500\n"
+
+
 async def test_a_fork_sees_only_its_own_processes_and_network(executor: Executor) -> None:
     parent = await parent_with_state(executor)
     await run(executor, parent, "import socket\nlistener = socket.socket()\nlistener.bind(('127.0.0.1', 8765))\n"

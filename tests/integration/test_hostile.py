@@ -27,6 +27,7 @@ import requests
 from tests.cgroup_layout import controller_dirs
 from tests.host_view import descendants, host_uid
 from tests.language_cases import DOUBLE
+from tests.other_processes import others_out_of_reach
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode
 from tests.waiting import wait_until
 from verl_sf.executor.config import ExecutorConfig
@@ -330,6 +331,10 @@ def test_kernel_interface_is_refused_with_eperm(server: ServerHandle, name: str)
     out = run_code(server, code)["run_result"]["stdout"].split()
     # clone with namespace flags goes to a tracer that only a fork's forker can be: none, so ENOSYS.
     assert out == ["-1", str(ENOSYS if name.startswith("clone") else EPERM)], (name, out)
+
+
+def test_a_run_changes_the_limits_and_priorities_of_itself_only(server: ServerHandle) -> None:
+    others_out_of_reach(server)
 
 
 def test_vsock_sockets_are_refused(server: ServerHandle) -> None:

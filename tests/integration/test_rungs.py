@@ -21,6 +21,7 @@ import requests
 from tests import container_profile
 from tests.hidden_cpu import hidden_cpu_is_demoted, session_background_is_demoted
 from tests.host_view import comm, descendants, killed_by_reply, named
+from tests.other_processes import others_out_of_reach
 from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import (
     CONTAINER_MODES,
@@ -234,6 +235,12 @@ def test_what_a_session_call_leaves_running_is_demoted_from_its_reply_on(server:
     session_background_is_demoted(server)
 
 
+def test_a_run_changes_the_limits_and_priorities_of_itself_only(server: ServerHandle) -> None:
+    """As an ordinary account every run, the zygote and the server share one uid: without the filter a
+    run could set the server's RLIMIT_CPU (red team, 2026-11-30, on the namespaces rung's forks)."""
+    others_out_of_reach(server)
+
+
 def test_memory_cap(server: ServerHandle) -> None:
     body = run_code(server, "x = bytearray(400 << 20)\nx[::4096] = b'1' * len(x[::4096])\nimport time; time.sleep(2)\n",
                     memory_limit_MB=128, run_timeout=10)
@@ -286,3 +293,22 @@ def test_a_runs_files_are_capped_in_all(server: ServerHandle) -> None:
                             "time.sleep(5)\nprint('escaped')\n", run_timeout=20)
     assert "escaped" not in body["run_result"]["stdout"], body
     assert "[verl-sf: killed: its files passed 256 MB]" in body["run_result"]["stderr"], body
+
+
+def test_a_tree_deeper_than_any_path_is_removed_and_fails_no_run_beside_it(server: ServerHandle) -> None:
+    """Red team, 2026-11-30: a run's `mkdir d; cd d` chain past Python's recursion limit (and PATH_MAX)
+    made its run directory's removal recurse until the sandbox died, failing the runs beside it, and
+    the directory stayed on disk.  Now it is removed, unreadable levels and all."""
+    deep = "import os\ntop = os.getcwd()\nfor _ in range(2500):\n    os.mkdir('d')\n    os.chdir('d')\n" \
+           "open('payload', 'wb').write(b'x' * (1 << 20))\nos.chmod('.', 0)\nos.chdir(top)\nos.chmod('d', 0)\n" \
+           "print(top)\n"
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(run_code, server, "import time\ntime.sleep(4)\nprint('beside')\n", run_timeout=20)
+        body = run_code(server, deep, run_timeout=20)
+        assert body["run_result"]["return_code"] == 0, body
+        assert beside.result()["run_result"]["stdout"] == "beside\n", beside.result()
+    top = body["run_result"]["stdout"].strip()
+    assert os.path.basename(top).startswith("run-"), top
+    wait_until(lambda: not os.path.lexists(top), timeout=20, what=f"{top} removed")
+    assert health(server)["warm_interpreters"]["stdlib"] == 1
+

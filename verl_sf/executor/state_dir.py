@@ -7,11 +7,13 @@ the next server to start removes every such directory of its own uid.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-import shutil
 import stat
 import tempfile
+
+from verl_sf.executor.zygote.trees import remove_tree
 
 PREFIX = "verl-sf-"
 LOCK = ".owner"  # named only once locked: a server sweeping never takes a new directory's lock
@@ -30,7 +32,7 @@ class StateDir:
         os.rename(unnamed, os.path.join(self.path, LOCK))
 
     def close(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove(self.path)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -54,8 +56,15 @@ def sweep_stale(parent: str = "") -> None:
             continue  # not a server's (no lock), or gone meanwhile
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(path, ignore_errors=True)
+            remove(path)
         except BlockingIOError:
             pass  # its server is alive
         finally:
             os.close(fd)
+
+
+def remove(path: str) -> None:
+    """Remove a server's directory, however deep the trees its runs left there; what cannot be
+    removed stays (the next server's sweep tries again)."""
+    with contextlib.suppress(OSError):
+        remove_tree(path)

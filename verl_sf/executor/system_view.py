@@ -43,6 +43,21 @@ SECCOMP_DENIED: tuple[str, ...] = (
     "sched_setaffinity",
 )
 
+# Calls a run may make on itself only.  The kernel lets a process change the resource limits, nice,
+# scheduling policy and I/O priority of every process of its uid it can see: a session those of its
+# forks and snapshots (their PID namespaces are nested below its own), a run on the landlock rung as
+# an ordinary account those of the server and of the runs beside it.  libc's setrlimit, nice and the
+# like name the caller as 0.  {call: refusals}: EPERM where, in any one refusal, every
+# (argument, value) pair differs.
+SECCOMP_SELF_ONLY: dict[str, tuple[tuple[tuple[int, int], ...], ...]] = {
+    "prlimit64": (((0, 0),),),
+    "setpriority": (((0, 0),), ((1, 0),)),  # PRIO_PROCESS, and who: itself
+    # A thread's SCHED_OTHER by its tid stays allowed: Mono sets it for every thread it starts.
+    "sched_setscheduler": (((0, 0), (1, 0)),),
+    "sched_setattr": (((0, 0),),),
+    "ioprio_set": (((0, 1),), ((1, 0),)),  # IOPRIO_WHO_PROCESS, and who: itself
+}
+
 # Socket address families a run may not open (socket() refused with EPERM), as Docker's default
 # profile does: AF_VSOCK (40) is not confined by network namespaces and reaches the hypervisor or host.
 SECCOMP_DENIED_SOCKET_FAMILIES: tuple[int, ...] = (40,)

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from . import linux, procfs, tracing
+from . import linux, procfs, tracing, trees
 from .child import Blueprint
 from .linux import (
     CLONE_NEWIPC,
@@ -467,28 +467,32 @@ def _mounts(blueprint: Blueprint, fifos: list[str]) -> None:
 
 
 def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
-    """Copy a directory's entries by descriptor: symlinks as symlinks, never followed; other mounts
-    (and `skip`) left out; sockets and devices left out (nothing here could make them)."""
-    for entry in os.scandir(source):
-        if entry.name in skip:
-            continue
-        info = entry.stat(follow_symlinks=False)
+    """Copy a directory's entries by descriptor, however deep (trees.walk): symlinks as symlinks, never
+    followed; other mounts (and `skip`, at the top) left out; sockets and devices left out (nothing
+    here could make them).  A directory takes its mode, owner and times once it is filled."""
+    here = [os.open(".", trees.DIRECTORY, dir_fd=target)]  # the copy of the directory the walk is in
+    depth = [0]
+
+    def move(name: str) -> None:
+        there = os.open(name, trees.DIRECTORY, dir_fd=here[0])
+        os.close(here[0])
+        here[0] = there
+
+    def enter(directory: int, name: str) -> bool:
+        if not depth[0] and name in skip:
+            return False
+        info = os.stat(name, dir_fd=directory, follow_symlinks=False)
         mode = stat.S_IMODE(info.st_mode)
         if stat.S_ISDIR(info.st_mode):
             if info.st_dev != device:
-                continue
-            os.mkdir(entry.name, 0o700, dir_fd=target)
-            inner_source = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=source)
-            inner_target = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=target)
-            try:
-                _copy_tree(inner_source, inner_target, device, set())
-                os.chmod(inner_target, mode)
-            finally:
-                os.close(inner_source)
-                os.close(inner_target)
-        elif stat.S_ISREG(info.st_mode):
-            reader = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=source)
-            writer = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=target)
+                return False
+            os.mkdir(name, 0o700, dir_fd=here[0])
+            move(name)
+            depth[0] += 1
+            return True
+        if stat.S_ISREG(info.st_mode):
+            reader = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=directory)
+            writer = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=here[0])
             try:
                 _copy_data(reader, writer, info.st_size)
                 os.chmod(writer, mode)
@@ -496,15 +500,32 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
                 os.close(reader)
                 os.close(writer)
         elif stat.S_ISLNK(info.st_mode):
-            os.symlink(os.readlink(entry.name, dir_fd=source), entry.name, dir_fd=target)
+            os.symlink(os.readlink(name, dir_fd=directory), name, dir_fd=here[0])
         elif stat.S_ISFIFO(info.st_mode):
-            os.mkfifo(entry.name, mode, dir_fd=target)
+            os.mkfifo(name, mode, dir_fd=here[0])
         else:
-            continue
-        with contextlib.suppress(OSError):  # owners not mapped here (the sandbox's root) stay ours
-            os.chown(entry.name, info.st_uid, info.st_gid, dir_fd=target, follow_symlinks=False)
-        with contextlib.suppress(OSError):
-            os.utime(entry.name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=target, follow_symlinks=False)
+            return False
+        _keep_owner_and_times(info, name, here[0])
+        return False
+
+    def leave(directory: int, name: str) -> None:
+        move("..")
+        depth[0] -= 1
+        info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        os.chmod(name, stat.S_IMODE(info.st_mode), dir_fd=here[0])  # a directory we made: nothing to follow
+        _keep_owner_and_times(info, name, here[0])
+
+    try:
+        trees.walk(source, enter, leave)
+    finally:
+        os.close(here[0])
+
+
+def _keep_owner_and_times(info: os.stat_result, name: str, directory: int) -> None:
+    with contextlib.suppress(OSError):  # owners not mapped here (the sandbox's root) stay ours
+        os.chown(name, info.st_uid, info.st_gid, dir_fd=directory, follow_symlinks=False)
+    with contextlib.suppress(OSError):
+        os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=directory, follow_symlinks=False)
 
 
 def _copy_data(reader: int, writer: int, size: int) -> None:

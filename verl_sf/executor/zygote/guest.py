@@ -18,7 +18,6 @@ import json
 import linecache
 import os
 import select
-import shutil
 import signal
 import stat
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any
 
 from . import ipython_shell, root
 from .messages import NOTE
+from .trees import remove_tree
 
 HOME_ALIAS = "/home/user"
 """E2B's home, shown for the session's own; a sandbox set up with no alias shows the real paths."""
@@ -183,7 +183,7 @@ def fs_remove(path, recursive=True):
     if os.path.isdir(local) and not os.path.islink(local):
         if not recursive and os.listdir(local):
             raise GuestError("invalid_argument", f"directory '{path}' is not empty (delete it recursively)")
-        shutil.rmtree(local)
+        remove_tree(local)
     else:
         os.unlink(local)
     return None

@@ -46,6 +46,7 @@ class ZygoteConfig(TypedDict):
     group_prefix: str  # of the run groups' names: a delegated directory may hold every sandbox's (cpu)
     seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
     seccomp_socket_families: list[int]  # socket() refused with EPERM for these address families
+    seccomp_self_only: dict[str, list[list[list[int]]]]  # {call: refusals, each [argument, value] pairs all unmet}
     libseccomp: str
     demote_after: float  # a run's first slice: sampled past it in wall time, demoted past it in CPU time
 

@@ -22,7 +22,7 @@ from .messages import ZygoteConfig
 
 SCMP_ERROR = -1  # __NR_SCMP_ERROR: libseccomp does not know the name
 SCMP_ACT_ALLOW, SCMP_ACT_ERRNO, SCMP_ACT_TRACE = 0x7FFF0000, 0x00050000, 0x7FF00000
-SCMP_FLTATR_CTL_OPTIMIZE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 8, 4, 7
+SCMP_FLTATR_CTL_OPTIMIZE, SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 8, 1, 4, 7
 # ptrace requests that set options (PTRACE_OLDSETOPTIONS is x86's old number), and the option a run may not set.
 PTRACE_OPTION_REQUESTS = (0x4200, 0x4206, 21)  # PTRACE_SETOPTIONS, PTRACE_SEIZE, PTRACE_OLDSETOPTIONS
 PTRACE_O_TRACESECCOMP = 0x80
@@ -127,6 +127,9 @@ def compile_filter(config: ZygoteConfig) -> bytes:
                 rule(enosys, number)
         for family in config["seccomp_socket_families"]:
             rule(eperm, number_of("socket"), _ArgCmp(0, SCMP_CMP_EQ, family, 0))
+        for name, refusals in config["seccomp_self_only"].items():  # another process: EPERM
+            for pairs in refusals:
+                rule(eperm, number_of(name), *(_ArgCmp(index, SCMP_CMP_NE, value, 0) for index, value in pairs))
         for flag in NAMESPACE_FLAGS:  # made only if the forker, tracing, lets it go on
             rule(SCMP_ACT_TRACE, number_of("clone"), _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag))
         for request in PTRACE_OPTION_REQUESTS:  # no run becomes such a tracer

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Iterable
 from typing import Optional
 
-from . import fork_request, linux, procfs
+from . import fork_request, linux, procfs, trees
 from .child import Blueprint, Mount
 from .job import Job, Watcher
 from .messages import Head, Reply, ZygoteConfig
@@ -409,8 +409,11 @@ class Zygote:
             else:
                 os.close(network)
         if not self.isolated:
-            import shutil  # here: the namespaces rung's zygote, and every fork of it, goes without it and bz2, lzma
-            shutil.rmtree(f"{self.cfg['workdir']}/run-{job.pid}", ignore_errors=True)
+            directory = f"{self.cfg['workdir']}/run-{job.pid}"
+            try:
+                trees.remove_tree(directory)
+            except OSError as exc:  # left behind, and said so; the runs beside it go on
+                os.write(2, f"verl-sf: {directory} could not be removed: {exc}\n".encode())
 
 
 def _tmpfs_options(size: int, sticky: bool, owner: int) -> bytes:
