@@ -164,6 +164,42 @@ def test_a_session_call_forging_its_end_of_any_shape_leaves_the_zygote_and_other
     assert set(zygotes(server.process.pid)) == warm, "a zygote died"
 
 
+# Ends its call at once and every 0.5 s after (forged ends, from a thread), while its interpreter sleeps.
+FORGER = ("import os, threading, time\nEND = b'\\n{\"kind\": \"call_done\", \"return_code\": 0}\\n'\n"
+          "def forge():\n    while True:\n        time.sleep(0.5)\n        os.write(3, END)\n"
+          "threading.Thread(target=forge, daemon=True).start()\nos.write(3, END)\ntime.sleep(60)")
+
+
+def test_a_session_that_stops_reading_holds_up_no_other_session(server: ServerHandle) -> None:
+    """Red team, 2026-11-30: the zygote wrote each call to a session's interpreter with a blocking
+    write, so a session whose code ended its call early (a forged end) and kept its interpreter
+    from reading froze every session of that sandbox, any tenant's, once a call larger than the
+    socket's buffer was sent to it.  Now the rest goes as the interpreter reads; a call that ended
+    before it was read whole leaves the session ended (what follows would be read as its rest)."""
+    def session() -> str:
+        opened = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
+        assert opened.status_code == 201, opened.text
+        return str(opened.json()["session_id"])
+
+    stuck, bystander = session(), session()
+    try:
+        assert run_code(server, FORGER, session_id=stuck, run_timeout=10)["status"] == "Success"
+        with ThreadPoolExecutor(1) as pool:
+            large = pool.submit(run_code, server, "# " + "x" * (4 << 20) + "\nprint('read')", session_id=stuck,
+                                run_timeout=3)
+            time.sleep(1)
+            started = time.monotonic()
+            beside = run_code(server, "print('beside')", session_id=bystander, run_timeout=10)
+            assert beside["run_result"]["stdout"] == "beside\n", beside
+            assert time.monotonic() - started < 5, "a session waited for another's read"
+            assert large.result()["run_result"]["stdout"] == "", large.result()
+        after = run_code(server, "print('after')", session_id=stuck)
+        assert after["session_alive"] is False and "kept its interpreter from reading" in after["message"], after
+    finally:
+        for sid in (stuck, bystander):
+            requests.delete(f"{server.url}/sessions/{sid}", timeout=30)
+
+
 def test_a_run_reads_nothing_of_the_sandbox_set_up_in_its_command_line(server: ServerHandle) -> None:
     """A run is a fork of the warm interpreter, so its /proc/<pid>/cmdline is the zygote's argv: the
     zygote's configuration (uids, host paths, limits) is read from a descriptor, never passed there."""

@@ -14,6 +14,7 @@ resolved there too.  Answers go back on stdout as one line after `MARK` (see `di
 import base64
 import builtins
 import contextlib
+import errno
 import json
 import linecache
 import os
@@ -210,7 +211,17 @@ def fs_write(path, data):
     parent = os.path.dirname(local)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    with open(local, "wb") as fh:
+    try:  # without waiting: a FIFO with no reader is refused (ENXIO), one with a reader below
+        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:
+            raise
+        raise GuestError("invalid_argument", f"path '{path}' is not a regular file") from None
+    with open(fd, "wb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise GuestError("invalid_argument", f"path '{path}' is not a regular file")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
         fh.write(base64.b64decode(data))
     return {"name": os.path.basename(local), "type": "file", "path": public_path(local)}
 

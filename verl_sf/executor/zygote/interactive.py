@@ -16,7 +16,7 @@ from typing import Any, NoReturn, Optional
 from .jupyter import run_cells
 from .messages import CallDoneRecord, SessionCallBody
 from .python_runner import run_python
-from .wire import READ_CHUNK, loads, report
+from .wire import READ_CHUNK, Lines, loads, report
 
 JOB_FD = 9
 # A bash call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as
@@ -74,7 +74,8 @@ def _hold_interrupts(code_handler: Any) -> Any:
 def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str]]], dict[str, str]]) -> NoReturn:
     """Each call is one line of JSON on fd 9, run in the same globals; the zygote closing fd 9 ends it."""
     source = os.fdopen(JOB_FD, "rb", buffering=0)
-    pending = b""
+    lines = Lines()  # each byte searched once: a call of tens of MB (an upload) comes in thousands of reads
+    pending: list[bytes] = []
     # The zygote's interrupt is for the code: between calls one is dropped (it raced the end of the
     # call before, or came before this call began and is sent again).  Not blocked or ignored, so
     # /proc still shows what the code itself does with SIGINT; the code's own handler is kept.
@@ -83,12 +84,12 @@ def python_session(namespace: dict[str, Any], fetch: Callable[[Optional[list[str
     report({"kind": "session_ready"})  # only now: an interrupt from here on is dropped, never the session's end
     while True:
         try:
-            while b"\n" not in pending:
+            while not pending:
                 chunk = source.read(READ_CHUNK)
                 if not chunk:
                     os._exit(0)
-                pending += chunk
-            line, _, pending = pending.partition(b"\n")
+                pending = lines.feed(chunk)
+            line = pending.pop(0)
             call: SessionCallBody = loads(line.decode())
             started = os.times()
             stdin_fd = os.memfd_create("stdin", 0)

@@ -29,7 +29,7 @@ from .messages import (
     ZygoteConfig,
 )
 from .run_groups import DEMOTED, KILLED, Groups, RunGroups
-from .wire import READ_CHUNK, Lines, loads, readable_of, write_all
+from .wire import READ_CHUNK, Lines, loads, readable_of
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
@@ -58,6 +58,7 @@ class JobHost(Protocol):
 
     def take_ready(self, rooted: bool = False) -> tuple[int, int, int, int, int, Groups]: ...
     def watch(self, watcher: Watcher, fds: Iterable[int]) -> None: ...
+    def want_writable(self, job: Job, fd: int, wanted: bool) -> None: ...
     def unwatch(self, fd: int) -> None: ...
     def reply(self, reply: Reply) -> None: ...
     def retire(self, job: Job) -> None: ...
@@ -81,6 +82,7 @@ class Job:
         self.listener = -1  # a fast-path run's exit listener (exits.py)
         self.memory_exceeded = False
         self.job_w = -1
+        self.unsent = memoryview(b"")  # what of its job or call its socket has not taken yet (send)
         self.killed_at: Optional[float] = None
         self.open_fds: set[int] = set()
         self.records: list[dict[str, Any]] = []
@@ -121,7 +123,7 @@ class Job:
             self.failure = f"verl-sf: the job's cgroup limits could not be set: {exc}"
             self.kill(zygote, self.failure)
             return
-        write_all(job_w, self.body + b"\n")
+        self.send(zygote, self.body + b"\n")
         self.body = b""  # a session lives long: its creation body is not kept
 
     def attach(self, zygote: JobHost, pid: int, out_r: int, err_r: int, meta_r: int, job_w: int,
@@ -129,6 +131,7 @@ class Job:
         """Take on a child: its pipes, its cgroups, and a pidfd that says when it is gone (opened here
         unless given)."""
         self.pid, self.out_r, self.err_r, self.meta_r, self.job_w = pid, out_r, err_r, meta_r, job_w
+        os.set_blocking(job_w, False)  # send: a reader that stops reading holds up nothing of the zygote's
         self.groups: Groups = groups
         self.pidfd = pidfd if pidfd >= 0 else os.pidfd_open(pid)
         self.open_fds = {out_r, err_r, meta_r}  # blocking: read only when poll says there is something
@@ -137,6 +140,30 @@ class Job:
 
     def register(self, zygote: JobHost) -> None:
         raise NotImplementedError
+
+    def send(self, zygote: JobHost, data: bytes) -> None:
+        """Its job or a call, to its socket without waiting: what its reader leaves unread (code that
+        keeps a session's interpreter from its read) goes as it reads, so no job holds up the others."""
+        self.unsent = memoryview(data)
+        self.send_more(zygote)
+
+    def send_more(self, zygote: JobHost) -> None:
+        try:
+            while self.unsent:
+                self.unsent = self.unsent[os.write(self.job_w, self.unsent):]
+        except BlockingIOError:
+            pass
+        except OSError:  # the reader is gone: whoever waits for it learns so from its exit
+            self.unsent = memoryview(b"")
+        zygote.want_writable(self, self.job_w, bool(self.unsent))
+
+    def close_job_socket(self, zygote: JobHost) -> None:
+        if self.job_w >= 0:
+            zygote.want_writable(self, self.job_w, False)
+            zygote.unwatch(self.job_w)
+            os.close(self.job_w)
+            self.job_w = -1
+        self.unsent = memoryview(b"")
 
     def first_timeout(self) -> float:
         return self.limits["timeout"]

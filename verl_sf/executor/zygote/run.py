@@ -41,9 +41,7 @@ class Run(Job):
     def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.job_w:
             self.listener = exits.receive(fd)  # nothing else comes on it: it is done with either way
-            zygote.unwatch(fd)
-            os.close(fd)
-            self.job_w = -1
+            self.close_job_socket(zygote)
             if self.listener >= 0:
                 zygote.watch(self, (self.listener,))
                 if readable(self.listener):  # a short run may be asking to exit already
@@ -88,13 +86,12 @@ class Run(Job):
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
         if self.job_w >= 0:  # until its child has read its job (one that holds its exit: until its listener came)
-            if unsent(self.job_w):
+            if self.unsent or unsent(self.job_w):
                 # Its child is still setting up (under a fork storm its cgroup join waits on the kernel's
                 # cgroup lock): no code of the run's has started, so neither has its clock.
                 self.stage_started = now
             elif not self.head["hold_exit"]:  # read: nothing of the run's can put it back
-                os.close(self.job_w)
-                self.job_w = -1
+                self.close_job_socket(zygote)
         if self.past_deadline(zygote, now):
             self.kill(zygote, "timed out")
 

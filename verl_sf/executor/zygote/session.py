@@ -18,7 +18,7 @@ from .interrupts import Interrupt
 from .job import Job, JobHost, seconds_of, status_of
 from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
 from .run_groups import DEMOTED, Groups
-from .wire import loads, write_all
+from .wire import loads
 
 IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
 STARTUP_ERROR_CHARS = 500  # of what a session that never started wrote to stderr, the end kept in its reason
@@ -101,6 +101,12 @@ class SessionJob(Job):
                           "error": "the session is a snapshot: it takes no calls" if self.frozen
                           else "the session is busy with another call"})
             return
+        if self.unsent:  # its last call never reached it whole: the next would be read as that one's rest
+            reason = "its code kept its interpreter from reading its last call"
+            self.kill(zygote, reason)
+            zygote.reply({"kind": "call", "id": head["id"], "status": "Error", "session_alive": False,
+                          "error": "the session is not running", "session_end": reason})
+            return
         self.drain(zygote)  # output of background work between calls is not this call's
         self.call = head
         self.limits = head["limits"]
@@ -116,7 +122,7 @@ class SessionJob(Job):
         try:
             zygote.groups.set_limits(self.groups, self.limits, memory=False)
             # bash reads NUL-terminated fields (see BASH_SESSION); the python session reads the JSON line itself.
-            write_all(self.job_w, self._bash_call(loads(body.decode()), zygote.cfg["fetch_limit"])
+            self.send(zygote, self._bash_call(loads(body.decode()), zygote.cfg["fetch_limit"])
                       if self.language == "bash" else body + b"\n")
         except OSError:
             self.kill(zygote, "the session's interpreter is gone")
@@ -276,9 +282,7 @@ class SessionJob(Job):
             self.call = None
         zygote.reply({"kind": "session", "id": self.id, "session_alive": False, "session_end": reason,
                       "limit": bool(self.unstarted)})
-        if self.job_w >= 0:
-            os.close(self.job_w)
-            self.job_w = -1
+        self.close_job_socket(zygote)
 
 
 def _a_calls_end(record: dict[str, Any]) -> bool:

@@ -95,6 +95,7 @@ class Zygote:
         self.ended: collections.OrderedDict[int, str] = collections.OrderedDict()  # recent sessions' end reasons
         self.reaping: dict[int, Job] = {}  # pidfd -> job whose answer is sent and whose PID 1 is still to collect
         self.fd_owner: dict[int, Watcher] = {}  # fd -> its job (or fork in progress), for the poll loop
+        self.writers: dict[int, Job] = {}  # a job's socket -> that job, while it has something left to send
         self.requests = Lines()
         # Last, once the zygote is all set up and before any request: it forks every child.
         self.template = Template(self.blueprint, [self.req_fd, self.rep_fd])
@@ -119,7 +120,11 @@ class Zygote:
         while True:
             timeout = self._next_timer()
             events = self.poller.poll(-1 if timeout is None else max(0.0, timeout) + 0.001)
-            for fd, _ in events:
+            for fd, mask in events:
+                if mask & select.EPOLLOUT and fd in self.writers:
+                    self.writers[fd].send_more(self)
+                    if fd not in self.fd_owner:
+                        continue
                 if fd == self.req_fd:
                     if not self._read_requests():
                         self._shutdown()
@@ -335,11 +340,33 @@ class Zygote:
     def watch(self, job: Watcher, fds: Iterable[int]) -> None:
         for fd in fds:
             self.fd_owner[fd] = job
-            self.poller.register(fd, select.EPOLLIN)
+            if fd in self.writers:
+                self.poller.modify(fd, select.EPOLLIN | select.EPOLLOUT)
+            else:
+                self.poller.register(fd, select.EPOLLIN)
 
     def unwatch(self, fd: int) -> None:
         self.fd_owner.pop(fd, None)
         with contextlib.suppress(OSError):  # not watched
+            if fd in self.writers:
+                self.poller.modify(fd, select.EPOLLOUT)
+            else:
+                self.poller.unregister(fd)
+
+    def want_writable(self, job: Job, fd: int, wanted: bool) -> None:
+        """Told when `fd` takes more, while `job` has something left to send on it."""
+        if wanted == (fd in self.writers):
+            return
+        if wanted:
+            self.writers[fd] = job
+        else:
+            del self.writers[fd]
+        reading = select.EPOLLIN if fd in self.fd_owner else 0
+        if reading:
+            self.poller.modify(fd, reading | (select.EPOLLOUT if wanted else 0))
+        elif wanted:
+            self.poller.register(fd, select.EPOLLOUT)
+        else:
             self.poller.unregister(fd)
 
     def retire(self, job: Job) -> None:
@@ -355,11 +382,11 @@ class Zygote:
             self.unwatch(fd)
             os.close(fd)
         job.open_fds.clear()
-        for fd in (job.job_w, job.listener):
-            if fd >= 0:
-                self.unwatch(fd)
-                os.close(fd)
-        job.job_w = job.listener = -1
+        job.close_job_socket(self)
+        if job.listener >= 0:
+            self.unwatch(job.listener)
+            os.close(job.listener)
+            job.listener = -1
         if job.collected:
             self._clean_up(job)
             return
