@@ -251,6 +251,9 @@ async def test_files_and_one_home_for_code_commands_and_files(sandbox: AsyncSand
     for odd in odd_names:
         await sandbox.fs.upload_file(odd.encode(), odd)
         assert await sandbox.fs.download_file(odd) == odd.encode()
+    await sandbox.process.exec("mkfifo fifo")
+    with pytest.raises(DaytonaError, match="not a regular file"):  # at once (red team, 2026-11-30: 60 s, then 408)
+        await sandbox.fs.upload_file(b"x", "fifo")
 
 
 async def test_another_key_sees_nothing_of_a_sandbox(server: ServerHandle, sandbox: AsyncSandbox) -> None:

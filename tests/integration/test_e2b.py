@@ -301,6 +301,21 @@ def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbo
     sandbox.commands.run("mkfifo /home/user/w/fifo")
     with pytest.raises(InvalidArgumentException, match="not a regular file"):  # at once, not at its time-out
         sandbox.files.read("/home/user/w/fifo", request_timeout=20)
+    # Written too (red team, 2026-11-30: the write waited 60 s for a reader and answered a time-out).
+    with pytest.raises(InvalidArgumentException, match="not a regular file"):
+        sandbox.files.write("/home/user/w/fifo", "x", request_timeout=20)
+    reader = sandbox.commands.run("cat /home/user/w/fifo > /dev/null", background=True)
+    try:
+        time.sleep(0.5)  # a reader waits on it: the write opens, and is refused all the same
+        with pytest.raises(InvalidArgumentException, match="not a regular file"):
+            sandbox.files.write("/home/user/w/fifo", "x", request_timeout=20)
+    finally:
+        reader.kill()
+    # A tree past Python's recursion limit is removed like any other (it was an internal error).
+    sandbox.run_code("import os\nos.makedirs('/home/user/deep')\nos.chdir('/home/user/deep')\nfor _ in range(1500):\n"
+                     "    os.mkdir('d')\n    os.chdir('d')\nos.chdir('/home/user')")
+    sandbox.files.remove("/home/user/deep")
+    assert not sandbox.files.exists("/home/user/deep")
 
 
 def test_commands_foreground(sandbox: Sandbox) -> None:
@@ -464,12 +479,16 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     too_long = requests.post(server.url + "/v2/sandboxes", json={"templateID": "base", "timeout": 10**7},
                              headers=key, timeout=30)
     assert too_long.status_code == 400 and "timeout" in too_long.json()["message"]
+    for timeout in (True, 5.0, "5"):  # E2B's API takes an integer, as Go decodes it (red team, 2026-11-30)
+        typed = requests.post(server.url + "/v2/sandboxes", json={"templateID": "base", "timeout": timeout},
+                              headers=key, timeout=30)
+        assert typed.status_code == 400 and "timeout" in typed.json()["message"], (timeout, typed.text)
     assert requests.get(server.url + "/v2/sandboxes", timeout=30).status_code == 401  # no key
     for field, value in (("nextToken", "9" * 5000), ("nextToken", "\u00b2"), ("nextToken", "x"), ("limit", "\u00b2"),
                          ("limit", "9" * 5000), ("limit", "0")):
         page = requests.get(server.url + "/v2/sandboxes", params={field: value}, headers=key, timeout=30)
         assert page.status_code == 400 and field in page.json()["message"], (field, value, page.text)
-    for duration in (b"1e400", b'"' + b"9" * 5000 + b'"', b"-1", b"1.5", b'"soon"'):
+    for duration in (b"1e400", b'"' + b"9" * 5000 + b'"', b"-1", b"1.5", b'"soon"', b"true", b"2.0"):
         refresh = requests.post(f"{server.url}/sandboxes/{sandbox.sandbox_id}/refreshes", timeout=30,
                                 data=b'{"duration": ' + duration + b"}",
                                 headers={**key, "Content-Type": "application/json"})

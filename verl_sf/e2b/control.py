@@ -12,7 +12,7 @@ import urllib.parse
 from typing import Any, Optional
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.sandboxes import ENVD_VERSION, GuestError, Sandbox, Sandboxes, SandboxGone, TooManySandboxes
@@ -32,7 +32,7 @@ class NewSandbox(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     template_id: StrictStr = Field(alias="templateID")
-    timeout: Optional[int] = Field(default=None, ge=0)
+    timeout: Optional[StrictInt] = Field(default=None, ge=0)  # as E2B's API: `true` and 5.0 are refused
     metadata: Metadata = Field(default_factory=dict)
     env_vars: Environment = Field(default_factory=dict, alias="envVars")
     auto_pause: bool = Field(default=False, alias="autoPause")
@@ -43,13 +43,13 @@ class NewSandbox(BaseModel):
 class TimeoutBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    timeout: int = Field(ge=0)
+    timeout: StrictInt = Field(ge=0)
 
 
 class RefreshBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    duration: Optional[int] = Field(default=None, ge=0)
+    duration: Optional[StrictInt] = Field(default=None, ge=0)
 
 
 class ListQuery(BaseModel):
@@ -64,7 +64,7 @@ class ListQuery(BaseModel):
 class ConnectBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    timeout: Optional[int] = Field(default=None, ge=0)
+    timeout: Optional[StrictInt] = Field(default=None, ge=0)
 
 
 def error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> web.Response:
