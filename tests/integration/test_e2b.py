@@ -525,6 +525,11 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
     assert not_utf8.status_code == 400 and "not UTF-8" in not_utf8.json()["message"], not_utf8.text
     with pytest.raises(SandboxException, match="not implemented"):
         sandbox.files.watch_dir("/home/user")
+    # Metrics of many sandboxes: not implemented, rather than "no sandbox named metrics" (red team, 2026-11-30).
+    many = requests.get(server.url + "/sandboxes/metrics", params={"sandbox_ids": sandbox.sandbox_id}, headers=key,
+                        timeout=30)
+    assert many.status_code == 501 and "not implemented" in many.json()["message"], many.text
+    assert requests.get(server.url + "/sandboxes/metrics", timeout=30).status_code == 401  # no key
     surrogate = requests.post(server.url + "/execute", data=b'{"code": "x = \\ud800"}', timeout=30,
                               headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999",
                                        "E2B-Traffic-Access-Token": sandbox.traffic_access_token or "",

@@ -103,6 +103,7 @@ class ControlPlane:
             app.router.add_post(f"{prefix}/sandboxes", self.create)
             app.router.add_get(f"{prefix}/sandboxes", self.list)
             app.router.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/connect", self.connect)
+        app.router.add_get("/sandboxes/metrics", self.unimplemented_for_many)  # not a sandbox named "metrics"
         app.router.add_get("/sandboxes/{sandbox_id}", self.get)
         app.router.add_delete("/sandboxes/{sandbox_id}", self.kill)
         app.router.add_post("/sandboxes/{sandbox_id}/timeout", self.set_timeout)
@@ -261,5 +262,12 @@ class ControlPlane:
         sandbox = self._sandbox(request)  # another key's sandbox is not found here either
         if isinstance(sandbox, web.Response):
             return sandbox
-        return error(501, f"{request.method} {request.path} is not implemented by verl-sf "
-                                     f"(docs/e2b.md lists what is)")
+        return _unimplemented(request)
+
+    async def unimplemented_for_many(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        return key if isinstance(key, web.Response) else _unimplemented(request)
+
+
+def _unimplemented(request: web.Request) -> web.Response:
+    return error(501, f"{request.method} {request.path} is not implemented by verl-sf (docs/e2b.md lists what is)")
