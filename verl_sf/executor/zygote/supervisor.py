@@ -121,7 +121,7 @@ class Zygote:
             timeout = self._next_timer()
             events = self.poller.poll(-1 if timeout is None else max(0.0, timeout) + 0.001)
             for fd, mask in events:
-                if mask & select.EPOLLOUT and fd in self.writers:
+                if fd in self.writers and mask & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
                     self.writers[fd].send_more(self)
                     if fd not in self.fd_owner:
                         continue
