@@ -219,7 +219,8 @@ async def test_exec_code_run_and_process_sessions(sandbox: AsyncSandbox) -> None
 
 async def test_files_and_one_home_for_code_commands_and_files(sandbox: AsyncSandbox) -> None:
     home = await sandbox.get_user_home_dir()
-    assert await sandbox.get_work_dir() == home
+    assert await sandbox.get_work_dir() == home == "/home/user"  # the namespaces rung's one name for it
+    assert (await sandbox.process.exec("pwd")).result.strip() == home
     await sandbox.fs.upload_files([FileUpload(b"a,b\n1,2\n", "data/table.csv"),
                                    FileUpload(b"\x00\xffbinary", f"{home}/blob.bin")])
     assert await sandbox.fs.download_file(f"{home}/data/table.csv") == b"a,b\n1,2\n"

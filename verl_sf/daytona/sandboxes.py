@@ -1,10 +1,11 @@
 """Daytona sandboxes: a record per sandbox (owner, name, labels, state, intervals) over an E2B box.
 
 A started sandbox is one box of `verl_sf.e2b.sandboxes` (a live python session with the guest
-agent in it), set up without E2B's `/home/user` alias so that code, commands and files all see
-the session's one real home.  Stopping a sandbox ends its box (its processes, memory and files);
-starting it again gives it a fresh one.  The reaper stops sandboxes idle past their auto-stop
-interval and deletes stopped ones past their auto-delete interval.
+agent in it), whose files calls show real paths (no alias): code, commands and files all see the
+session's one home under one name (`/home/user` where the sandbox has it, docs/daytona.md).
+Stopping a sandbox ends its box (its processes, memory and files); starting it again gives it a
+fresh one.  The reaper stops sandboxes idle past their auto-stop interval and deletes stopped ones
+past their auto-delete interval.
 """
 
 from __future__ import annotations
