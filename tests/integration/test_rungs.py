@@ -312,3 +312,30 @@ def test_a_tree_deeper_than_any_path_is_removed_and_fails_no_run_beside_it(serve
     wait_until(lambda: not os.path.lexists(top), timeout=20, what=f"{top} removed")
     assert health(server)["warm_interpreters"]["stdlib"] == 1
 
+
+FALLOCATE = ("import os\nfor i in range(3):\n    fd = os.open(f'big{i}', os.O_CREAT | os.O_WRONLY, 0o600)\n"
+             "    os.posix_fallocate(fd, 0, 200 << 20)\n    os.close(fd)\n")
+
+
+def test_a_sessions_files_are_capped_in_all_when_made_faster_than_a_tick(server: ServerHandle) -> None:
+    """Red team, 2026-11-30: on the host's disk, a session's call made 2 GB of files in 0.01 s with
+    `posix_fallocate` and returned before the files' first count, and an idle session was never
+    counted: the files stayed for the session's life.  Now a call's end counts them, and an idle
+    session's are counted each second."""
+    opened = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
+    assert opened.status_code == 201, opened.text
+    sid = opened.json()["session_id"]
+    home = run_code(server, "import os\nprint(os.getcwd())", session_id=sid)["run_result"]["stdout"].strip()
+    body = run_code(server, FALLOCATE, session_id=sid, run_timeout=10)
+    assert body["session_alive"] is False and "its files passed 256 MB" in body["run_result"]["stderr"], body
+    wait_until(lambda: not os.path.lexists(home), timeout=20, what=f"{home} removed")
+    idle = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60).json()["session_id"]
+    later = "import threading, time\ndef fill():\n    time.sleep(0.5)\n    " + FALLOCATE.replace("\n", "\n    ") + \
+            "\nthreading.Thread(target=fill).start()\n"
+    started = run_code(server, later, session_id=idle)
+    assert started["session_alive"] is True and started["run_result"]["return_code"] == 0, started
+    ended = wait_until(lambda: requests.post(server.url + "/run_code", timeout=30, json={
+        "code": "print(1)", "language": "python", "session_id": idle}).status_code == 404, timeout=10,
+        what="the idle session ended for its files")
+    assert ended
+

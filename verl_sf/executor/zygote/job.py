@@ -32,6 +32,7 @@ from .run_groups import DEMOTED, KILLED, Groups, RunGroups
 from .wire import READ_CHUNK, Lines, loads, readable_of
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
+DRAIN_READS = 3 * (1 << 20) // READ_CHUNK  # three pipes grown to Linux's largest by default (1 MiB each)
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
 WAITS_READ = 32  # processes whose wait a sample reads, where a cgroup counts the job's CPU
 MEMORY_KILLS: dict[MemoryScope, str] = {
@@ -268,12 +269,20 @@ class Job:
         if self.watch_processes and self.alive and self._over_processes(now):
             self.kill_for_cap(zygote, f"more than {self.limits['nproc']} processes")
             return
-        if self.files_cap and self.alive and now - self.files_checked >= TICK:
-            self.files_checked = now
-            if procfs.directory_size(self.files_dir, self.files_cap) > self.files_cap:
-                self.kill_for_cap(zygote, f"its files passed {self.files_cap >> 20} MB")
-                return
+        if now - self.files_checked >= TICK and self.over_files_cap(zygote, now):
+            return
         self.on_tick(zygote, now)
+
+    def over_files_cap(self, zygote: JobHost, now: float) -> bool:
+        """Where no tmpfs bounds a job's files (the landlock rung), their blocks against the cap; a job
+        past it is ended."""
+        if not self.files_cap or not self.alive:
+            return False
+        self.files_checked = now
+        if procfs.directory_size(self.files_dir, self.files_cap) <= self.files_cap:
+            return False
+        self.kill_for_cap(zygote, f"its files passed {self.files_cap >> 20} MB")
+        return True
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
         raise NotImplementedError
@@ -437,9 +446,13 @@ class Job:
         return [record for record in self.records if record.get("kind") == "cell"]
 
     def drain(self, zygote: JobHost) -> None:
-        """Output already in the pipes is this job's (or this call's): take it without waiting."""
+        """Output already in the pipes is this job's (or this call's): take it without waiting, and no
+        more than the pipes can hold (a writer still running must not keep the zygote reading)."""
         # One poll a read, the first ready pipe in this order (a take can end the call and drain, or close, the rest).
-        while ready := readable_of([fd for fd in (self.out_r, self.err_r, self.meta_r) if fd in self.open_fds]):
+        for _ in range(DRAIN_READS):
+            ready = readable_of([fd for fd in (self.out_r, self.err_r, self.meta_r) if fd in self.open_fds])
+            if not ready:
+                return
             self._take(zygote, ready[0])
 
 

@@ -20,7 +20,7 @@ from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, Sessi
 from .run_groups import DEMOTED, Groups
 from .wire import loads
 
-IDLE_SESSION_TICK = 1.0  # seconds between memory samples of an idle session without a memory cgroup
+IDLE_SESSION_TICK = 1.0  # seconds between an idle session's memory samples (no memory cgroup) or files' counts
 STARTUP_ERROR_CHARS = 500  # of what a session that never started wrote to stderr, the end kept in its reason
 
 
@@ -38,6 +38,7 @@ class SessionJob(Job):
         self.forks: set[SessionJob] = set()  # its forks whose PID 1 lives
         self.frozen = False  # a snapshot: stopped for good, only forked
         self.forking = False  # a forker has it stopped
+        self.paused: set[int] = set()  # its output pipes not read until its next call (_take)
         self.layers = 0  # Landlock domains stacked on its interpreter (one per fork)
         self.announced = False  # its end was told to the server
         self.unstarted = ""  # why its PID 1 could not start the interpreter (capacity, not a fault)
@@ -79,8 +80,9 @@ class SessionJob(Job):
         zygote.sessions[self.id] = self
 
     def next_tick(self) -> Optional[float]:
-        if self.call is None:  # an idle session holds no timer, but for the memory watchdog
-            return time.monotonic() + IDLE_SESSION_TICK if self.watch_memory and self.alive else None
+        if self.call is None:  # an idle session holds no timer, but for the memory and files watchdogs
+            watched = (self.watch_memory or self.files_cap) and self.alive
+            return time.monotonic() + IDLE_SESSION_TICK if watched else None
         if self.interrupted is not None:
             now = time.monotonic()
             return min(self.interrupted.due(now), self.interrupted.cutoff(self.hard_deadline))
@@ -108,6 +110,8 @@ class SessionJob(Job):
                           "error": "the session is not running", "session_end": reason})
             return
         self.drain(zygote)  # output of background work between calls is not this call's
+        zygote.watch(self, self.paused)
+        self.paused.clear()
         self.call = head
         self.limits = head["limits"]
         self.records = []
@@ -178,8 +182,19 @@ class SessionJob(Job):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
 
+    def _take(self, zygote: JobHost, fd: int) -> None:
+        super()._take(zygote, fd)
+        # Between calls, output past what the next call could show is left in its pipe: its writer
+        # waits there, rather than the zygote reading for it at full priority (red team, 2026-11-30).
+        if self.call is None and fd in self.buffers and fd in self.open_fds \
+                and len(self.buffers[fd]) >= self.limits["output_limit"]:
+            zygote.unwatch(fd)
+            self.paused.add(fd)
+
     def _end_call(self, zygote: JobHost, record: dict[str, Any]) -> None:
         assert self.call is not None
+        if self.over_files_cap(zygote, time.monotonic()):  # a call may fill its files faster than a tick
+            return  # the call is answered with the session's end
         self.drain(zygote)
         stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished",
                                   record.get("return_code"), record.get("cpu_time"))
