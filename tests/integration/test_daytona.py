@@ -380,6 +380,10 @@ def test_bad_input_names_the_field(server: ServerHandle) -> None:
         execute = requests.post(f"{server.url}/api/toolbox/{box['id']}/process/execute", json={"cmd": "x"},
                                 headers=headers, timeout=10)
         assert execute.status_code == 422 and execute.json()["message"].startswith("command")
+        # Labels set later have creation's cap (red team, 2026-11-30: 50 MB taken, then listed whole).
+        relabelled = requests.put(f"{url}/{box['id']}/labels", headers=headers, timeout=30,
+                                  json={"labels": {f"k{i}": "v" * 1000 for i in range(100)}})
+        assert relabelled.status_code == 422 and relabelled.json()["message"].startswith("labels"), relabelled.text
         for soon in ("soon", "9" * 26):
             interval = requests.post(f"{url}/{box['id']}/autostop/{soon}", headers=headers, timeout=10)
             assert interval.status_code == 400 and "interval" in interval.json()["message"], interval.text

@@ -316,6 +316,16 @@ def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbo
                      "    os.mkdir('d')\n    os.chdir('d')\nos.chdir('/home/user')")
     sandbox.files.remove("/home/user/deep")
     assert not sandbox.files.exists("/home/user/deep")
+    # A socket, a device with nothing behind it: the caller's path, never a server error (red team, 2026-11-30: 500).
+    sandbox.run_code("import socket\nheld = socket.socket(socket.AF_UNIX)\nheld.bind('/home/user/sock')")
+    for path in ("/home/user/sock", "/dev/tty"):
+        with pytest.raises(InvalidArgumentException):
+            sandbox.files.read(path, request_timeout=20)
+    # A listing past its cap asks for a smaller one, not to retry later (it was E2B's rate-limit error).
+    sandbox.run_code("import os\nos.mkdir('/home/user/many')\nfor i in range(3001):\n"
+                     "    open(f'/home/user/many/{i}', 'w').close()")
+    with pytest.raises(InvalidArgumentException, match="more than 3000 entries"):
+        sandbox.files.list("/home/user/many")
 
 
 def test_commands_foreground(sandbox: Sandbox) -> None:

@@ -72,7 +72,7 @@ class CreateSandbox(Body):
 
 
 class Labels(Body):
-    labels: dict[StrictStr, StrictStr]
+    labels: Metadata  # the cap creation has (red team, 2026-11-30: 50 MB of labels set after it)
 
 
 class BadBody(InputError):

@@ -155,7 +155,8 @@ def fs_list(path, depth):
                 full = os.path.join(directory, name)
                 entries.append(_entry(full))
                 if len(entries) > MAX_ENTRIES:
-                    raise GuestError("resource_exhausted", f"more than {MAX_ENTRIES} entries below '{path}'")
+                    raise GuestError("invalid_argument", f"more than {MAX_ENTRIES} entries below '{path}': list a "
+                                                         "smaller directory, or with less depth")
                 if os.path.isdir(full) and not os.path.islink(full):
                     below.append(full)
         level = below
@@ -548,7 +549,9 @@ ERRNO_CODES = {"ENOENT": "not_found", "EEXIST": "already_exists", "ENOTDIR": "in
                "EPERM": "permission_denied", "EROFS": "permission_denied", "ENOSPC": "resource_exhausted",
                "EDQUOT": "resource_exhausted", "EFBIG": "resource_exhausted", "ENAMETOOLONG": "invalid_argument",
                "EXDEV": "invalid_argument", "EINVAL": "invalid_argument", "EBUSY": "invalid_argument",
-               "ELOOP": "invalid_argument", "EMLINK": "resource_exhausted"}
+               "ELOOP": "invalid_argument", "EMLINK": "resource_exhausted",
+               # a socket, a device with nothing behind it, a kernel file that reads this way: the path's
+               "ENXIO": "invalid_argument", "ENODEV": "invalid_argument", "EIO": "invalid_argument"}
 
 
 def dispatch(payload):
