@@ -1,6 +1,7 @@
 """Work on a large JSON document (a request body, a zygote's request or reply) is done in a thread,
-so that one client's 60 MB of files holds up the event loop, and with it every other client, for
-no longer than the interpreter's switch interval rather than for the whole parse."""
+so that the event loop, and with it every other client, gets its turns while one client's 60 MB is
+parsed or encoded.  Only between the C parser's or encoder's steps: one string of tens of MB is one
+step, which holds the GIL throughout (so bulky data is better kept out of JSON: e2b/sandboxes.py)."""
 
 from __future__ import annotations
 

@@ -316,6 +316,8 @@ def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbo
                      "    os.mkdir('d')\n    os.chdir('d')\nos.chdir('/home/user')")
     sandbox.files.remove("/home/user/deep")
     assert not sandbox.files.exists("/home/user/deep")
+    sandbox.files.write("/home/user/empty", b"")  # no data beside the call's JSON is still a file, empty
+    assert sandbox.files.read("/home/user/empty") == ""
     # A socket, a device with nothing behind it: the caller's path, never a server error (red team, 2026-11-30: 500).
     sandbox.run_code("import socket\nheld = socket.socket(socket.AF_UNIX)\nheld.bind('/home/user/sock')")
     for path in ("/home/user/sock", "/dev/tty"):

@@ -32,7 +32,7 @@ from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes,
 from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, refused
 from verl_sf.e2b.downloads import BUDGET, DownloadsFull, send
 from verl_sf.e2b.envd import MALFORMED, buffered_multipart, is_text
-from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone
+from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone, base64_text
 from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.executor import Overloaded
 from verl_sf.validation import Environment
@@ -399,7 +399,7 @@ class Toolbox:
                 return error(400, f"{index}.path: the file has no path")
             if not is_text(target):
                 return error(400, f"{index}.path: {target!r} is not UTF-8 text")
-            await self.boxes.call(box, "fs_write", {"path": target, "data": base64.b64encode(content).decode()})
+            await self.boxes.call(box, "fs_write", {"path": target}, data=await base64_text(content))
         return web.Response(status=200)
 
     async def download(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.StreamResponse:

@@ -25,7 +25,7 @@ from verl_sf.e2b import connect
 from verl_sf.e2b.config import E2BConfig
 from verl_sf.e2b.connect import ConnectError
 from verl_sf.e2b.downloads import DownloadsFull, send
-from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxes, SandboxGone
+from verl_sf.e2b.sandboxes import CommandTimedOut, GuestError, Sandbox, Sandboxes, SandboxGone, base64_text
 from verl_sf.errors import answer_of
 from verl_sf.validation import Environment, first_error
 
@@ -213,8 +213,8 @@ class Envd:
         written = []
         try:
             for path, data in uploads:
-                written.append(await self.sandboxes.call(
-                    sandbox, "fs_write", {"path": path, "data": base64.b64encode(data).decode()}))
+                written.append(await self.sandboxes.call(sandbox, "fs_write", {"path": path},
+                                                         data=await base64_text(data)))
         except GuestError as exc:
             return _files_error(GUEST_HTTP_STATUS.get(exc.code, 500), str(exc))
         return web.json_response(written)

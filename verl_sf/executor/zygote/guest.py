@@ -554,9 +554,12 @@ ERRNO_CODES = {"ENOENT": "not_found", "EEXIST": "already_exists", "ENOTDIR": "in
                "ENXIO": "invalid_argument", "ENODEV": "invalid_argument", "EIO": "invalid_argument"}
 
 
-def dispatch(payload):
-    """One E2B call: `{"op": name, "args": {...}}` in, one answer line on stdout."""
+def dispatch(payload, data=None):
+    """One E2B call: `{"op": name, "args": {...}}` in, one answer line on stdout; `data`, where given,
+    is the operation's base64 `data` argument (a file's, sent beside the JSON: not encoded twice)."""
     request = json.loads(payload)
+    if data is not None:
+        request["args"]["data"] = data
     try:
         answer = {"ok": OPERATIONS[request["op"]](**request["args"])}
     except GuestError as exc:
