@@ -497,7 +497,8 @@ def test_bad_input_gets_clear_errors(server: ServerHandle, sandbox: Sandbox) -> 
         assert typed.status_code == 400 and "timeout" in typed.json()["message"], (timeout, typed.text)
     assert requests.get(server.url + "/v2/sandboxes", timeout=30).status_code == 401  # no key
     for field, value in (("nextToken", "9" * 5000), ("nextToken", "\u00b2"), ("nextToken", "x"), ("limit", "\u00b2"),
-                         ("limit", "9" * 5000), ("limit", "0")):
+                         ("limit", "9" * 5000), ("limit", "0"), ("metadata", "a"), ("state", "bogus"),
+                         ("state", "running,")):
         page = requests.get(server.url + "/v2/sandboxes", params={field: value}, headers=key, timeout=30)
         assert page.status_code == 400 and field in page.json()["message"], (field, value, page.text)
     for duration in (b"1e400", b'"' + b"9" * 5000 + b'"', b"-1", b"1.5", b'"soon"', b"true", b"2.0"):

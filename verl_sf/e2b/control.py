@@ -24,6 +24,7 @@ from verl_sf.tenancy import key_accepted, owner_of
 from verl_sf.validation import Environment, Metadata, first_error
 
 CLIENT_ID = "verl-sf"
+SANDBOX_STATES = ("running", "paused")  # what E2B's list filters on (none is ever paused here)
 
 
 class NewSandbox(BaseModel):
@@ -201,7 +202,13 @@ class ControlPlane:
         if isinstance(query, web.Response):
             return query
         states = request.query.get("state")
-        wanted = dict(urllib.parse.parse_qsl(request.query.get("metadata", "")))
+        unknown = [state for state in states.split(",") if state not in SANDBOX_STATES] if states is not None else []
+        if unknown:
+            return error(400, f"state: {unknown[0]!r} is not one of {', '.join(SANDBOX_STATES)}")
+        try:  # as the SDK sends it: key=value pairs, URL-encoded and joined by &
+            wanted = dict(urllib.parse.parse_qsl(request.query.get("metadata", ""), strict_parsing=True))
+        except ValueError:
+            return error(400, "metadata: not key=value pairs joined by '&' (each URL-encoded)")
         sandboxes = list(self.sandboxes.listing(key))
         if states is not None and "running" not in states.split(","):
             sandboxes = []
