@@ -269,7 +269,7 @@ class Job:
         if self.watch_processes and self.alive and self._over_processes(now):
             self.kill_for_cap(zygote, f"more than {self.limits['nproc']} processes")
             return
-        if now - self.files_checked >= TICK and self.over_files_cap(zygote, now):
+        if self.files_cap and now - self.files_checked >= TICK and self.over_files_cap(zygote, now):
             return
         self.on_tick(zygote, now)
 
