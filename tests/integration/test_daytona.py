@@ -257,6 +257,35 @@ async def test_files_and_one_home_for_code_commands_and_files(sandbox: AsyncSand
         await sandbox.fs.upload_file(b"x", "fifo")
 
 
+FILL_THE_DISK = ("import os\ni = 0\nwhile True:\n    try:\n        with open(f'/tmp/fill{i}', 'wb') as f:\n"
+                 "            f.write(b'x' * (16 << 20))\n    except OSError:\n        break\n    i += 1\n")
+
+
+async def test_uploads_are_whole_or_not_at_all_and_each_part_answers(server: ServerHandle, sandbox: AsyncSandbox) -> None:
+    """As Daytona's daemon: every file that can be is written, a part without a path is named in
+    `errors` (200 `{"files": [...]}` or 400 `{"errors", "files"}`), and a write the disk cuts short
+    leaves what was there (2026-12-06: it left the file truncated, half written)."""
+    toolbox = f"{server.url}/api/toolbox/{sandbox.id}/files/bulk-upload"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    good = requests.post(toolbox, headers=headers, timeout=30, files={"files[0].path": (None, "ok.txt"),
+                                                                        "files[0].file": ("ok.txt", b"ok")})
+    assert good.status_code == 200 and good.json() == {"files": [{"path": "ok.txt", "bytes": 2}]}, good.text
+    mixed = requests.post(toolbox, headers=headers, timeout=30, files={"files[0].file": (None, b"x"),
+                                                                         "files[1].path": (None, " spaced.txt "),
+                                                                         "files[1].file": ("x", b"spaced")})
+    assert mixed.status_code == 400, mixed.text
+    assert mixed.json()["errors"] == ["file[0]: missing .path metadata"], mixed.text
+    assert mixed.json()["files"] == [{"path": "spaced.txt", "bytes": 6}], mixed.text
+    assert await sandbox.fs.download_file("spaced.txt") == b"spaced"
+    await sandbox.fs.upload_file(b"old", "/tmp/kept.txt")
+    filled = await sandbox.process.code_run(FILL_THE_DISK)
+    assert filled.exit_code == 0, filled.result
+    with pytest.raises(DaytonaError, match="space"):
+        await sandbox.fs.upload_file(b"new " * 100_000, "/tmp/kept.txt")
+    assert await sandbox.fs.download_file("/tmp/kept.txt") == b"old"
+    assert not [f.name for f in await sandbox.fs.list_files("/tmp") if f.name.startswith(".verl-sf")]
+
+
 async def test_another_key_sees_nothing_of_a_sandbox(server: ServerHandle, sandbox: AsyncSandbox) -> None:
     other = AsyncDaytona(DaytonaConfig(api_key=OTHER_KEY, api_url=f"{server.url}/api"))
     try:

@@ -330,6 +330,22 @@ def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbo
         sandbox.files.list("/home/user/many")
 
 
+def test_a_write_the_full_disk_refuses_leaves_what_was_there(sandbox: Sandbox) -> None:
+    """A write is whole or not at all (2026-12-06: the file was truncated, then half written), and leaves
+    no temporary file beside it."""
+    from e2b import NotEnoughSpaceException
+
+    sandbox.files.write("/tmp/kept.txt", "old")
+    filled = sandbox.run_code("import os\ni = 0\nwhile True:\n    try:\n        with open(f'/tmp/fill{i}', 'wb') as f:\n"
+                              "            f.write(b'x' * (16 << 20))\n    except OSError:\n        break\n    i += 1\n"
+                              "print(i)")
+    assert filled.error is None and int(filled.logs.stdout[0]) > 0, filled
+    with pytest.raises(NotEnoughSpaceException):
+        sandbox.files.write("/tmp/kept.txt", "new " * 100_000)
+    assert sandbox.files.read("/tmp/kept.txt") == "old"
+    assert not [entry.name for entry in sandbox.files.list("/tmp") if entry.name.startswith(".verl-sf")]
+
+
 def test_commands_foreground(sandbox: Sandbox) -> None:
     result = sandbox.commands.run("echo $GREETING; pwd; echo oops >&2", envs={"GREETING": "hi"}, cwd="/tmp")
     assert (result.exit_code, result.stdout, result.stderr) == (0, "hi\n/tmp\n", "oops\n")

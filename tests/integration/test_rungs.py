@@ -339,3 +339,17 @@ def test_a_sessions_files_are_capped_in_all_when_made_faster_than_a_tick(server:
         what="the idle session ended for its files")
     assert ended
 
+
+
+def test_files_in_a_directory_made_unreadable_are_counted_and_its_mode_kept(server: ServerHandle) -> None:
+    """A directory a run makes unreadable (write and search only) hid its files from the count when the
+    zygote is the run's own account (not root): 600 MB went uncounted.  Now the count opens it up for
+    its walk and puts its mode back."""
+    kept = run_code(server, "import os, time\nos.mkdir('shut', 0o300)\nopen('shut/f', 'wb').write(b'x')\n"
+                            "time.sleep(1)\nprint(oct(os.stat('shut').st_mode & 0o777))\n", run_timeout=10)
+    assert kept["run_result"]["stdout"] == "0o300\n", kept  # counted five times meanwhile
+    hidden = "import os, time\nos.mkdir('shut', 0o300)\n" + FALLOCATE.replace("f'big{i}'", "f'shut/big{i}'") + \
+             "time.sleep(3)\nprint('escaped')\n"
+    body = run_code(server, hidden, run_timeout=20)
+    assert "escaped" not in body["run_result"]["stdout"], body
+    assert "[verl-sf: killed: its files passed 256 MB]" in body["run_result"]["stderr"], body

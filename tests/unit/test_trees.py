@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from verl_sf.executor.state_dir import LOCK, PREFIX, sweep_stale
-from verl_sf.executor.zygote.trees import remove_tree, walk
+from verl_sf.executor.zygote.procfs import directory_size
+from verl_sf.executor.zygote.trees import DIRECTORY, TreeMoved, remove_tree, walk
 
 DEPTH = 2100  # past Python's recursion limit (1,000) and PATH_MAX (4,096 bytes of "d/")
 
@@ -61,10 +65,10 @@ def test_walk_visits_every_entry_once_with_one_directory_open(tmp_path: Path) ->
     before = len(os.listdir("/proc/self/fd"))
     opened: list[int] = []
 
-    def enter(directory: int, name: str) -> bool:
+    def enter(directory: int, name: str) -> Optional[int]:
         entered.append(name)
         opened.append(len(os.listdir("/proc/self/fd")))
-        return name in ("d", "wide")
+        return os.open(name, DIRECTORY, dir_fd=directory) if name in ("d", "wide") else None
 
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -90,3 +94,45 @@ def test_a_dead_servers_directory_holding_a_deep_tree_is_swept(tmp_path: Path) -
         assert not dead.exists() and alive.is_dir()
     finally:
         os.close(lock)
+
+
+def test_a_directory_moved_out_of_the_tree_mid_walk_stops_the_walk(tmp_path: Path) -> None:
+    """A live run can move the directory a walk is in: climbing '..' would then leave the tree."""
+    top = tmp_path / "run"
+    (top / "a" / "b").mkdir(parents=True)
+    (top / "a" / "b" / "f").touch()
+    (tmp_path / "elsewhere").mkdir()
+
+    def enter(directory: int, name: str) -> Optional[int]:
+        if name == "f":
+            os.rename(top / "a" / "b", tmp_path / "elsewhere" / "b")
+        return os.open(name, DIRECTORY, dir_fd=directory) if name in ("a", "b") else None
+
+    fd = os.open(top, DIRECTORY)
+    try:
+        with pytest.raises(TreeMoved):
+            walk(fd, enter, lambda directory, name: None)
+    finally:
+        os.close(fd)
+
+
+def test_a_files_count_takes_every_block_however_wide_and_deep(tmp_path: Path) -> None:
+    """The landlock rung's files cap (procfs.directory_size): a count held a descriptor per directory
+    not yet visited, so a run's many sibling directories ran the zygote out of them and the rest went
+    uncounted.  Counted here under a descriptor limit far below the directories' number."""
+    top = tmp_path / "run"
+    top.mkdir()
+    for index in range(600):
+        (top / str(index)).mkdir()
+        (top / str(index) / "f").write_bytes(b"x" * 4096)
+    chain(top, 1200)
+    expected = 600 * (top / "0" / "f").stat().st_blocks * 512  # the chain's own file is empty
+    assert expected >= 600 * 4096
+    count = (f"import resource, sys\nsys.path[:0] = {sys.path!r}\n"
+             "from verl_sf.executor.zygote.procfs import directory_size\n"
+             "resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+             f"print(directory_size({str(top)!r}, 1 << 40))\n")
+    counted = subprocess.run([sys.executable, "-c", count], capture_output=True, text=True, timeout=120, check=True)
+    assert expected <= int(counted.stdout) <= expected + 8192, counted  # and the chain's symlink
+    assert directory_size(str(top), 100 * 4096) > 100 * 4096  # stops once past what it was asked
+    remove_tree(str(top))  # deeper than pytest's own clean-up can recurse

@@ -371,7 +371,10 @@ class Toolbox:
         return web.Response(status=200)
 
     async def upload(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
-        """Multipart `files[i].path` (text) and `files[i].file` (the bytes; its filename is the path too)."""
+        """Multipart `files[i].path` (text) and `files[i].file` (the bytes; with no path part, its filename
+        is the path), as Daytona's daemon takes them: each file that can be is written, whole or not at
+        all; 200 `{"files": [{"path", "bytes"}]}`, else 400 `{"errors": [...], "files": [those written]}`
+        (the SDK shows `errors`)."""
         if not request.content_type.startswith("multipart/"):
             return error(400, "the body must be multipart/form-data with files[i].path and files[i].file parts")
         paths: dict[str, str] = {}
@@ -393,14 +396,25 @@ class Toolbox:
             return error(400, f"the upload is malformed: {exc}")
         if not data:
             return error(400, "files: no file in the upload (parts files[i].file)")
+        errors: list[str] = []
+        written: list[dict[str, Any]] = []
         for index, (content, filename) in data.items():
-            target = paths.get(index) or filename
+            number = index.removeprefix("files[").removesuffix("]")
+            target = (paths.get(index) or filename or "").strip()
             if not target:
-                return error(400, f"{index}.path: the file has no path")
-            if not is_text(target):
-                return error(400, f"{index}.path: {target!r} is not UTF-8 text")
-            await self.boxes.call(box, "fs_write", {"path": target}, data=await base64_text(content))
-        return web.Response(status=200)
+                errors.append(f"file[{number}]: missing .path metadata")
+            elif not is_text(target):
+                errors.append(f"path[{number}]: {target!r} is not UTF-8 text")
+            else:
+                try:
+                    await self.boxes.call(box, "fs_write", {"path": target}, data=await base64_text(content))
+                    written.append({"path": target, "bytes": len(content)})
+                except GuestError as exc:
+                    errors.append(f"{target}: {exc}")
+        if errors:
+            return web.json_response({"errors": errors, "files": written, "statusCode": 400,
+                                      "message": "; ".join(errors)}, status=400)
+        return web.json_response({"files": written})
 
     async def download(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.StreamResponse:
         content = await self.boxes.read_file(box, _query(request, "path"))

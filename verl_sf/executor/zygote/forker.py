@@ -31,7 +31,7 @@ import stat
 import sys
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 from . import linux, procfs, tracing, trees
 from .child import Blueprint
@@ -478,18 +478,23 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
         os.close(here[0])
         here[0] = there
 
-    def enter(directory: int, name: str) -> bool:
+    def enter(directory: int, name: str) -> Optional[int]:
         if not depth[0] and name in skip:
-            return False
+            return None
         info = os.stat(name, dir_fd=directory, follow_symlinks=False)
         mode = stat.S_IMODE(info.st_mode)
         if stat.S_ISDIR(info.st_mode):
             if info.st_dev != device:
-                return False
-            os.mkdir(name, 0o700, dir_fd=here[0])
-            move(name)
+                return None
+            inner = os.open(name, trees.DIRECTORY, dir_fd=directory)
+            try:
+                os.mkdir(name, 0o700, dir_fd=here[0])
+                move(name)
+            except OSError:
+                os.close(inner)
+                raise
             depth[0] += 1
-            return True
+            return inner
         if stat.S_ISREG(info.st_mode):
             reader = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=directory)
             writer = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=here[0])
@@ -504,9 +509,9 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
         elif stat.S_ISFIFO(info.st_mode):
             os.mkfifo(name, mode, dir_fd=here[0])
         else:
-            return False
+            return None
         _keep_owner_and_times(info, name, here[0])
-        return False
+        return None
 
     def leave(directory: int, name: str) -> None:
         move("..")

@@ -208,22 +208,37 @@ def fs_chmod(path, mode, owner, group):
 
 
 def fs_write(path, data):
+    """The whole file or none of it: written beside its target and renamed over it, so a write the
+    sandbox's disk or caps cut short leaves what was there (as Daytona's toolbox writes).  A symlink
+    is written through, the target keeps its mode, and what is not a regular file is refused."""
     local = local_path(path)
     parent = os.path.dirname(local)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    try:  # without waiting: a FIFO with no reader is refused (ENXIO), one with a reader below
-        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    target = os.path.realpath(local)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), local)
+    if mode is not None and not stat.S_ISREG(mode):
+        raise GuestError("invalid_argument", f"path '{path}' is not a regular file")
+    temp = os.path.join(os.path.dirname(target), ".verl-sf-upload-" + os.urandom(8).hex())
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     except OSError as exc:
-        if exc.errno != errno.ENXIO:
-            raise
-        raise GuestError("invalid_argument", f"path '{path}' is not a regular file") from None
-    with open(fd, "wb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise GuestError("invalid_argument", f"path '{path}' is not a regular file")
-        os.set_blocking(fd, True)
-        os.ftruncate(fd, 0)
-        fh.write(base64.b64decode(data))
+        raise OSError(exc.errno, exc.strerror, local) from None  # named as the caller named it
+    try:
+        with open(fd, "wb") as fh:
+            if mode is not None:
+                os.fchmod(fd, stat.S_IMODE(mode))
+            fh.write(base64.b64decode(data))
+        os.rename(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
     return {"name": os.path.basename(local), "type": "file", "path": public_path(local)}
 
 

@@ -9,6 +9,7 @@ import stat
 from collections.abc import Collection, Iterable, Iterator
 from typing import Optional
 
+from . import trees
 from .wire import READ_CHUNK
 
 
@@ -224,28 +225,94 @@ def tree_memory(pid: int, skip: Collection[int] = ()) -> int:
     return total + sum(memfds.values())
 
 
+COUNT_TRIES = 3  # walks of a files count a run's moves may restart
+
+
 def directory_size(path: str, stop_past: int) -> int:
     """Bytes the files below `path` hold (their blocks), counted until past `stop_past`.  Walked by
-    descriptor, never through a symlink: the run owning the directory may swap one in meanwhile."""
-    total = 0
+    descriptor (trees.walk), never through a symlink: the run owning the directory may swap one in
+    meanwhile, or move a directory out from under the walk (then the count starts again, up to
+    COUNT_TRIES times, and the largest count stands)."""
     try:
-        stack = [os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+        top = os.open(path, trees.DIRECTORY)
     except OSError:
         return 0
-    while stack:
-        fd = stack.pop()
+    counted = 0
+    try:
+        for _ in range(COUNT_TRIES):
+            count = _Count(stop_past)
+            try:
+                trees.walk(top, count.enter, count.leave)
+                return count.total
+            except _Past:
+                return count.total
+            except trees.TreeMoved:
+                counted = max(counted, count.total)
+            except OSError:
+                return count.total  # the directory itself went (its job ended)
+            finally:
+                count.put_back()
+    finally:
+        os.close(top)
+    return counted
+
+
+class _Past(Exception):
+    """The count passed what it was asked to count to."""
+
+
+class _Count:
+    """One walk's sum of blocks.  A directory its run made unreadable to us (on the landlock rung as
+    an ordinary account the run is our uid; root reads them all) is opened for the count and its mode
+    put back as the walk leaves it: a count that skipped it would let a run hide its files."""
+
+    def __init__(self, stop_past: int):
+        self.stop_past = stop_past
+        self.total = 0
+        self.opened: list[Optional[tuple[int, int]]] = []  # per directory gone into: (an O_PATH, its mode) if opened up
+
+    def enter(self, directory: int, name: str) -> Optional[int]:
         try:
-            if total <= stop_past:
-                for entry in os.scandir(fd):
-                    with contextlib.suppress(OSError):
-                        info = entry.stat(follow_symlinks=False)
-                        if stat.S_ISDIR(info.st_mode):
-                            stack.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                                 | os.O_CLOEXEC, dir_fd=fd))
-                        else:
-                            total += info.st_blocks * 512
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode):
+                self.total += info.st_blocks * 512
+                if self.total > self.stop_past:
+                    raise _Past
+                return None
+            try:
+                inner = os.open(name, trees.DIRECTORY, dir_fd=directory)
+            except PermissionError:
+                return self._open_up(directory, name)
         except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return total
+            return None  # gone, or swapped for what is not a directory, since it was listed
+        self.opened.append(None)
+        return inner
+
+    def leave(self, directory: int, name: str) -> None:
+        self._put_back(self.opened.pop())
+
+    def put_back(self) -> None:
+        while self.opened:
+            self._put_back(self.opened.pop())
+
+    def _open_up(self, directory: int, name: str) -> int:
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        try:
+            mode = stat.S_IMODE(os.fstat(handle).st_mode)
+            os.chmod(f"/proc/self/fd/{handle}", mode | stat.S_IRUSR | stat.S_IXUSR)  # that very directory
+            inner = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            self._put_back((handle, -1))
+            raise
+        self.opened.append((handle, mode))
+        return inner
+
+    @staticmethod
+    def _put_back(opened: Optional[tuple[int, int]]) -> None:
+        if opened is None:
+            return
+        handle, mode = opened
+        with contextlib.suppress(OSError):
+            if mode >= 0:
+                os.chmod(f"/proc/self/fd/{handle}", mode)
+        os.close(handle)

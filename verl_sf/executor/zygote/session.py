@@ -24,6 +24,12 @@ IDLE_SESSION_TICK = 1.0  # seconds between an idle session's memory samples (no 
 STARTUP_ERROR_CHARS = 500  # of what a session that never started wrote to stderr, the end kept in its reason
 
 
+def refuse_call(zygote: JobHost, head: SessionCallHead, session_end: str) -> None:
+    """Answer a call to a session that has ended, and why it ended."""
+    zygote.reply({"kind": "call", "id": head["id"], "status": "Error", "session_alive": False,
+                  "error": "the session is not running", "session_end": session_end})
+
+
 class SessionJob(Job):
     def __init__(self, zygote: JobHost, head: SessionOpenHead, body: bytes):
         super().__init__(zygote, head, body)
@@ -106,8 +112,7 @@ class SessionJob(Job):
         if self.unsent:  # its last call never reached it whole: the next would be read as that one's rest
             reason = "its code kept its interpreter from reading its last call"
             self.kill(zygote, reason)
-            zygote.reply({"kind": "call", "id": head["id"], "status": "Error", "session_alive": False,
-                          "error": "the session is not running", "session_end": reason})
+            refuse_call(zygote, head, reason)
             return
         self.drain(zygote)  # output of background work between calls is not this call's
         zygote.watch(self, self.paused)

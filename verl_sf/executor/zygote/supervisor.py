@@ -27,7 +27,7 @@ from .python_runner import install_stdio, stdio_for_runs
 from .run import Run
 from .run_groups import Groups, RunGroups
 from .seccomp import compiled_filter
-from .session import SessionJob
+from .session import SessionJob, refuse_call
 from .template import Template, TemplateFailed
 from .warmup import preload
 from .wire import READ_CHUNK, Lines, dumps, loads, readable, write_all
@@ -183,8 +183,7 @@ class Zygote:
             if session is None or not session.alive:
                 reason = (self.ended.get(head["session"], "the sandbox holds no such session (its zygote restarted)")
                           if session is None else session.failure or session.end_reason or "its interpreter exited")
-                self.reply({"kind": "call", "id": head["id"], "status": "Error", "session_alive": False,
-                            "error": "the session is not running", "session_end": reason})
+                refuse_call(self, head, reason)
             else:
                 session.begin_call(self, head, body)
         elif head["op"] == "fork":

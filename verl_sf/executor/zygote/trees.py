@@ -12,36 +12,53 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from typing import Optional
 
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def walk(top: int, enter: Callable[[int, str], bool], leave: Callable[[int, str], None]) -> None:
+class TreeMoved(OSError):
+    """A directory the walk was in was moved out of the tree meanwhile (only a live tree's run can)."""
+
+
+def walk(top: int, enter: Callable[[int, str], Optional[int]], leave: Callable[[int, str], None]) -> None:
     """Every entry below the directory `top` (left open), depth first: `enter(directory, name)` for
-    each; where it answers True (a directory to go into), that directory's entries, then
-    `leave(directory, name)` from the directory that holds it."""
+    each; where it answers a descriptor of that directory (opened with DIRECTORY, to go into; the
+    walk closes it), that directory's entries, then `leave(directory, name)` from the directory that
+    holds it.  Each climb checks it reached the directory it came from, else raises TreeMoved (a live
+    tree's run moved it: '..' would go on outside the tree)."""
     here = os.open(".", DIRECTORY, dir_fd=top)
     pending = [os.listdir(here)]
-    path: list[str] = []
+    path: list[tuple[str, tuple[int, int]]] = []  # each directory gone into, and the one holding it
     try:
         while pending:
             if pending[-1]:
                 name = pending[-1].pop()
-                if enter(here, name):
-                    inner = os.open(name, DIRECTORY, dir_fd=here)
+                inner = enter(here, name)
+                if inner is not None:
+                    path.append((name, _identity(here)))
                     os.close(here)
                     here = inner
-                    path.append(name)
                     pending.append(os.listdir(here))
                 continue
             pending.pop()
             if path:
-                outer = os.open("..", DIRECTORY, dir_fd=here)
+                name, holder = path.pop()
+                # back to the top by its own descriptor: '..' of a directory whose parent has a mount on
+                # it (a fork's tree, walked from under its copy's tmpfs) lands in that mount
+                outer = os.open("..", DIRECTORY, dir_fd=here) if path else os.open(".", DIRECTORY, dir_fd=top)
                 os.close(here)
                 here = outer
-                leave(here, path.pop())
+                if _identity(here) != holder:
+                    raise TreeMoved(f"{name!r} was moved while it was walked")
+                leave(here, name)
     finally:
         os.close(here)
+
+
+def _identity(directory: int) -> tuple[int, int]:
+    info = os.fstat(directory)
+    return info.st_dev, info.st_ino
 
 
 def remove_tree(path: str) -> None:
@@ -52,14 +69,14 @@ def remove_tree(path: str) -> None:
     except FileNotFoundError:
         return
 
-    def enter(directory: int, name: str) -> bool:
+    def enter(directory: int, name: str) -> Optional[int]:
         mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
         if not stat.S_ISDIR(mode):
             os.unlink(name, dir_fd=directory)
-            return False
+            return None
         if mode & 0o700 != 0o700:
             os.chmod(name, 0o700, dir_fd=directory)  # a directory (lstat above): nothing to follow
-        return True
+        return os.open(name, DIRECTORY, dir_fd=directory)
 
     try:
         walk(top, enter, lambda directory, name: os.rmdir(name, dir_fd=directory))
