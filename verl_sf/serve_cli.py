@@ -57,6 +57,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
     p.add_argument("--max-body-mb", type=int, default=ServerConfig.max_body_mb,
                    help="larger request bodies get HTTP 413")
+    p.add_argument("--max-bodies-mb", type=int, default=ServerConfig.max_bodies_mb,
+                   help="request bodies a server process holds at once, their answers not yet sent; past it "
+                        "HTTP 503 with Retry-After")
     p.add_argument("--timeout-keep-alive", type=float, default=ServerConfig.timeout_keep_alive,
                    help="seconds a connection may take, from its opening or its last reply, to send a whole "
                         "request header; then it is closed (idle keep-alive and slow headers alike)")
@@ -147,6 +150,7 @@ def _serve(args: argparse.Namespace) -> int:
                     max_sandboxes_per_key=args.e2b_max_sandboxes_per_key, ready_sandboxes=args.e2b_ready_sandboxes,
                     id_prefix=id_prefix)
     config = ServerConfig(host=args.host, port=args.port, max_body_mb=args.max_body_mb,
+                          max_bodies_mb=args.max_bodies_mb,
                           timeout_keep_alive=args.timeout_keep_alive, timeout_body=args.timeout_body,
                           max_connections=args.max_connections, list_snapshots=args.list_snapshots,
                           executor=executor, verl_tool=verl_tool, e2b=e2b,

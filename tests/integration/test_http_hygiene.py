@@ -290,6 +290,35 @@ def test_when_every_connection_is_busy_a_new_one_gets_503() -> None:
         stop_server(server.process)
 
 
+def test_bodies_held_past_the_budget_get_503_and_the_server_keeps_its_memory() -> None:
+    """Large bodies queued behind slow answers were held without bound (a client could send as many
+    64 MB requests as it had connections); past `--max-bodies-mb` a body now gets 503 with
+    Retry-After, and once the answers are sent the next is taken."""
+    server = start_server("--slots", "2", "--max-body-mb", "16", "--max-bodies-mb", "40")
+    try:
+        body = json.dumps({"code": "import time; time.sleep(5); print('done')", "language": "python",
+                           "padding": "x" * (15 << 20)}).encode()
+        slow = [connect(server, header("/run_code", content_length=len(body)) + body) for _ in range(2)]
+        wait_until(lambda: all(request_read(server, sock) for sock in slow), 60, "the server read both bodies")
+        refused = requests.post(server.url + "/run_code", data=body, timeout=30,
+                                headers={"Content-Type": "application/json"})
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
+        assert refused.json()["code"] == "at_capacity" and "MiB of request bodies" in refused.json()["detail"]
+        assert requests.get(server.url + "/v1/ping", timeout=10).json() == "pong"  # no body: not held
+        small = run_code(server, "print('small')")  # a body under what is left fits
+        assert small["run_result"]["stdout"] == "small\n", small
+        outputs = [json.loads(read_response(sock, within=60).split(b"\r\n\r\n", 1)[1])["run_result"]["stdout"]
+                   for sock in slow]
+        for sock in slow:
+            sock.close()
+        assert outputs == ["done\n"] * 2
+        taken = requests.post(server.url + "/run_code", data=body.replace(b"time.sleep(5)", b"time.sleep(0)"),
+                              headers={"Content-Type": "application/json"}, timeout=60)
+        assert taken.status_code == 200 and taken.json()["run_result"]["stdout"] == "done\n", taken.text[:300]
+    finally:
+        stop_server(server.process)
+
+
 # --- JSON nested past the limit -------------------------------------------------------------------
 
 def nested(depth: int) -> bytes:

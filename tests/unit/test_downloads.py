@@ -8,17 +8,18 @@ import asyncio
 import pytest
 from aiohttp import web
 
+from verl_sf.byte_budget import ByteBudget
 from verl_sf.e2b import downloads
-from verl_sf.e2b.downloads import DownloadBudget, DownloadsFull
+from verl_sf.e2b.downloads import DownloadsFull
 
 BODY = b"x" * (48 << 20)  # far more than the sockets on both sides buffer
 
 
 def test_the_budget_refuses_past_its_limit_but_always_takes_one() -> None:
-    budget = DownloadBudget(limit=100)
+    budget = ByteBudget(100, lambda held: DownloadsFull(f"{held} held; retry shortly"))
     with budget.hold(150):  # one download alone always fits
         refused = budget.hold(1)
-        with pytest.raises(DownloadsFull, match="retry shortly"):
+        with pytest.raises(DownloadsFull, match="150 held; retry shortly"):
             refused.__enter__()
     with budget.hold(60), budget.hold(40):
         assert budget.held == 100
@@ -28,7 +29,7 @@ def test_the_budget_refuses_past_its_limit_but_always_takes_one() -> None:
 async def test_a_client_that_stops_reading_loses_its_connection_and_its_bytes_are_let_go(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(downloads, "STALL_S", 2.0)
-    monkeypatch.setattr(downloads, "BUDGET", DownloadBudget(limit=64 << 20))
+    monkeypatch.setattr(downloads, "BUDGET", ByteBudget(64 << 20, lambda held: DownloadsFull("full")))
 
     async def handler(request: web.Request) -> web.StreamResponse:
         return await downloads.send(request, BODY, {"Content-Type": "application/octet-stream"})

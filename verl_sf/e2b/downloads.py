@@ -11,11 +11,10 @@ the bytes are let go).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 
 from aiohttp import web
 
+from verl_sf.byte_budget import ByteBudget
 from verl_sf.errors import CapacityError
 
 BUDGET_BYTES = 256 << 20  # eight files at the fetch limit at once
@@ -27,27 +26,8 @@ class DownloadsFull(CapacityError):
     """This server already holds `BUDGET_BYTES` of downloads not yet sent: try again shortly (503)."""
 
 
-class DownloadBudget:
-    """The bytes of downloads a server process holds, read and not yet sent."""
-
-    def __init__(self, limit: int = BUDGET_BYTES):
-        self.limit = limit
-        self.held = 0
-
-    @contextlib.contextmanager
-    def hold(self, size: int) -> Iterator[None]:
-        """Hold `size` more bytes until the block ends; DownloadsFull past the limit (one download alone
-        always fits: the fetch limit is the bound on it)."""
-        if self.held and self.held + size > self.limit:
-            raise DownloadsFull(f"the server is sending {self.held >> 20} MiB of downloads already; retry shortly")
-        self.held += size
-        try:
-            yield
-        finally:
-            self.held -= size
-
-
-BUDGET = DownloadBudget()
+BUDGET = ByteBudget(BUDGET_BYTES, lambda held: DownloadsFull(f"the server is sending {held >> 20} MiB of downloads "
+                                                                   "already; retry shortly"))
 """This server process's budget (each front of `--fronts N` is a process with its own)."""
 
 

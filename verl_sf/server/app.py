@@ -33,6 +33,7 @@ from verl_sf.server.requests import (
     EXECUTOR_KEY,
     METRICS_KEY,
     RequestT,
+    body_budget,
     body_middleware,
     get_executor,
     get_metrics,
@@ -52,6 +53,9 @@ class ServerConfig:
     port: int = 8080
     max_body_mb: int = 64
     """Larger request bodies get 413 before any of them is parsed."""
+    max_bodies_mb: int = 1024
+    """Request bodies a server process holds at once (read, their answers not yet sent); a body past
+    it gets 503 with Retry-After (one body alone always fits)."""
     timeout_keep_alive: float = 20.0
     """Seconds a connection may take, from its opening or its last reply, to deliver a whole request
     header: idle keep-alive connections and slow headers are closed after it (longer than the 15 s
@@ -160,7 +164,9 @@ def build_app(config: ServerConfig, executor: Executor, connections: ConnectionL
     is the limit of the process the app's sites count their connections in (`LimitedSite`);
     `shared`: another app on the same executor whose E2B and Daytona sandboxes this one serves too
     (a front's loopback app), else it has its own."""
-    app = web.Application(client_max_size=config.max_body_mb << 20, middlewares=[body_middleware(config.timeout_body)])
+    bodies = body_budget(max(config.max_bodies_mb, config.max_body_mb) << 20)
+    app = web.Application(client_max_size=config.max_body_mb << 20,
+                          middlewares=[body_middleware(config.timeout_body, bodies)])
     app[EXECUTOR_KEY] = executor
     app[CONNECTIONS_KEY] = connections
     app[METRICS_KEY] = ServerMetrics(executor, connections)

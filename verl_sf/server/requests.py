@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, ValidationError
 
+from verl_sf.byte_budget import ByteBudget
+from verl_sf.errors import CapacityError, answer_of
 from verl_sf.executor import Executor
 from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.off_loop import off_loop
@@ -29,14 +31,17 @@ else:  # aiohttp depends on async-timeout below 3.11
 EXECUTOR_KEY = web.AppKey("executor", Executor)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
 RequestT = TypeVar("RequestT", bound=BaseModel)
-def refused(request: web.Request, status: int, code: str, detail: Any) -> web.Response:
+
+
+def refused(request: web.Request, status: int, code: str, detail: Any,
+            headers: Optional[dict[str, str]] = None) -> web.Response:
     """A request refused for what it is (its body, a field), counted under `code` as the Prometheus
     reason and carrying it, as `errors.ANSWERS`' answers do; a 422 also names its first `field`."""
     get_metrics(request).rejections.labels(code).inc()
     body: dict[str, Any] = {"detail": detail, "code": code}
     if isinstance(detail, list) and detail and len(detail[0]["loc"]) > 1:
         body["field"] = str(detail[0]["loc"][1])
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, headers=headers)
 
 
 def validation_detail(exc: ValidationError, where: str = "body") -> list[dict[str, Any]]:
@@ -73,27 +78,46 @@ def _validated(raw: bytes, model: type[RequestT]) -> RequestT | None:
     return model.model_validate(body) if isinstance(body, dict) else None
 
 
-def body_middleware(timeout_s: float) -> Middleware:
+class BodiesFull(CapacityError):
+    """The server holds its budget of request bodies (read, their answers not yet sent): come back shortly."""
+
+
+def body_budget(limit: int) -> ByteBudget:
+    return ByteBudget(limit, lambda held: BodiesFull(f"the server holds {held >> 20} MiB of request bodies being "
+                                                     "answered; retry shortly"))
+
+
+def body_middleware(timeout_s: float, bodies: ByteBudget) -> Middleware:
     """Read every request's whole body before its handler runs: within `timeout_s` of its header
     (else 408 and the connection closes), within the app's size limit (else 413), decodable
-    (else 400).  Until its body is in, a connection counts as waiting, and may be evicted."""
+    (else 400), and within what `bodies` holds of all requests being answered (else 503 with
+    Retry-After: many large bodies queued behind slow answers would otherwise take the server's
+    memory).  Until its body is in, a connection counts as waiting, and may be evicted."""
 
     @web.middleware
     async def read_body(request: web.Request, handler: Handler) -> web.StreamResponse:
         connection = TrackedConnection.of(request)
         if connection is not None:
             connection.request_started()
+        size = 0
         if request.body_exists:
-            refused = await _read_body(request, timeout_s)
-            if refused is not None:
-                return refused
-        if connection is None:
-            return await handler(request)
-        connection.working()
+            early = await _read_body(request, timeout_s)
+            if early is not None:
+                return early
+            size = len(await request.read())
         try:
-            return await handler(request)
-        finally:
-            connection.waiting()
+            with bodies.hold(size):
+                if connection is None:
+                    return await handler(request)
+                connection.working()
+                try:
+                    return await handler(request)
+                finally:
+                    connection.waiting()
+        except BodiesFull as exc:
+            answer = answer_of(exc)
+            return refused(request, answer.status, answer.code, str(exc),
+                           answer.headers(request.app["retry_after_s"]))
 
     return read_body
 
