@@ -293,6 +293,11 @@ def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbo
                           headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983",
                                    "X-Access-Token": sandbox._envd_access_token or ""})
     assert twice.status_code == 400 and "same path" in twice.json()["message"], twice.text
+    spelled = requests.post(server.url + "/files", timeout=30, headers={
+        "E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": sandbox._envd_access_token or ""},
+        files=[("file", ("w/e", b"1")), ("file", ("/home/user/w/./e", b"2"))])  # one file, spelled twice
+    assert spelled.status_code == 400 and "same path" in spelled.json()["message"], spelled.text
     # What the kernel refuses is the caller's request, named: never an internal error.
     with pytest.raises(InvalidArgumentException, match="cross-device"):
         sandbox.files.rename("/home/user/w/a.txt", "/tmp/w/a.txt")  # /home/user and /tmp are mounts of their own

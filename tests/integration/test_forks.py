@@ -240,6 +240,37 @@ async def test_what_a_fork_refuses(executor: Executor) -> None:
     assert len(executor.sessions) == 2  # nothing half-made is left on record
 
 
+async def test_hard_links_setuid_bits_and_files_that_do_not_fit(executor: Executor) -> None:
+    """Red team, 2026-12-06: a fork copied each name of a hard-linked file apart (one file became two,
+    and 130 MB with a second name did not fit the fork's /workdir); the copy's failure answered 500
+    with its reason only in the server's log, and every later fork of that session failed ("Permission
+    denied: /proc/N/ns/pid": the failed copy's PID 1, still ending, was looked into); setuid and
+    setgid bits were dropped; a stack limit too small for the copy to start answered 500."""
+    parent = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
+    await run(executor, parent, "import os\nopen('big', 'wb').write(os.urandom(130 << 20))\nos.link('big', 'big2')\n"
+                                "open('s', 'w').close()\nos.chmod('s', 0o4755)\nos.mkdir('g')\nos.chmod('g', 0o2711)")
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    check = "import os\nopen('big2', 'r+b').write(b'mark')\nprint(os.stat('big').st_nlink, open('big', 'rb').read(4), " \
+            "oct(os.stat('s').st_mode & 0o7777), oct(os.stat('g').st_mode & 0o7777))"
+    assert await run(executor, fork, check) == "2 b'mark' 0o4755 0o2711\n"
+    await executor.end_session(fork)
+    # Past what a fork keeps as one file, each name is a copy: more than fits a fork's /workdir.
+    await run(executor, parent, "import os\nos.unlink('big')\nos.unlink('big2')\nos.mkdir('many')\n"
+                                "for i in range(2000):\n    open(f'many/{i}', 'wb').write(b'x' * 102400)\n"
+                                "    os.link(f'many/{i}', f'many/{i}.again')")
+    for _ in range(2):  # the second right after the first: a failed copy still ending hinders nothing
+        with pytest.raises(SessionBusy, match="does not fit"):
+            await executor.fork_session(parent, SessionForkRequest())
+    await run(executor, parent, "import shutil\nshutil.rmtree('many')")
+    [fork] = (await executor.fork_session(parent, SessionForkRequest())).session_ids
+    assert await run(executor, fork, "import os\nprint(sorted(os.listdir('.')))") == "['g', 's']\n"
+    await run(executor, parent, "import resource\nhard = resource.getrlimit(resource.RLIMIT_STACK)[1]\n"
+                                "resource.setrlimit(resource.RLIMIT_STACK, (4096, hard))")
+    with pytest.raises(SessionBusy, match="stack limit"):
+        await executor.fork_session(parent, SessionForkRequest())
+    assert await run(executor, parent, "print('alive')") == "alive\n"
+
+
 async def test_model_code_cannot_make_namespaces(executor: Executor) -> None:
     session = (await executor.create_session(SessionCreateRequest(language="python"))).session_id
     code = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n" \

@@ -169,3 +169,12 @@ def test_a_compiled_programs_output_is_never_lost(sf_server: ServerHandle) -> No
               ' usleep(100000); return 0; }\n')
     outs = [run_code(sf_server, source, language="cpp", compile_timeout=60)["run_result"]["stdout"] for _ in range(8)]
     assert outs == ["before\n"] * 8
+
+
+def test_csharp_usings_the_code_has_are_not_added_twice(sf_server: ServerHandle) -> None:
+    """A user's run (2026-12-06): every program starting `using System;` compiled with a CS0105
+    warning (a using given twice) from the usings dotnet adds implicitly and the server prepends."""
+    body = run_code(sf_server, "using System;\nusing System.Linq;\npublic class P { public static void Main() "
+                               "{ Console.WriteLine(new[] { 40, 2 }.Sum()); } }", language="csharp", compile_timeout=60)
+    assert body["status"] == "Success" and body["run_result"]["stdout"] == "42\n", body
+    assert "CS0105" not in body["compile_result"]["stderr"], body

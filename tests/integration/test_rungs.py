@@ -21,6 +21,7 @@ import requests
 from tests import container_profile
 from tests.hidden_cpu import hidden_cpu_is_demoted, session_background_is_demoted
 from tests.host_view import comm, descendants, killed_by_reply, named
+from tests.language_cases import DOUBLE, TEST_RUNNERS
 from tests.other_processes import others_out_of_reach
 from tests.sandbox_kills import kill_sandboxes_mid_run
 from tests.server_fixtures import (
@@ -28,6 +29,7 @@ from tests.server_fixtures import (
     SERVER_MODES,
     ServerHandle,
     run_code,
+    run_code_batch,
     server_in_mode,
     stop_server,
 )
@@ -287,6 +289,42 @@ def test_languages_and_numpy_work(server: ServerHandle) -> None:
     assert bash["run_result"]["stdout"] == "42\n", bash
 
 
+def test_every_language_it_lists_runs_and_one_out_of_reach_is_a_sandbox_error(server: ServerHandle) -> None:
+    """Each language `/health` lists runs its program on this rung; one it does not answers
+    SandboxError naming why.  A user's run (2026-12-06) found typescript (tsx's CLI relays over a
+    unix socket, refused here), go (its cache in the host's /tmp) and rust (a toolchain under /root,
+    out of the runs' uids' reach) listed and failing every program as the code's failure."""
+    listed = set(health(server)["languages"])
+    assert {"cpp", "java", "nodejs", "typescript", "go"} <= listed, listed  # CI installs every language
+    cases = {f"double/{lang}": (code, lang, {"stdin": "21\n", "compile_timeout": 180, "run_timeout": 90})
+             for lang, code in DOUBLE.items() if lang in listed}
+    cases |= {f"passing/{lang}": (template.format(body="n * 2"), lang, {"compile_timeout": 180, "run_timeout": 90})
+              for lang, template in TEST_RUNNERS.items() if lang in listed}
+    results = run_code_batch(server, cases)
+    wrong = {key: body for key, body in results.items() if body["status"] != "Success"
+             or key.startswith("double/") and body["run_result"]["stdout"].strip() != "42"}
+    assert not wrong, wrong
+    for lang in sorted(set(DOUBLE) - listed):
+        body = run_code(server, DOUBLE[lang], language=lang)
+        assert body["status"] == "SandboxError" and lang in body["message"], body
+
+
+def test_files_under_workdir_are_the_runs_and_elsewhere_are_refused_naming_files(server: ServerHandle) -> None:
+    """A run here has one directory, which `/workdir` names.  A user's run (2026-12-06): a file under
+    /tmp answered Failed, the code's failure; it is a request this rung cannot serve as asked (400 naming
+    `files`, as configuration.md says of such requests)."""
+    mine = run_code(server, "print(open('a.txt').read())", files={"/workdir/a.txt": "QQ=="})
+    assert mine["run_result"]["stdout"] == "A\n", mine
+    for path in ("/tmp/a.txt", "/mnt/data/a.txt"):
+        refused = requests.post(server.url + "/run_code", timeout=30, json={
+            "code": "print(1)", "language": "python", "files": {path: "QQ=="}})
+        assert refused.status_code == 400 and refused.json()["field"] == "files", refused.text
+        assert "/workdir" in refused.text
+        opened = requests.post(server.url + "/sessions", json={"language": "python", "files": {path: "QQ=="}},
+                               timeout=30)
+        assert opened.status_code == 400 and opened.json()["field"] == "files", opened.text
+
+
 def test_a_runs_files_are_capped_in_all(server: ServerHandle) -> None:
     """No tmpfs of its own: many files under the per-file cap still stop at the directory cap (256 MB)."""
     body = run_code(server, "import time\nfor i in range(4):\n    open(f'f{i}', 'wb').write(b'x' * (100 << 20))\n"
@@ -339,6 +377,27 @@ def test_a_sessions_files_are_capped_in_all_when_made_faster_than_a_tick(server:
         what="the idle session ended for its files")
     assert ended
 
+
+
+def test_files_held_with_no_name_are_counted_and_hard_links_once(server: ServerHandle) -> None:
+    """Red team, 2026-12-06: files unlinked while held open (or only mapped) kept their blocks on the
+    host's disk out of the count (a session held 1.6 GB for as long as it lived), and a hard link was
+    counted once per name (a 150 MB file with a second name was ended as past 256 MB)."""
+    held = run_code(server, "import os, time\nheld = []\nfor i in range(3):\n"
+                            "    f = open(f'big{i}', 'wb')\n    f.write(b'x' * (100 << 20))\n    f.flush()\n"
+                            "    os.unlink(f'big{i}')\n    held.append(f)\ntime.sleep(5)\nprint('escaped')\n",
+                    run_timeout=20)
+    assert "escaped" not in held["run_result"]["stdout"], held
+    assert "[verl-sf: killed: its files passed 256 MB]" in held["run_result"]["stderr"], held
+    mapped = run_code(server, "import mmap, os, time\nmaps = []\nfor i in range(3):\n"
+                              "    with open(f'big{i}', 'wb+') as f:\n        f.write(b'x' * (100 << 20))\n"
+                              "        f.flush()\n        maps.append(mmap.mmap(f.fileno(), 0))\n"
+                              "    os.unlink(f'big{i}')\ntime.sleep(5)\nprint('escaped')\n", run_timeout=20)
+    assert "escaped" not in mapped["run_result"]["stdout"], mapped
+    assert "[verl-sf: killed: its files passed 256 MB]" in mapped["run_result"]["stderr"], mapped
+    linked = run_code(server, "import os, time\nopen('big', 'wb').write(b'x' * (150 << 20))\n"
+                              "os.link('big', 'big2')\ntime.sleep(1)\nprint('kept')\n", run_timeout=20)
+    assert linked["run_result"]["stdout"] == "kept\n", linked
 
 
 def test_files_in_a_directory_made_unreadable_are_counted_and_its_mode_kept(server: ServerHandle) -> None:

@@ -136,3 +136,20 @@ def test_a_files_count_takes_every_block_however_wide_and_deep(tmp_path: Path) -
     assert expected <= int(counted.stdout) <= expected + 8192, counted  # and the chain's symlink
     assert directory_size(str(top), 100 * 4096) > 100 * 4096  # stops once past what it was asked
     remove_tree(str(top))  # deeper than pytest's own clean-up can recurse
+
+
+def test_a_counts_opened_up_directory_keeps_a_mode_its_run_set_meanwhile(tmp_path: Path) -> None:
+    """Red team, 2026-12-06: a count that opened a directory up for its walk put its mode back over
+    one the run had set meanwhile (the run's 0o750 became 0o000 again)."""
+    from verl_sf.executor.zygote.procfs import OPENED_UP, _Count
+
+    for changed, expected in ((False, 0o300), (True, 0o750)):
+        directory = tmp_path / f"d{changed}"
+        directory.mkdir(mode=0o300)
+        os.chmod(directory, 0o300)
+        handle = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+        os.chmod(directory, 0o300 | OPENED_UP)  # as _open_up leaves it
+        if changed:
+            os.chmod(directory, 0o750)  # the run's own chmod, while the walk was in it
+        _Count._put_back((handle, 0o300))
+        assert oct(directory.stat().st_mode & 0o777) == oct(expected)

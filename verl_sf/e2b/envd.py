@@ -12,6 +12,7 @@ import asyncio
 import base64
 import datetime
 import email.message
+import posixpath
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional
@@ -96,6 +97,14 @@ def _entry_info(entry: dict[str, Any]) -> dict[str, Any]:
     if "symlink_target" in entry:
         info["symlinkTarget"] = entry["symlink_target"]
     return info
+
+
+HOME = "/home/user"  # E2B's home, where relative paths are (guest.HOME_ALIAS)
+
+
+def _same_file(first: str, second: str) -> bool:
+    """Whether two upload paths name one file: relative ones are in the home, as envd resolves them."""
+    return posixpath.normpath(posixpath.join(HOME, first)) == posixpath.normpath(posixpath.join(HOME, second))
 
 
 class Envd:
@@ -198,7 +207,7 @@ class Envd:
                         return _files_error(400, "a multipart file part needs a filename (its path) or ?path=")
                     if not is_text(target):
                         return _files_error(400, f"the file part's name {target!r} is not UTF-8 text")
-                    if any(target == uploaded for uploaded, _ in uploads):
+                    if any(_same_file(target, uploaded) for uploaded, _ in uploads):
                         return _files_error(400, f"you cannot upload multiple files to the same path '{target}' "
                                                  "in one upload request")
                     uploads.append((target, bytes(await part.read())))

@@ -107,6 +107,8 @@ class Executor:
             self._admission.gpu_slots = GpuSlots(chosen, self.config.runs_per_gpu)
         extra_etc = tuple(etc_paths(self.toolchains.available_languages())) + self._extra_etc
         self._pool = ZygotePool(self.config, self.rung, self.toolchains, self.cgroups, extra_etc, self._died)
+        if self._pool.launcher.run_uid_range()[1]:  # runs of uids of their own: toolchains they cannot reach
+            self.toolchains.refuse_out_of_reach(self._pool.launcher.unreachable_dirs())
         self._sessions.pool = self._pool
         self._runs = Runs(self.config, self.stats, self._admission, self._pool, self.toolchains)
         await self._pool.start(chosen)
@@ -184,6 +186,7 @@ class Executor:
     async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         if request.session_id is not None:
             return await self._sessions.run_code(request)
+        self._check_files(request.files)
         assert self._runs is not None, "Executor.start() first"
         return await self._runs.run_code(request)
 
@@ -203,7 +206,19 @@ class Executor:
             return await self._forks.start_from(request)
         if request.language == "bash" and "bash" in self.toolchains.missing:
             raise InvalidRequest("language", self.toolchains.missing_message("bash"))
+        self._check_files(request.files)
         return await self._sessions.create(request, cells, rooted and self.offers_root)
+
+    def _check_files(self, files: dict[str, Optional[str]]) -> None:
+        """Without a view of its own (the landlock rung) a run has one directory, which `/workdir`
+        names: a file elsewhere (`/tmp`, `/mnt/data`) is the request's to fix, not the code's failure."""
+        if self.rung.isolated:
+            return
+        for path in files:
+            if path.startswith("/") and not path.startswith("/workdir/"):
+                raise InvalidRequest("files", f"file path {path!r}: on the {self.rung.name} isolation rung a run has "
+                                              "one directory, its working directory (no /tmp or /mnt/data of its "
+                                              "own): name the file relative to it or under /workdir")
 
     def session_info(self, session_id: str) -> SessionInfo:
         return self._sessions.info(session_id)

@@ -97,7 +97,8 @@ CSHARP_APP_CONFIG = ('<?xml version="1.0"?>\n<configuration><system.diagnostics>
 def _csharp_source(code: str) -> PreparedSource:
     """Prepends the usings dotnet adds implicitly (on the first line, so error line numbers stay the
     code's) and appends the listener that makes a failed Debug.Assert fail the run."""
-    usings = "".join(f"using {ns}; " for ns in CSHARP_IMPLICIT_USINGS)
+    usings = "".join(f"using {ns}; " for ns in CSHARP_IMPLICIT_USINGS  # not twice: mcs warns (CS0105)
+                     if not re.search(rf"^\s*using\s+{re.escape(ns)}\s*;", code, re.MULTILINE))
     return PreparedSource("main.cs", usings + code + CSHARP_ASSERT_LISTENER,
                           extra_files={"main.exe.config": CSHARP_APP_CONFIG})
 
@@ -153,7 +154,10 @@ SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in (
                  ("node", f"{NODE_MODULES}/jest/bin/jest.js", "--config", "{runtime}/node/jest.config.js", "--ci"),
                  needs=("node", "jest"), env=NODE_ENV),
     LanguageSpec("react", "main.jsx", ("node", "main.jsx"), needs=("node", "react")),
-    LanguageSpec("typescript", "main.ts", ("tsx", "main.ts"), needs=("node", "tsx"), env=NODE_ENV),
+    # tsx as node's loader, not its CLI: the CLI relays to a second node over a unix socket, which the
+    # landlock rung refuses (and a second node costs a start).
+    LanguageSpec("typescript", "main.ts", ("node", "--import", f"{NODE_MODULES}/tsx/dist/loader.mjs", "main.ts"),
+                 needs=("node", "tsx"), env=NODE_ENV),
     LanguageSpec("rust", "main.rs", ("./main",), ("rustc", "-O", "-C", "debug-assertions=on", "--edition", "2021",
                                                   "main.rs", "-o", "main"),
                  needs=("rustc",), etc=("/etc/alternatives",)),  # `cc`, the linker
@@ -212,8 +216,8 @@ class Toolchains:
     """Modules (of those asked about) the runtime python can import."""
     runtime_dir: str = ""
     """verl-sf's own runtime directory (bound read-only into the sandbox when it exists)."""
-    gpu_refusal: str = ""
-    """Why the GPU languages are not served here ("" when they are, or their toolchain is what is missing)."""
+    refusals: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Why a language whose toolchain is installed is not served here anyway (no GPU, out of reach)."""
 
     def available_languages(self) -> list[str]:
         return sorted(name for name in SPECS if name not in self.missing)
@@ -221,16 +225,32 @@ class Toolchains:
     def missing_message(self, language: str) -> str:
         reasons = [f"needs {', '.join(repr(t) for t in self.missing[language])}, which is not installed on this "
                    f"server"] if self.missing[language] else []
-        if SPECS[language].gpu and self.gpu_refusal:
-            reasons.append(self.gpu_refusal)
+        if language in self.refusals:
+            reasons.append(self.refusals[language])
         return f"language {language!r} {' and '.join(reasons)}; {install_hint(language)}"
+
+    def refuse(self, language: str, reason: str) -> None:
+        """`language` answers SandboxError with `reason`, toolchain or not."""
+        self.refusals[language] = reason
+        self.missing.setdefault(language, ())
 
     def refuse_gpu_languages(self, reason: str) -> None:
         """No GPU runs on this server: the GPU languages answer SandboxError with `reason`."""
-        self.gpu_refusal = reason
         for spec in SPECS.values():
             if spec.gpu:
-                self.missing.setdefault(spec.name, ())
+                self.refuse(spec.name, reason)
+
+    def refuse_out_of_reach(self, unreachable: list[str]) -> None:
+        """Runs whose uid cannot traverse to `unreachable` directories (the landlock rung as root, a
+        toolchain under a 0700 /root) cannot run the languages whose tools live there: refused, named."""
+        for spec in SPECS.values():
+            if spec.name in self.missing:
+                continue
+            tools = [os.path.realpath(self.executables.get(tool, tool)) for tool in spec.needs]
+            out = sorted({d for d in unreachable for tool in tools if tool == d or tool.startswith(d + "/")})
+            if out:
+                self.refuse(spec.name, f"has its toolchain in {', '.join(out)}, out of the runs' uids' reach on this "
+                                       "rung (move it, or chmod o+x its parent directories)")
 
     def fill(self, part: str, params: dict[str, str] | None = None) -> str:
         values = {"{python}": self.python, "{runtime}": self.runtime_dir,

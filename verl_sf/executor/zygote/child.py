@@ -36,10 +36,12 @@ from .seccomp import Filter
 from .wire import READ_CHUNK, loads, report
 
 READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
-
+WORKDIR = "/workdir"  # a run's directory as requests name it (models.RUN_DIRECTORIES)
+SCRATCH_ENV = ("GOCACHE",)  # languages' scratch paths in /tmp (languages.GO_ENV): per run on every rung
 
 # NamedTuples rather than dataclasses: `dataclasses` imports `inspect`, ~1 MB more heap that every
 # fork copies the page-table entries of and every run's exit tears down.
+
 class Mount(NamedTuple):
     """A per-child tmpfs: mount(2)'s target and options, and the entries bound back on top of it."""
 
@@ -91,6 +93,9 @@ class Child:
                     os.chown(directory, self.run_uid, self.run_uid)
             os.environ["TMPDIR"] = self.workdir + "/.tmp"
             os.environ["HOME"] = self.workdir
+            for key in SCRATCH_ENV:  # under /tmp, which is the host's here
+                if os.environ.get(key, "").startswith("/tmp/"):
+                    os.environ[key] = os.environ["TMPDIR"] + os.environ[key][4:]
         for group in set(self.groups.values()):
             write(group, "cgroup.procs", "0")
         os.setsid()
@@ -124,7 +129,7 @@ class Child:
         job = _read_job()
         linux.set_name(self.blueprint.comm)
         try:
-            write_files(job.get("files") or {}, self._roots())
+            write_files(self._in_view(job.get("files") or {}), self._roots())
         except UnwritableFile as exc:  # as a failed `cp` ends a job script
             os.write(2, f"verl-sf: {exc}\n".encode())
             _report_done(1, None, [], 0)
@@ -250,6 +255,13 @@ class Child:
             if code != 0:
                 return code, compile_cpu
         return _exec_as_child(job["argv"], None)
+
+    def _in_view(self, files: dict[str, str]) -> dict[str, str]:
+        """Without a view of its own (the landlock rung) a run's one directory is what `/workdir` names."""
+        if self.blueprint.isolated:
+            return files
+        return {path.removeprefix(WORKDIR + "/") if path.startswith(WORKDIR + "/") else path: content
+                for path, content in files.items()}
 
     def _roots(self) -> list[str]:
         """The directories a run's files may be named in: absolute paths under these, relative ones in the first."""

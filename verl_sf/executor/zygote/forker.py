@@ -87,6 +87,8 @@ class ProcessLimit(CopyFailed):
 
 
 PROCESS_LIMIT_STATUS = 75  # EX_TEMPFAIL: a set-up helper that met the process limit, to its parent
+REFUSED_STATUS = 76  # a set-up helper that met what the session holds (its files do not fit): the client's to mend
+LINKS_KEPT = 1024  # files with several names whose copies keep them one file (past it, each name a copy)
 
 
 def fork(blueprint: Blueprint, parent: int, groups: list[Groups], freeze: bool, parent_frozen: bool,
@@ -167,11 +169,12 @@ def _check_alone(interpreter: int) -> None:
                       "so the copies would wait forever on what the others hold")
     children = procfs.children(interpreter)
     init = procfs.parent(interpreter)
-    namespace = os.stat(f"/proc/{interpreter}/ns/pid").st_ino
+    # PID 1's other children in the session's PID namespace are as deep as the interpreter; its copies
+    # are deeper (one that is still ending, a failed fork's, may be out of our reach to inspect further).
+    depth = len(procfs.status(interpreter).get("NSpid", "").split())
     for pid in procfs.children(init):
-        with contextlib.suppress(FileNotFoundError):
-            if pid != interpreter and os.stat(f"/proc/{pid}/ns/pid").st_ino == namespace:
-                children.append(pid)
+        if pid != interpreter and len(procfs.status(pid).get("NSpid", "").split()) == depth:
+            children.append(pid)
     children = [pid for pid in children if not procfs.ended(pid)]  # a zombie runs nothing
     if children:
         raise Refused(f"it has {len(children)} background process(es), which a fork does not copy and which "
@@ -271,7 +274,10 @@ def _become_reaper(init: tracing.Tracee) -> None:
         addresses.append(init.put(text + b"\0", offset))
         offset += len(text) + 1
     argv = init.put(b"".join(address.to_bytes(8, "little") for address in [*addresses, 0]), (offset + 15) & ~15)
-    init.check("execve", addresses[0], argv, argv + 8 * len(strings))
+    failed = -init.call("execve", addresses[0], argv, argv + 8 * len(strings))
+    if failed > 0:  # no room for the reaper's arguments: a stack limit the session's code set, inherited
+        raise Refused(f"a copy could not start ({os.strerror(failed)}): what the session's code set in its "
+                      "interpreter (a stack limit) lets no copy of it run; restore it first")
     init.detach()
 
 
@@ -387,25 +393,47 @@ def _own_domain(source: tracing.Tracee) -> None:
 
 
 def _run_helper(work: Callable[[], None]) -> None:
-    """Run `work` in a child of ours (it changes namespaces and credentials) and wait for it."""
+    """Run `work` in a child of ours (it changes namespaces and credentials) and wait for it; its
+    error, if it fails, is the CopyFailed's (the traceback goes to the server's log)."""
+    why_r, why_w = os.pipe()
     try:
         pid = os.fork()
     except BlockingIOError:
+        os.close(why_r)
+        os.close(why_w)
         raise ProcessLimit() from None
     if pid == 0:
+        os.close(why_r)
         try:
             work()
             os._exit(0)
         except ProcessLimit:
             os._exit(PROCESS_LIMIT_STATUS)
-        except BaseException:
+        except BaseException as exc:
             os.write(2, f"verl-sf: fork set-up failed: {traceback.format_exc()}".encode())
-            os._exit(1)
+            os.write(why_w, _why(exc).encode(errors="replace")[:2000])
+            refused = isinstance(exc, Refused) or isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+            os._exit(REFUSED_STATUS if refused else 1)
+    os.close(why_w)
+    try:
+        why = os.read(why_r, 2000).decode(errors="replace")  # at its exit, or what it wrote
+    finally:
+        os.close(why_r)
     _, status = os.waitpid(pid, 0)
     if os.WIFEXITED(status) and os.WEXITSTATUS(status) == PROCESS_LIMIT_STATUS:
         raise ProcessLimit()
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == REFUSED_STATUS:
+        raise Refused(why)
     if status != 0:
-        raise CopyFailed(f"the fork's set-up failed (status {status:#x}; its error is in the server log)")
+        raise CopyFailed(f"the fork's set-up failed: {why or f'status {status:#x}'}")
+
+
+def _why(exc: BaseException) -> str:
+    """A set-up error as a client can act on it."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return ("the copy of the session's files does not fit a fork's own (tmpfs of the session's sizes): "
+                "remove some first")
+    return str(exc) if isinstance(exc, CopyFailed) else f"{type(exc).__name__}: {exc}"
 
 
 def _map_ids(source: int, pid: int, ids: str) -> None:
@@ -472,6 +500,7 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
     here could make them).  A directory takes its mode, owner and times once it is filled."""
     here = [os.open(".", trees.DIRECTORY, dir_fd=target)]  # the copy of the directory the walk is in
     depth = [0]
+    linked: dict[int, int] = {}  # a file with several names: its inode -> an O_PATH of its copy
 
     def move(name: str) -> None:
         there = os.open(name, trees.DIRECTORY, dir_fd=here[0])
@@ -495,6 +524,9 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
                 raise
             depth[0] += 1
             return inner
+        if stat.S_ISREG(info.st_mode) and info.st_ino in linked:  # the same file again, not a copy of it
+            os.link(f"/proc/self/fd/{linked[info.st_ino]}", name, dst_dir_fd=here[0], follow_symlinks=True)
+            return None
         if stat.S_ISREG(info.st_mode):
             reader = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=directory)
             writer = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=here[0])
@@ -504,6 +536,8 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
             finally:
                 os.close(reader)
                 os.close(writer)
+            if info.st_nlink > 1 and len(linked) < LINKS_KEPT:
+                linked[info.st_ino] = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=here[0])
         elif stat.S_ISLNK(info.st_mode):
             os.symlink(os.readlink(name, dir_fd=directory), name, dir_fd=here[0])
         elif stat.S_ISFIFO(info.st_mode):
@@ -524,11 +558,15 @@ def _copy_tree(source: int, target: int, device: int, skip: set[str]) -> None:
         trees.walk(source, enter, leave)
     finally:
         os.close(here[0])
+        for handle in linked.values():
+            os.close(handle)
 
 
 def _keep_owner_and_times(info: os.stat_result, name: str, directory: int) -> None:
     with contextlib.suppress(OSError):  # owners not mapped here (the sandbox's root) stay ours
         os.chown(name, info.st_uid, info.st_gid, dir_fd=directory, follow_symlinks=False)
+        if info.st_mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(info.st_mode):
+            os.chmod(name, stat.S_IMODE(info.st_mode), dir_fd=directory)  # chown cleared them; one we made
     with contextlib.suppress(OSError):
         os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=directory, follow_symlinks=False)
 

@@ -106,6 +106,7 @@ class Job:
         # Without a tmpfs of its own (the landlock rung), a run's directory has no size cap but this one.
         self.files_cap = zygote.cfg["sizes"].get(zygote.cfg["workdir"], 0) if zygote.cfg["landlock"] else 0
         self.files_dir = ""  # set at start: the run's own directory
+        self.files_device = os.stat(zygote.cfg["workdir"]).st_dev if self.files_cap else 0  # where they are
         self.files_checked = 0.0
         self.watch_processes = not zygote.cfg["cgroups"] and not zygote.cfg["isolated"] and not own_uid
         self.processes_checked = 0.0
@@ -279,7 +280,8 @@ class Job:
         if not self.files_cap or not self.alive:
             return False
         self.files_checked = now
-        if procfs.directory_size(self.files_dir, self.files_cap) <= self.files_cap:
+        named = procfs.directory_size(self.files_dir, self.files_cap)
+        if named <= self.files_cap and named + procfs.unnamed_files(self.pid, self.files_device) <= self.files_cap:
             return False
         self.kill_for_cap(zygote, f"its files passed {self.files_cap >> 20} MB")
         return True

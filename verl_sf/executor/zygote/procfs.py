@@ -226,6 +226,7 @@ def tree_memory(pid: int, skip: Collection[int] = ()) -> int:
 
 
 COUNT_TRIES = 3  # walks of a files count a run's moves may restart
+OPENED_UP = stat.S_IRUSR | stat.S_IXUSR  # what a count adds to a directory it must list
 
 
 def directory_size(path: str, stop_past: int) -> int:
@@ -270,11 +271,16 @@ class _Count:
         self.stop_past = stop_past
         self.total = 0
         self.opened: list[Optional[tuple[int, int]]] = []  # per directory gone into: (an O_PATH, its mode) if opened up
+        self.linked: set[int] = set()  # inodes of files with several names, counted once
 
     def enter(self, directory: int, name: str) -> Optional[int]:
         try:
             info = os.stat(name, dir_fd=directory, follow_symlinks=False)
             if not stat.S_ISDIR(info.st_mode):
+                if info.st_nlink > 1:  # a hard link's blocks are on the disk once
+                    if info.st_ino in self.linked:
+                        return None
+                    self.linked.add(info.st_ino)
                 self.total += info.st_blocks * 512
                 if self.total > self.stop_past:
                     raise _Past
@@ -299,7 +305,7 @@ class _Count:
         handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
         try:
             mode = stat.S_IMODE(os.fstat(handle).st_mode)
-            os.chmod(f"/proc/self/fd/{handle}", mode | stat.S_IRUSR | stat.S_IXUSR)  # that very directory
+            os.chmod(f"/proc/self/fd/{handle}", mode | OPENED_UP)  # that very directory
             inner = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             self._put_back((handle, -1))
@@ -312,7 +318,28 @@ class _Count:
         if opened is None:
             return
         handle, mode = opened
-        with contextlib.suppress(OSError):
-            if mode >= 0:
+        with contextlib.suppress(OSError):  # unless the run changed it meanwhile: then its own mode stands
+            if mode >= 0 and stat.S_IMODE(os.fstat(handle).st_mode) == mode | OPENED_UP:
                 os.chmod(f"/proc/self/fd/{handle}", mode)
         os.close(handle)
+
+
+def unnamed_files(pid: int, device: int, skip: Collection[int] = ()) -> int:
+    """Bytes of files on `device` the job's processes hold, open or mapped, with no name left (unlinked
+    while held): a count of a directory's names misses them, the disk does not.  A mapped one with no
+    descriptor is counted at its mapping's extent."""
+    sizes: dict[int, int] = {}
+    mapped_on = f"{os.major(device):02x}:{os.minor(device):02x}".encode()
+    for current in tree(pid, skip=skip):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{current}/fd"):
+                with contextlib.suppress(OSError):
+                    info = os.stat(f"/proc/{current}/fd/{fd}")
+                    if info.st_nlink == 0 and info.st_dev == device and stat.S_ISREG(info.st_mode):
+                        sizes[info.st_ino] = info.st_blocks * 512
+            for line in read(f"/proc/{current}/maps").splitlines():
+                fields = line.split()
+                if line.endswith(b" (deleted)") and fields[3] == mapped_on:
+                    start, end = (int(bound, 16) for bound in fields[0].split(b"-"))
+                    sizes.setdefault(int(fields[4]), end - start)
+    return sum(sizes.values())
