@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+from aiohttp import web
+
 from verl_sf.errors import CapacityError
 
 
@@ -27,3 +29,16 @@ class ByteBudget:
             yield
         finally:
             self.held -= size
+
+
+class BodiesFull(CapacityError):
+    """The server holds its budget of request bodies (read, their answers not yet sent): come back shortly."""
+
+
+def body_budget(limit: int) -> ByteBudget:
+    return ByteBudget(limit, lambda held: BodiesFull(f"the server holds {held >> 20} MiB of request bodies being "
+                                                     "answered; retry shortly"))
+
+
+BODIES_KEY = web.AppKey("bodies", ByteBudget)
+"""The app's budget of request bodies (a websocket's messages count as bodies)."""

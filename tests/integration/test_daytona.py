@@ -552,3 +552,31 @@ async def test_sandboxes_see_nothing_of_each_other_nor_of_the_server(daytona: As
         assert network.stdout.strip() in ("PermissionError", "ConnectionRefusedError", "OSError")
     finally:
         await asyncio.gather(first.delete(), second.delete())
+
+
+async def test_interpreter_messages_count_as_request_bodies() -> None:
+    """Red team, 2026-12-06: the interpreter websocket's messages were outside `--max-bodies-mb`:
+    twenty 60 MB executions sleeping at once took the server from 0.6 to 4.2 GB.  A message is held
+    as a body is until its answer is sent; past the cap the socket closes with 4503, retry later."""
+    capped = start_server("--slots", "4", "--preload", "", "--max-body-mb", "16", "--max-bodies-mb", "40")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    try:
+        box = requests.post(f"{capped.url}/api/sandbox", json={}, headers=headers, timeout=60).json()
+        url = f"{capped.url.replace('http', 'ws')}/api/toolbox/{box['id']}/process/interpreter/execute"
+        code = "import time\ntime.sleep(4)\nprint('done')\n#" + "x" * (15 << 20)
+        async with aiohttp.ClientSession() as http:
+            async def execute() -> tuple[list[str], Any]:
+                async with http.ws_connect(url, headers=headers, max_msg_size=0) as ws:
+                    await ws.send_str(json.dumps({"code": code}))
+                    frames = [message.data async for message in ws if message.type == aiohttp.WSMsgType.TEXT]
+                    return frames, ws.close_code
+            first = [asyncio.ensure_future(execute()) for _ in range(2)]
+            await asyncio.sleep(2)  # both held, their code asleep
+            _, refused = await execute()
+            assert refused == 4503, refused
+            done = await asyncio.gather(*first)
+            assert all(any("done" in frame for frame in frames) for frames, _ in done), done
+            again, closed = await execute()  # their answers sent: room again
+            assert any("done" in frame for frame in again) and closed == 1000, (again, closed)
+    finally:
+        stop_server(capped.process)

@@ -131,10 +131,11 @@ def test_a_files_count_takes_every_block_however_wide_and_deep(tmp_path: Path) -
     count = (f"import resource, sys\nsys.path[:0] = {sys.path!r}\n"
              "from verl_sf.executor.zygote.procfs import directory_size\n"
              "resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
-             f"print(directory_size({str(top)!r}, 1 << 40))\n")
+             f"print(directory_size({str(top)!r}, 1 << 40, 10 ** 6).size)\n")
     counted = subprocess.run([sys.executable, "-c", count], capture_output=True, text=True, timeout=120, check=True)
     assert expected <= int(counted.stdout) <= expected + 8192, counted  # and the chain's symlink
-    assert directory_size(str(top), 100 * 4096) > 100 * 4096  # stops once past what it was asked
+    assert directory_size(str(top), 100 * 4096, 10 ** 6).size > 100 * 4096  # stops once past what it was asked
+    assert directory_size(str(top), 1 << 40, 500) == (directory_size(str(top), 1 << 40, 500).size, 501)
     remove_tree(str(top))  # deeper than pytest's own clean-up can recurse
 
 

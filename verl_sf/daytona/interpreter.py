@@ -17,6 +17,7 @@ from typing import Any, Optional
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import Field, StrictInt, StrictStr
 
+from verl_sf.byte_budget import BODIES_KEY, BodiesFull
 from verl_sf.daytona.config import DaytonaConfig
 from verl_sf.daytona.sandboxes import DaytonaSandbox
 from verl_sf.daytona.wire import BadBody, Body, parse
@@ -80,6 +81,15 @@ class InterpreterSocket:
             await ws.close(code=BAD_REQUEST, message=_reason(reason))
             return ws
         assert isinstance(run, RunRequest)
+        with contextlib.ExitStack() as held:
+            try:  # the message is held as a request's body is, until its answer is sent
+                held.enter_context(request.app[BODIES_KEY].hold(len(message.data)))
+            except BodiesFull as exc:
+                await ws.close(code=UNAVAILABLE, message=_reason(f"server busy: {exc}"))
+                return ws
+            return await self._answer(ws, run, box)
+
+    async def _answer(self, ws: web.WebSocketResponse, run: RunRequest, box: Box) -> web.WebSocketResponse:
         context_id = run.context_id or box.default_context
         if context_id not in box.contexts:
             await ws.close(code=BAD_REQUEST, message=_reason(f"contextId: context {context_id} not found"))

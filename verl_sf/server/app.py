@@ -19,6 +19,7 @@ import uvloop
 from aiohttp import web
 
 from verl_sf import __version__
+from verl_sf.byte_budget import BODIES_KEY, body_budget
 from verl_sf.daytona import DAYTONA_SANDBOXES_KEY, DaytonaConfig, install_daytona
 from verl_sf.e2b import SANDBOXES_KEY, E2BConfig, install_e2b
 from verl_sf.errors import SessionGone
@@ -33,7 +34,6 @@ from verl_sf.server.requests import (
     EXECUTOR_KEY,
     METRICS_KEY,
     RequestT,
-    body_budget,
     body_middleware,
     get_executor,
     get_metrics,
@@ -168,6 +168,7 @@ def build_app(config: ServerConfig, executor: Executor, connections: ConnectionL
     app = web.Application(client_max_size=config.max_body_mb << 20,
                           middlewares=[body_middleware(config.timeout_body, bodies)])
     app[EXECUTOR_KEY] = executor
+    app[BODIES_KEY] = bodies
     app[CONNECTIONS_KEY] = connections
     app[METRICS_KEY] = ServerMetrics(executor, connections)
     app["retry_after_s"] = config.retry_after_s

@@ -15,8 +15,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, ValidationError
 
-from verl_sf.byte_budget import ByteBudget
-from verl_sf.errors import CapacityError, answer_of
+from verl_sf.byte_budget import BodiesFull, ByteBudget
+from verl_sf.errors import answer_of
 from verl_sf.executor import Executor
 from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.off_loop import off_loop
@@ -76,15 +76,6 @@ def _validated(raw: bytes, model: type[RequestT]) -> RequestT | None:
     """The body as `model`; None when it is JSON but not an object."""
     body = load_json(raw)
     return model.model_validate(body) if isinstance(body, dict) else None
-
-
-class BodiesFull(CapacityError):
-    """The server holds its budget of request bodies (read, their answers not yet sent): come back shortly."""
-
-
-def body_budget(limit: int) -> ByteBudget:
-    return ByteBudget(limit, lambda held: BodiesFull(f"the server holds {held >> 20} MiB of request bodies being "
-                                                     "answered; retry shortly"))
 
 
 def body_middleware(timeout_s: float, bodies: ByteBudget) -> Middleware:

@@ -34,6 +34,8 @@ from .wire import READ_CHUNK, Lines, loads, readable_of
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
 DRAIN_READS = 3 * (1 << 20) // READ_CHUNK  # three pipes grown to Linux's largest by default (1 MiB each)
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
+FILES_ENTRIES = 50_000  # names in a job's directory on the landlock rung: each costs every count
+COUNT_SHARE = 0.05  # of the zygote's time one job's files counts may take
 WAITS_READ = 32  # processes whose wait a sample reads, where a cgroup counts the job's CPU
 MEMORY_KILLS: dict[MemoryScope, str] = {
     "own": "killed for exceeding its memory limit",
@@ -108,6 +110,7 @@ class Job:
         self.files_dir = ""  # set at start: the run's own directory
         self.files_device = os.stat(zygote.cfg["workdir"]).st_dev if self.files_cap else 0  # where they are
         self.files_checked = 0.0
+        self.files_cost = 0.0  # seconds its last count took
         self.watch_processes = not zygote.cfg["cgroups"] and not zygote.cfg["isolated"] and not own_uid
         self.processes_checked = 0.0
         self.demote_after = zygote.cfg["demote_after"]
@@ -275,13 +278,21 @@ class Job:
         self.on_tick(zygote, now)
 
     def over_files_cap(self, zygote: JobHost, now: float) -> bool:
-        """Where no tmpfs bounds a job's files (the landlock rung), their blocks against the cap; a job
-        past it is ended."""
-        if not self.files_cap or not self.alive:
+        """Where no tmpfs bounds a job's files (the landlock rung), their blocks and entries against the
+        caps; a job past one is ended.  Counted no more often than COUNT_SHARE of the zygote's time
+        allows (a count of a large tree holds up every job of the zygote): a count is due once
+        `files_checked` is that far behind."""
+        if not self.files_cap or not self.alive or now - self.files_checked < self.files_cost / COUNT_SHARE:
             return False
-        self.files_checked = now
-        named = procfs.directory_size(self.files_dir, self.files_cap)
-        if named <= self.files_cap and named + procfs.unnamed_files(self.pid, self.files_device) <= self.files_cap:
+        started = time.monotonic()
+        named = procfs.directory_size(self.files_dir, self.files_cap, FILES_ENTRIES)
+        self.files_checked = time.monotonic()
+        self.files_cost = self.files_checked - started
+        if named.entries > FILES_ENTRIES:
+            self.kill_for_cap(zygote, f"its files passed {FILES_ENTRIES:,} entries")
+            return True
+        if named.size <= self.files_cap and \
+                named.size + procfs.unnamed_files(self.pid, self.files_device) <= self.files_cap:
             return False
         self.kill_for_cap(zygote, f"its files passed {self.files_cap >> 20} MB")
         return True

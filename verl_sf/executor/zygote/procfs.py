@@ -7,7 +7,7 @@ import os
 import signal
 import stat
 from collections.abc import Collection, Iterable, Iterator
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from . import trees
 from .wire import READ_CHUNK
@@ -229,28 +229,34 @@ COUNT_TRIES = 3  # walks of a files count a run's moves may restart
 OPENED_UP = stat.S_IRUSR | stat.S_IXUSR  # what a count adds to a directory it must list
 
 
-def directory_size(path: str, stop_past: int) -> int:
-    """Bytes the files below `path` hold (their blocks), counted until past `stop_past`.  Walked by
+class Counted(NamedTuple):
+    size: int  # bytes of blocks
+    entries: int  # names
+
+
+def directory_size(path: str, stop_past: int, entries_past: int) -> Counted:
+    """Bytes the files below `path` hold (their blocks), and their names, counted until past
+    `stop_past` bytes or `entries_past` names.  Walked by
     descriptor (trees.walk), never through a symlink: the run owning the directory may swap one in
     meanwhile, or move a directory out from under the walk (then the count starts again, up to
     COUNT_TRIES times, and the largest count stands)."""
     try:
         top = os.open(path, trees.DIRECTORY)
     except OSError:
-        return 0
-    counted = 0
+        return Counted(0, 0)
+    counted = Counted(0, 0)
     try:
         for _ in range(COUNT_TRIES):
-            count = _Count(stop_past)
+            count = _Count(stop_past, entries_past)
             try:
                 trees.walk(top, count.enter, count.leave)
-                return count.total
+                return count.counted()
             except _Past:
-                return count.total
+                return count.counted()
             except trees.TreeMoved:
-                counted = max(counted, count.total)
+                counted = max(counted, count.counted())
             except OSError:
-                return count.total  # the directory itself went (its job ended)
+                return count.counted()  # the directory itself went (its job ended)
             finally:
                 count.put_back()
     finally:
@@ -267,13 +273,21 @@ class _Count:
     an ordinary account the run is our uid; root reads them all) is opened for the count and its mode
     put back as the walk leaves it: a count that skipped it would let a run hide its files."""
 
-    def __init__(self, stop_past: int):
+    def __init__(self, stop_past: int, entries_past: int):
         self.stop_past = stop_past
+        self.entries_past = entries_past
         self.total = 0
+        self.entries = 0
         self.opened: list[Optional[tuple[int, int]]] = []  # per directory gone into: (an O_PATH, its mode) if opened up
         self.linked: set[int] = set()  # inodes of files with several names, counted once
 
+    def counted(self) -> Counted:
+        return Counted(self.total, self.entries)
+
     def enter(self, directory: int, name: str) -> Optional[int]:
+        self.entries += 1
+        if self.entries > self.entries_past:
+            raise _Past
         try:
             info = os.stat(name, dir_fd=directory, follow_symlinks=False)
             if not stat.S_ISDIR(info.st_mode):
