@@ -201,13 +201,10 @@ def _unnamed_files(pid: int) -> list[str]:
     open): unlike a named file on its tmpfs, a copy could not reopen one of its own.  Its stdin (a
     memfd the session makes anew for each call, only read) is not one of them."""
     names = []
-    for entry in os.listdir(f"/proc/{pid}/fd"):
-        if int(entry) == 0 or int(entry) in CHANNELS:
-            continue
-        with contextlib.suppress(OSError):
-            info = os.stat(f"/proc/{pid}/fd/{entry}")
-            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
-                names.append(os.readlink(f"/proc/{pid}/fd/{entry}"))
+    for fd, _ in procfs.unnamed_descriptors(pid):
+        if fd != 0 and fd not in CHANNELS:
+            with contextlib.suppress(OSError):
+                names.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
     return names
 
 
@@ -411,8 +408,8 @@ def _run_helper(work: Callable[[], None]) -> None:
             os._exit(PROCESS_LIMIT_STATUS)
         except BaseException as exc:
             os.write(2, f"verl-sf: fork set-up failed: {traceback.format_exc()}".encode())
-            os.write(why_w, _why(exc).encode(errors="replace")[:2000])
-            refused = isinstance(exc, Refused) or isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+            why, refused = _why(exc)
+            os.write(why_w, why.encode(errors="replace")[:2000])
             os._exit(REFUSED_STATUS if refused else 1)
     os.close(why_w)
     try:
@@ -428,12 +425,14 @@ def _run_helper(work: Callable[[], None]) -> None:
         raise CopyFailed(f"the fork's set-up failed: {why or f'status {status:#x}'}")
 
 
-def _why(exc: BaseException) -> str:
-    """A set-up error as a client can act on it."""
+def _why(exc: BaseException) -> tuple[str, bool]:
+    """A set-up error as a client can act on it, and whether it is the session's to mend (409)."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return ("the copy of the session's files does not fit a fork's own (tmpfs of the session's sizes): "
-                "remove some first")
-    return str(exc) if isinstance(exc, CopyFailed) else f"{type(exc).__name__}: {exc}"
+                "remove some first"), True
+    if isinstance(exc, CopyFailed):
+        return str(exc), isinstance(exc, Refused)
+    return f"{type(exc).__name__}: {exc}", False
 
 
 def _map_ids(source: int, pid: int, ids: str) -> None:

@@ -338,6 +338,16 @@ class _Count:
         os.close(handle)
 
 
+def unnamed_descriptors(pid: int) -> Iterator[tuple[int, os.stat_result]]:
+    """The regular files `pid` holds open that have no name left (memfds, files unlinked while open):
+    each descriptor and what it holds."""
+    for entry in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            info = os.stat(f"/proc/{pid}/fd/{entry}")
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
+                yield int(entry), info
+
+
 def unnamed_files(pid: int, device: int, skip: Collection[int] = ()) -> int:
     """Bytes of files on `device` the job's processes hold, open or mapped, with no name left (unlinked
     while held): a count of a directory's names misses them, the disk does not.  A mapped one with no
@@ -346,11 +356,9 @@ def unnamed_files(pid: int, device: int, skip: Collection[int] = ()) -> int:
     mapped_on = f"{os.major(device):02x}:{os.minor(device):02x}".encode()
     for current in tree(pid, skip=skip):
         with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{current}/fd"):
-                with contextlib.suppress(OSError):
-                    info = os.stat(f"/proc/{current}/fd/{fd}")
-                    if info.st_nlink == 0 and info.st_dev == device and stat.S_ISREG(info.st_mode):
-                        sizes[info.st_ino] = info.st_blocks * 512
+            for _, info in unnamed_descriptors(current):
+                if info.st_dev == device:
+                    sizes[info.st_ino] = info.st_blocks * 512
             for line in read(f"/proc/{current}/maps").splitlines():
                 fields = line.split()
                 if line.endswith(b" (deleted)") and fields[3] == mapped_on:
