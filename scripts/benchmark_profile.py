@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where a stateless run's CPU goes under load: the whole machine sampled by `perf` while a real
-`verl-sf serve` answers `/run_code` at a fixed concurrency (or, `--workload e2b`, E2B sandboxes'
-lives through plain HTTP: create, one `/execute`, kill).
+`verl-sf serve` answers `/run_code` at a fixed concurrency (or, `--workload session`, calls in one
+live session per caller; `--workload e2b`, E2B sandboxes' lives through plain HTTP: create, one
+`/execute`, kill).
 
 Each sample is put to the process it was taken in (the server, a zygote, a child still setting
 up ahead of its job, a run, this load generator, kernel threads, idle) and to what that process
@@ -14,6 +15,7 @@ Needs root (or kernel.perf_event_paranoid <= -1) and `perf` (Debian: `apt-get in
 
 Example:
   python scripts/benchmark_profile.py --concurrency 64 --seconds 6 --output docs/benchmarks/profile.json
+  python scripts/benchmark_profile.py --workload session --concurrency 64
   python scripts/benchmark_profile.py --workload e2b --concurrency 1 --seconds 6
 """
 
@@ -142,16 +144,28 @@ async def load(url: str, code: str, concurrency: int, seconds: float, window: li
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async def caller() -> None:
             nonlocal answered
+            session_id = await _new_session(http, url) if workload == "session" else None
             while time.monotonic() < deadline:
-                await (_e2b_life(http, url, code) if workload == "e2b" else _run(http, url, code))
+                await (_e2b_life(http, url, code) if workload == "e2b" else _run(http, url, code, session_id))
                 if window[0] <= time.monotonic() <= window[1]:
                     answered += 1
         await asyncio.gather(*(caller() for _ in range(concurrency)))
     return answered
 
 
-async def _run(http: Any, url: str, code: str) -> None:
-    async with http.post(url + "/run_code", json={"code": code, "language": "python"}) as reply:
+async def _new_session(http: Any, url: str) -> str:
+    async with http.post(url + "/sessions", json={"language": "python"}) as reply:
+        body = await reply.json()
+    if "session_id" not in body:
+        raise RuntimeError(f"no session: {body}")
+    return str(body["session_id"])
+
+
+async def _run(http: Any, url: str, code: str, session_id: Optional[str] = None) -> None:
+    request = {"code": code, "language": "python"}
+    if session_id is not None:
+        request["session_id"] = session_id
+    async with http.post(url + "/run_code", json=request) as reply:
         body = await reply.json()
     if body.get("status") != "Success":
         raise RuntimeError(f"a run failed under load: {body}")
@@ -217,19 +231,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="how long perf samples")
     parser.add_argument("--warmup", type=float, default=3.0, help="load before sampling starts")
     parser.add_argument("--code", default="print(2 + 2)")
-    parser.add_argument("--workload", choices=("run_code", "e2b"), default="run_code",
-                        help="stateless runs, or E2B sandboxes' lives (create, one execution, kill; a 'run' is a life)")
+    parser.add_argument("--workload", choices=("run_code", "session", "e2b"), default="run_code",
+                        help="stateless runs, calls in a live session per caller, or E2B sandboxes' lives (create, "
+                             "one execution, kill; a 'run' is a life)")
     parser.add_argument("--checkout", help="serve this checkout's verl_sf (a baseline) instead of the installed one")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="extra `verl-sf serve` argument, e.g. --server-arg=--slots=8; repeat")
     parser.add_argument("--output", help="write the result as JSON here")
     args = parser.parse_args(argv)
     from verl_sf.server.process import start_server_process, stop_server_process
 
-    process, url = start_server_process(checkout=args.checkout)
+    process, url = start_server_process(*args.server_arg, checkout=args.checkout)
     try:
         result = profile(url, process.pid, args.code, args.concurrency, args.seconds, args.warmup, args.workload)
     finally:
         stop_server_process(process)
     result["checkout"] = args.checkout or "installed"
+    result["server_args"] = args.server_arg
     print(render(result))
     if args.output:
         with open(args.output, "w") as fh:

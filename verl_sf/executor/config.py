@@ -61,9 +61,14 @@ class IsolationMode(str, enum.Enum):
         return cls.namespaces if value == "sandbox" else None
 
 
+# A run holds its slot across hops between the server, its zygote and its processes, and while its
+# reply waits for the server's loop: at 2 a core the CPUs idled under load (docs/scheduling.md).
+SLOTS_PER_CORE = 8
+
+
 @dataclasses.dataclass
 class ExecutorConfig:
-    slots: int = max(4, 2 * (os.cpu_count() or 1))
+    slots: int = SLOTS_PER_CORE * (os.cpu_count() or 1)
     """CPU slots: runs in their first CPU slice at once.  A run gives its slot up after `cpu_slice_s`
     and goes on at the lowest CPU priority, so fresh runs never wait behind long ones."""
     cpu_slice_s: float = 0.1
