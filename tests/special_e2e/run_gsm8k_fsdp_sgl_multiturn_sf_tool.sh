@@ -65,6 +65,7 @@ trap 'exit 143' TERM
 
 # 1. The sandbox server.
 SERVE_LOG="$WORK_DIR/verl-sf-serve.log"
+: >"$SERVE_LOG"  # there before the loop below reads it: the server's own redirect may come later
 # shellcheck disable=SC2086  # SF_SERVE_ARGS is a list of flags
 "$PYTHON" -m verl_sf.cli serve --host 127.0.0.1 --port "$SF_PORT" ${SF_SERVE_ARGS:-} >"$SERVE_LOG" 2>&1 &
 SERVER_PID=$!
