@@ -2,13 +2,16 @@
 """How long one client's large request holds up every other client of `verl-sf serve`.
 
 A pinger sends `GET /v1/ping` one after another (2 ms apart) while one `/run_code` carries
---mb MiB of random bytes as a file (base64, as Sandbox Fusion's `files` field takes them) and
-its code checks the file's size.  Printed per round (and written with --output): the large run's
-latency and the pings' p50 and max during it; the max is how long the event loop was held.
+--mb MiB: random bytes as a file (base64, as Sandbox Fusion's `files` field takes them), whose
+size its code prints; or (--into code, --into stdin) that many characters of a comment in the
+code itself (which prints that count), or of stdin (whose length it prints).  Printed per round
+(and written with --output): the large run's latency and the pings' p50 and max during it; the
+max is how long the event loop was held.
 
 Examples:
   python scripts/benchmark_large_body.py                     # starts a server, 32 MiB, 3 rounds
   python scripts/benchmark_large_body.py --url http://127.0.0.1:8080 --mb 8 --rounds 5
+  python scripts/benchmark_large_body.py --into code --mb 50
   python scripts/benchmark_large_body.py --checkout /tmp/before   # a server from another checkout
 """
 
@@ -36,6 +39,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--checkout", help="start the server from this checkout's verl_sf")
     parser.add_argument("--server-arg", action="append", default=[], help="an argument for verl-sf serve")
     parser.add_argument("--mb", type=int, default=32, help="MiB of file in the large request (before base64)")
+    parser.add_argument("--into", choices=("files", "code", "stdin"), default="files",
+                        help="which field of the request carries the bulk")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", help="write the rounds as JSON here")
     return parser.parse_args(argv)
@@ -72,9 +77,15 @@ async def one_round(session: aiohttp.ClientSession, url: str, body: bytes, size:
 
 async def run(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
     size = args.mb << 20
-    code = "import os\nprint(os.path.getsize('blob.bin'))"
-    body = json.dumps({"code": code, "language": "python", "run_timeout": 60,
-                       "files": {"blob.bin": base64.b64encode(os.urandom(size)).decode()}}).encode()
+    request: dict[str, Any] = {"language": "python", "run_timeout": 60}
+    if args.into == "files":
+        request["code"] = "import os\nprint(os.path.getsize('blob.bin'))"
+        request["files"] = {"blob.bin": base64.b64encode(os.urandom(size)).decode()}
+    elif args.into == "stdin":
+        request["code"], request["stdin"] = "import sys\nprint(len(sys.stdin.read()))", "x" * size
+    else:
+        request["code"] = "#" + "x" * size + f"\nprint({size})"
+    body = json.dumps(request).encode()
     rounds = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         for number in range(args.rounds):
@@ -92,8 +103,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         rounds = asyncio.run(run(args, url))
     if args.output:
         with open(args.output, "w") as fh:
-            json.dump({"mb": args.mb, "checkout": args.checkout, "server_args": args.server_arg, "rounds": rounds},
-                      fh, indent=2)
+            json.dump({"mb": args.mb, "into": args.into, "checkout": args.checkout, "server_args": args.server_arg,
+                       "rounds": rounds}, fh, indent=2)
     return 0
 
 

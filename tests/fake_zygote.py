@@ -138,5 +138,5 @@ class FakePool:
     async def pick(self, flavor: str) -> FakeZygote:
         return self.zygote(flavor)
 
-    def flavor_for(self, code: str) -> str:
+    async def flavor_for(self, code: str) -> str:
         return "stdlib"

@@ -6,10 +6,13 @@ step, which holds the GIL throughout (so bulky data is better kept out of JSON: 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 OFF_LOOP_BYTES = 1 << 20  # documents this large are parsed or encoded in a thread
+PIECE_CHARS = 1 << 20  # a long string is encoded (or searched) this much at a time: ~5 ms of the GIL each
 T = TypeVar("T")
 
 
@@ -18,6 +21,40 @@ async def off_loop(size: int, function: Callable[..., T], *args: Any) -> T:
     if size >= OFF_LOOP_BYTES:
         return await asyncio.to_thread(function, *args)
     return function(*args)
+
+
+def json_bytes(document: Mapping[str, Any]) -> bytes:
+    """`json.dumps(document).encode()`, with each long string at the top and one level down encoded
+    a piece at a time: in a thread, the GIL (and with it the event loop) is free between pieces,
+    where `json.dumps` holds it for a whole string (~150 ms for 50 MB)."""
+    if text_size(document) < OFF_LOOP_BYTES:
+        return json.dumps(document).encode()
+    return ("{" + ", ".join(f"{json.dumps(key)}: {_value(value)}" for key, value in document.items()) + "}").encode()
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(key)}: {_string(item) if isinstance(item, str) else json.dumps(item)}"
+                               for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_string(item) if isinstance(item, str) else json.dumps(item) for item in value) + "]"
+    return json.dumps(value)
+
+
+def _string(text: str) -> str:
+    if len(text) < PIECE_CHARS:
+        return json.dumps(text)
+    # Escapes are per character (a character outside the BMP is one str index, two escapes), so any cut is safe.
+    return '"' + "".join(json.dumps(text[at:at + PIECE_CHARS])[1:-1] for at in range(0, len(text), PIECE_CHARS)) + '"'
+
+
+def base64_of(data: bytes) -> str:
+    """`data` in base64, encoded a piece at a time: in a thread, the GIL is free between pieces
+    (50 MB at once held it ~150 ms)."""
+    step = 3 * PIECE_CHARS  # a multiple of 3: the pieces' base64 joined is the whole's
+    return "".join(base64.b64encode(data[at:at + step]).decode() for at in range(0, len(data), step))
 
 
 def text_size(document: Mapping[str, Any]) -> int:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.server_fixtures import ServerHandle, run_code
@@ -58,13 +59,16 @@ def test_a_large_bad_body_gets_the_error_a_small_one_gets(sf_server: ServerHandl
     assert run_code(sf_server, "print('still serving')")["run_result"]["stdout"] == "still serving\n"
 
 
-def test_the_large_body_benchmark_measures_the_pings_around_a_large_run(sf_server: ServerHandle,
-                                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize("into", ["files", "code", "stdin"])
+def test_the_large_body_benchmark_measures_the_pings_around_a_large_run(sf_server: ServerHandle, tmp_path: Path,
+                                                                       into: str) -> None:
     output = tmp_path / "large.json"
     result = subprocess.run([sys.executable, str(SCRIPT), "--url", sf_server.url, "--mb", "2", "--rounds", "1",
-                             "--output", str(output)], capture_output=True, text=True, timeout=120)
+                             "--into", into, "--output", str(output)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    (measured,) = json.loads(output.read_text())["rounds"]
+    written = json.loads(output.read_text())
+    assert written["into"] == into
+    (measured,) = written["rounds"]
     assert measured["pings"] > 0 and measured["ping_max_ms"] >= measured["ping_p50_ms"] > 0
     assert measured["large_ms"] > 0 and "pings meanwhile" in result.stdout
 

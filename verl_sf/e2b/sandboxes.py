@@ -35,6 +35,7 @@ from verl_sf.models import (
     RunJupyterResponse,
     SessionCreateRequest,
 )
+from verl_sf.off_loop import base64_of, off_loop
 from verl_sf.tenancy import Owner, new_token, owns
 
 Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
@@ -45,7 +46,6 @@ MARK = "\x1e\x1fverl-sf-e2b:"  # guest.MARK
 ENDED_KEPT = 10_000  # ended sandboxes whose reason a late call is still told
 WARMUP_CELL = "_warm = [i for i in range(3)]\nprint(end='')\ndel _warm\n[0]"  # shaped like most cells
 ENVD_VERSION = "0.5.7"
-BASE64_SLICE = 3 << 20  # bytes encoded between two turns of the event loop (a multiple of 3: the pieces join)
 """The envd version we answer as: octet-stream uploads on; features of later versions (file
 metadata, watchers) are refused by the SDK itself with a clear message."""
 
@@ -111,13 +111,9 @@ def call_code(function: str, payload: Any, data: Optional[str] = None) -> str:
 
 
 async def base64_text(data: bytes) -> str:
-    """`data` in base64, a slice at a time with the event loop's turn in between (one call on tens of
-    MB would hold it, and every other client, for the whole encoding)."""
-    pieces = []
-    for start in range(0, len(data), BASE64_SLICE):
-        pieces.append(base64.b64encode(data[start:start + BASE64_SLICE]).decode())
-        await asyncio.sleep(0)
-    return "".join(pieces)
+    """`data` in base64, in a thread when large, a piece at a time (one call on tens of MB would hold
+    the event loop, and every other client, for the whole encoding)."""
+    return await off_loop(len(data), base64_of, data)
 
 
 def parse_answer(stdout: str) -> Any:

@@ -3,7 +3,6 @@ child reads), typed as the zygote's messages say.  Pure: no sandbox needed to te
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import itertools
 from typing import Optional
@@ -21,6 +20,7 @@ from verl_sf.executor.zygote.messages import (
     SessionOpenHead,
 )
 from verl_sf.models import RunCodeRequest, RunJupyterRequest
+from verl_sf.off_loop import base64_of
 
 CLIENT_SLACK_S = 10.0  # verl's reward client waits run_timeout + compile_timeout + this
 SESSION_OPEN_TIMEOUT_S = 30.0
@@ -66,14 +66,14 @@ def body_limits(config: ExecutorConfig, memory_mb: int) -> RunBody:
 def run_job(request: RunCodeRequest, source: PreparedSource, argv: list[str], compile_argv: Optional[list[str]],
             config: ExecutorConfig, memory_mb: int, fast_path: bool) -> JobRequest:
     """`fast_path`: python code run in the forked interpreter itself rather than exec'd."""
-    written = {source.filename: source.code, **source.extra_files}
+    written = source.extra_files if fast_path else {source.filename: source.code, **source.extra_files}
     files = {**{k: v or "" for k, v in request.files.items()},
-             **{name: base64.b64encode(text.encode()).decode() for name, text in written.items()}}
+             **{name: base64_of(text.encode()) for name, text in written.items()}}
     body: RunBody = {**body_limits(config, memory_mb), "stdin": request.stdin, "fetch_files": request.fetch_files,
                      "files": files}
-    if fast_path:
+    if fast_path:  # the forked interpreter runs the code itself: no file of it
         body["mode"], body["code"] = "python", request.code
-        del files[source.filename]
+        files.pop(source.filename, None)
     else:
         body["mode"], body["argv"] = "exec", argv
         if compile_argv:

@@ -55,7 +55,7 @@ class Runs:
                            self.config, memory_mb, fast)
         try:
             reply, queue_wait = await self._admission.run(
-                self._pool, self._pool.flavor_for(request.code) if fast else STDLIB, job, arrived, gpu=spec.gpu)
+                self._pool, await self._pool.flavor_for(request.code) if fast else STDLIB, job, arrived, gpu=spec.gpu)
         except SandboxCrashed as exc:
             return RunCodeResponse(status=RunStatus.SandboxError, message=f"sandbox failed: {exc}",
                                    run_result=CommandRunResult(status=CommandRunStatus.Error), executor_pod_name=pod)
@@ -71,7 +71,7 @@ class Runs:
         job = jobs.jupyter_job(request, self.config, memory_mb)
         try:
             reply, queue_wait = await self._admission.run(
-                self._pool, self._pool.flavor_for("\n".join(request.cells)) + CELLS, job, arrived)
+                self._pool, await self._pool.flavor_for("\n".join(request.cells)) + CELLS, job, arrived)
         except SandboxCrashed as exc:
             return RunJupyterResponse(status=RunStatus.SandboxError, message=f"sandbox failed: {exc}",
                                       executor_pod_name=self.config.pod_name)

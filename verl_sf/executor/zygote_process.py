@@ -37,7 +37,7 @@ from verl_sf.executor.zygote.messages import (
     SessionOpenHead,
     SessionReply,
 )
-from verl_sf.off_loop import off_loop, text_size
+from verl_sf.off_loop import json_bytes, off_loop, text_size
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
@@ -252,11 +252,7 @@ class ZygoteProcess:
 
 async def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:
     """A body as one line of JSON (json.dumps escapes every newline and tab)."""
-    return await off_loop(text_size(body), _encoded, body)
-
-
-def _encoded(body: Union[RunBody, SessionCallBody]) -> bytes:
-    return json.dumps(body).encode()
+    return await off_loop(text_size(body), json_bytes, body)
 
 
 def closed_now() -> Closing[Closed]:

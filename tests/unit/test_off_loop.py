@@ -1,0 +1,60 @@
+"""Work on long strings done a piece at a time (so that, in a thread, the event loop gets its turns)
+gives exactly what the one-call version gives, whatever the cuts fall on."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+
+import pytest
+
+from verl_sf import off_loop
+from verl_sf.executor import pool
+from verl_sf.executor.pool import names_in
+
+# Characters whose JSON escapes differ in length: a cut anywhere between them must not change the output.
+ALPHABET = ["a", '"', "\\", "\n", "\t", "\x00", "\x7f", "é", "😀", "\ud800", "\udfff", "\u2028", "/"]
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(off_loop, "PIECE_CHARS", 7)
+    monkeypatch.setattr(off_loop, "OFF_LOOP_BYTES", 0)
+
+
+def _text(rng: random.Random, size: int) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(size))
+
+
+def test_json_in_pieces_is_byte_for_byte_json_dumps(small_pieces: None) -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        document = {"code": _text(rng, rng.randint(0, 40)), "stdin": _text(rng, rng.randint(0, 30)), "n": 3,
+                    "files": {"a.txt": _text(rng, 20), "b": None, "c": 1.5}, "fetch_files": [_text(rng, 9), "x"],
+                    "flag": True, "none": None, _text(rng, 4): "key with escapes"}
+        assert off_loop.json_bytes(document) == json.dumps(document).encode()
+
+
+def test_a_small_document_is_encoded_at_once() -> None:
+    document = {"code": "print(1)", "files": {}}
+    assert off_loop.json_bytes(document) == json.dumps(document).encode()
+
+
+def test_base64_in_pieces_is_the_whole_ones(small_pieces: None) -> None:
+    rng = random.Random(8)
+    for size in (0, 1, 2, 3, 20, 21, 22, 23, 100):
+        data = rng.randbytes(size)
+        assert off_loop.base64_of(data) == base64.b64encode(data).decode()
+
+
+def test_names_are_found_across_pieces_and_only_as_whole_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    pattern = re.compile(r"\b(numpy|sympy)\b")
+    for piece in (1, 2, 3, 5, 7, 11):
+        monkeypatch.setattr(pool, "PIECE_CHARS", piece)
+        assert names_in(pattern, "x = 1\nimport numpy\n", 5) == {"numpy"}
+        assert names_in(pattern, "import numpyx, xsympy, sympy_\n", 5) == set()
+        assert names_in(pattern, "numpy", 5) == {"numpy"}
+        assert names_in(pattern, "a.sympy+numpy;", 5) == {"numpy", "sympy"}
+        assert names_in(pattern, "", 5) == set()
