@@ -46,9 +46,7 @@ class ZygotePool:
         self._gpu_launchers: list[SandboxLauncher] = []
         self._zygotes: dict[str, list[ZygoteProcess]] = {}
         self.preloaded = [name for name in config.preload if name in toolchains.importable]
-        self._heavy_names: Optional[re.Pattern[str]] = None
-        if config.fast_path and self.preloaded:
-            self._heavy_names = re.compile(r"\b(" + "|".join(map(re.escape, self.preloaded)) + r")\b")
+        self._picks_flavor = bool(config.fast_path and self.preloaded)
 
     async def start(self, gpus: list[int]) -> None:
         """Start the stdlib interpreters and one per GPU in `gpus` (host indices)."""
@@ -83,9 +81,9 @@ class ZygotePool:
     async def flavor_for(self, code: str) -> str:
         """The smallest warm interpreter that has what the code names: stdlib, the one library's, or full.
         Only a speed choice: code that imports a library anyway still works from any interpreter."""
-        if self._heavy_names is None:
+        if not self._picks_flavor:
             return STDLIB
-        named = await off_loop(len(code), names_in, self._heavy_names, code, max(map(len, self.preloaded)))
+        named = await off_loop(len(code), names_in, self.preloaded, code)
         if not named:
             return STDLIB
         return named.pop() if len(named) == 1 else FULL
@@ -112,16 +110,24 @@ class ZygotePool:
         self._zygotes = {}
 
 
-def names_in(pattern: re.Pattern[str], code: str, longest: int) -> set[str]:
-    """The names (of at most `longest` characters) `pattern` finds in `code`, searched a piece at a
-    time (in a thread, the GIL is free between pieces: one search of 50 MB held it ~190 ms).  A name
-    is counted in the piece it starts in, each search seeing past its piece, so that a word boundary
-    at a piece's end is the real one."""
+def names_in(names: list[str], code: str) -> set[str]:
+    """Which of `names` `code` names as a word, searched a piece at a time (in a thread, the GIL is free
+    between pieces: one search of 50 MB held it ~190 ms), and once a name is found, for the others
+    only (code naming one library a million times costs a search, not a million steps).  A name
+    counts in the piece it starts in, each search seeing past its piece, so that a word boundary at a
+    piece's end is the real one."""
     found: set[str] = set()
-    margin = longest + 1
+    margin = max(map(len, names), default=0) + 1
     for start in range(0, len(code), PIECE_CHARS):
-        for match in pattern.finditer(code, start, min(len(code), start + PIECE_CHARS + margin)):
-            if match.start() >= start + PIECE_CHARS:
+        end = start + PIECE_CHARS
+        while len(found) < len(names):
+            unfound = _words([name for name in names if name not in found])
+            match = unfound.search(code, start, min(len(code), end + margin))
+            if match is None or match.start() >= end:
                 break
             found.add(match.group(1))
     return found
+
+
+def _words(names: list[str]) -> re.Pattern[str]:
+    return re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")  # re's cache keeps the few there are
