@@ -25,6 +25,7 @@ import requests
 
 from tests.server_fixtures import SERVER_MODES, ServerHandle, run_code, server_in_mode, start_server, stop_server
 from tests.waiting import wait_until
+from verl_sf.json_body import MAX_JSON_TOKENS
 
 MAX_DEPTH = 100  # the documented limit (docs/configuration.md)
 JSON_ENDPOINTS = ["/run_code", "/run_jupyter", "/sessions", "/get_observation"]
@@ -334,6 +335,45 @@ def test_json_nested_without_end_is_a_400_naming_it(sf_server: ServerHandle, end
         assert answer.json()["detail"] == f"request body nests JSON deeper than {MAX_DEPTH} levels"
     within = requests.post(sf_server.url + endpoint, data=nested(MAX_DEPTH), timeout=30)
     assert within.status_code == 422, "as deep as allowed: parsed, then refused for its fields"
+    assert run_code(sf_server, "print('still serving')")["run_result"]["stdout"] == "still serving\n"
+
+
+def many_keys(count: int) -> str:
+    return "{" + ",".join(f'"k{i}":0' for i in range(count)) + "}"
+
+
+def test_a_body_of_many_small_values_is_refused_before_it_is_parsed_on_every_api(sf_server: ServerHandle) -> None:
+    """Seven million one-letter keys (a red team's 63 MiB) held every client for 6-39 s while they were
+    parsed, and E2B's metadata or Daytona's labels of invalid values for as long again while each was
+    judged; a body past MAX_JSON_TOKENS is a 400 naming the cap, on each API, in that API's shape."""
+    cap_error = f"request body holds more than {MAX_JSON_TOKENS:,} JSON tokens"
+    junk = many_keys(MAX_JSON_TOKENS // 2)
+    bodies = [("/run_code", f'{{"code": "print(1)", "language": "python", "junk": {junk}}}', {}, "detail"),
+              ("/run_jupyter", json.dumps({"cells": [""] * MAX_JSON_TOKENS}), {}, "detail"),
+              ("/sessions", f'{{"language": "python", "files": {junk}}}', {}, "detail"),
+              ("/v2/sandboxes", f'{{"templateID": "code-interpreter-v1", "metadata": {junk}}}',
+               {"X-API-Key": "many-values"}, "message"),
+              ("/api/sandbox", f'{{"labels": {junk}}}', {"Authorization": "Bearer many-values"}, "message")]
+    for path, body, headers, field in bodies:
+        answer = requests.post(sf_server.url + path, data=body.encode(), timeout=60,
+                               headers={"Content-Type": "application/json", **headers})
+        assert answer.status_code == 400 and answer.json()[field].startswith(cap_error), (path, answer.text[:300])
+    # At the cap (10 tokens of fields, 3 a key less one) a body is parsed as ever: its unknown field ignored.
+    within = f'{{"code": "print(1)", "language": "python", "junk": {many_keys((MAX_JSON_TOKENS - 9) // 3)}}}'
+    answer = requests.post(sf_server.run_code_url, data=within.encode(), headers={"Content-Type": "application/json"},
+                           timeout=60)
+    assert answer.status_code == 200 and answer.json()["run_result"]["stdout"] == "1\n", answer.text[:300]
+
+
+def test_a_compressed_body_past_the_limit_closes_its_connection(sf_server: ServerHandle) -> None:
+    """A gzip bomb's rest is not inflated to be drained: its 413 closes the connection (a red team's 4 MiB
+    of gzip, 4 GiB inflated, held every client ~1.1 s; 47 of 199 KiB in 18 s held them 19 s)."""
+    bomb = gzip.compress(b'{"code": "' + b"a" * (96 << 20) + b'"}', compresslevel=9)
+    with requests.Session() as client:
+        answer = client.post(sf_server.run_code_url, data=bomb, timeout=60,
+                             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert answer.status_code == 413 and answer.json()["code"] == "body_too_large", answer.text[:300]
+    assert answer.headers.get("Connection", "").lower() == "close", answer.headers
     assert run_code(sf_server, "print('still serving')")["run_result"]["stdout"] == "still serving\n"
 
 

@@ -122,7 +122,8 @@ async def _read_body(request: web.Request, timeout_s: float) -> web.StreamRespon
         async with deadline(timeout_s):  # not wait_for: its own task turns a client's leaving into an error
             await request.read()  # aiohttp keeps the bytes for the handler
     except web.HTTPRequestEntityTooLarge:  # chunked, or compressed: its size shows as it arrives
-        return refused(request, 413, "body_too_large", too_large)
+        # Closed after: draining the rest would inflate it too (a gzip bomb's gigabytes, on the loop).
+        return await _answer_and_close(request, refused(request, 413, "body_too_large", too_large))
     except web.RequestPayloadError as exc:  # a broken chunked framing or content encoding
         reason = getattr(exc.__cause__, "message", None) or str(exc)
         return await _answer_and_close(request, refused(request, 400, "malformed",
@@ -135,7 +136,7 @@ async def _read_body(request: web.Request, timeout_s: float) -> web.StreamRespon
 
 async def _answer_and_close(request: web.Request, answer: web.Response) -> web.Response:
     """Send `answer`, then close the connection: the rest of this body is not worth aiohttp's
-    lingering read (a slow client's, or one that cannot be decoded)."""
+    lingering read (a slow client's, one that cannot be decoded, or one that inflates past the limit)."""
     answer.force_close()
     await answer.prepare(request)
     await answer.write_eof()
