@@ -95,9 +95,24 @@ def _interpreter(pid: int) -> bool:
 
 def zygotes(server_pid: int) -> list[int]:
     """A server's warm interpreters (under bwrap, or straight under the server on the landlock rung);
-    their forked children carry the same command line, below one."""
+    their forked children carry the same command line, below one.  A process being killed is none:
+    a session ended just before (its reply leaves before its teardown) can be an interpreter whose
+    PID 1 is gone, handed to bwrap for the moments of its exit."""
     tree = descendants(server_pid)
-    return [pid for pid, ppid in tree.items() if _interpreter(pid) and not _interpreter(ppid)]
+    return [pid for pid, ppid in tree.items() if _interpreter(pid) and not _interpreter(ppid) and not _ending(pid)]
+
+
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit
+SIGKILL_BIT = 1 << 8  # signal 9 in /proc/<pid>/status's pending masks
+
+
+def _ending(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    if not fields or int(fields[6]) & PF_EXITING:  # stat's 9th field, flags
+        return True
+    status = _read(f"/proc/{pid}/status") or ""
+    pending = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & SIGKILL_BIT for mask in pending)
 
 
 def session_zygote(executor: Executor, session_id: str) -> int:
