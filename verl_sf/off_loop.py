@@ -29,25 +29,27 @@ def json_bytes(document: Mapping[str, Any]) -> bytes:
     where `json.dumps` holds it for a whole string (~150 ms for 50 MB)."""
     if text_size(document) < OFF_LOOP_BYTES:
         return json.dumps(document).encode()
-    return ("{" + ", ".join(f"{json.dumps(key)}: {_value(value)}" for key, value in document.items()) + "}").encode()
+    return _object(document, _value).encode()
+
+
+def _object(items: Mapping[str, Any], encode: Callable[[Any], str]) -> str:
+    return "{" + ", ".join(f"{json.dumps(key)}: {encode(value)}" for key, value in items.items()) + "}"
 
 
 def _value(value: Any) -> str:
-    if isinstance(value, str):
-        return _string(value)
+    """A top-level value: its strings, or those of the object or list it is, encoded in pieces."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(key)}: {_string(item) if isinstance(item, str) else json.dumps(item)}"
-                               for key, item in value.items()) + "}"
+        return _object(value, _leaf)
     if isinstance(value, list):
-        return "[" + ", ".join(_string(item) if isinstance(item, str) else json.dumps(item) for item in value) + "]"
-    return json.dumps(value)
+        return "[" + ", ".join(map(_leaf, value)) + "]"
+    return _leaf(value)
 
 
-def _string(text: str) -> str:
-    if len(text) < PIECE_CHARS:
-        return json.dumps(text)
+def _leaf(value: Any) -> str:
+    if not isinstance(value, str) or len(value) < PIECE_CHARS:
+        return json.dumps(value)
     # Escapes are per character (a character outside the BMP is one str index, two escapes), so any cut is safe.
-    return '"' + "".join(json.dumps(text[at:at + PIECE_CHARS])[1:-1] for at in range(0, len(text), PIECE_CHARS)) + '"'
+    return '"' + "".join(json.dumps(value[at:at + PIECE_CHARS])[1:-1] for at in range(0, len(value), PIECE_CHARS)) + '"'
 
 
 def base64_of(data: bytes) -> str:
