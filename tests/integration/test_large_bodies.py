@@ -73,6 +73,21 @@ def test_the_large_body_benchmark_measures_the_pings_around_a_large_run(sf_serve
     assert measured["large_ms"] > 0 and "pings meanwhile" in result.stdout
 
 
+def test_the_large_body_benchmark_sends_a_gzip_bomb_and_pings_are_answered_beside_it(sf_server: ServerHandle,
+                                                                                       tmp_path: Path) -> None:
+    """70 MiB of code in ~70 KB of gzip, past the server's 64 MiB: a 413, and pings answered while it is
+    inflated (none were, when aiohttp inflated it on the event loop)."""
+    output = tmp_path / "bomb.json"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--url", sf_server.url, "--mb", "70", "--rounds", "1",
+                             "--into", "code", "--gzip", "--output", str(output)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    written = json.loads(output.read_text())
+    (measured,) = written["rounds"]
+    assert written["gzip"] and measured["answer"] == 413, written
+    assert measured["pings"] > 0 and "answered 413" in result.stdout, result.stdout
+
+
 def test_a_large_e2b_execution_runs_and_a_large_bad_body_is_refused(sf_server: ServerHandle) -> None:
     key = {"X-API-Key": "large-bodies"}
     created = requests.post(sf_server.url + "/v2/sandboxes", json={"templateID": "code-interpreter-v1", "timeout": 60},

@@ -36,7 +36,7 @@ def test_each_kind_has_its_base_and_keeps_its_standard_one() -> None:
     found = package_exceptions()
     kinds = {
         InputError: ("JsonBodyError", "BadCursor", "SourceRejected", "UnknownLanguage", "BadBody",
-                     "InvalidRequest", "SandboxRequestRejected"),
+                     "InvalidRequest", "SandboxRequestRejected", "BodyTooLarge", "UndecodableBody"),
         NotFoundError: ("SessionGone", "SnapshotGone", "SandboxGone", "NotFound"),
         ConflictError: ("SessionBusy", "NotStarted", "NameTaken"),
         CapacityError: ("Overloaded", "TooManySandboxes"),

@@ -215,7 +215,7 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
     # is shutting down", a sandbox error), where aiohttp would wait up to a minute for each handler.
     app.on_shutdown.append(end_runs)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
-                           keepalive_timeout=config.timeout_keep_alive)
+                           keepalive_timeout=config.timeout_keep_alive, auto_decompress=False)  # requests.py inflates
     try:
         await runner.setup()
         site = LimitedSite(runner, config.host, config.port, connections, backlog=4096, reuse_port=config.reuse_port)

@@ -11,7 +11,7 @@ import asyncio
 import sys
 from typing import Any, Optional, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, ValidationError
 
@@ -21,6 +21,7 @@ from verl_sf.executor import Executor
 from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.off_loop import off_loop
 from verl_sf.server.connections import TrackedConnection
+from verl_sf.server.inflate import BodyTooLarge, UndecodableBody, encoding_of, inflate
 from verl_sf.server.metrics import ServerMetrics
 
 if sys.version_info >= (3, 11):
@@ -30,6 +31,7 @@ else:  # aiohttp depends on async-timeout below 3.11
 
 EXECUTOR_KEY = web.AppKey("executor", Executor)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+INFLATING_AT_ONCE = 2  # compressed bodies inflated at a time: a storm of gzip bombs waits, the CPUs do not
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
@@ -83,7 +85,9 @@ def body_middleware(timeout_s: float, bodies: ByteBudget) -> Middleware:
     (else 408 and the connection closes), within the app's size limit (else 413), decodable
     (else 400), and within what `bodies` holds of all requests being answered (else 503 with
     Retry-After: many large bodies queued behind slow answers would otherwise take the server's
-    memory).  Until its body is in, a connection counts as waiting, and may be evicted."""
+    memory).  Until its body is in, a connection counts as waiting, and may be evicted.  A compressed
+    body is inflated here, in a thread (the app's runner leaves `Content-Encoding` to us: inflate.py)."""
+    inflating = asyncio.Semaphore(INFLATING_AT_ONCE)
 
     @web.middleware
     async def read_body(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -92,7 +96,7 @@ def body_middleware(timeout_s: float, bodies: ByteBudget) -> Middleware:
             connection.request_started()
         size = 0
         if request.body_exists:
-            early = await _read_body(request, timeout_s)
+            early = await _read_body(request, timeout_s, inflating)
             if early is not None:
                 return early
             size = len(await request.read())
@@ -113,7 +117,8 @@ def body_middleware(timeout_s: float, bodies: ByteBudget) -> Middleware:
     return read_body
 
 
-async def _read_body(request: web.Request, timeout_s: float) -> web.StreamResponse | None:
+async def _read_body(request: web.Request, timeout_s: float,
+                     inflating: asyncio.Semaphore) -> web.StreamResponse | None:
     limit = request.app["max_body_bytes"]
     too_large = f"request body larger than {limit} bytes"
     if (request.content_length or 0) > limit:  # refused before a byte of it is read
@@ -121,16 +126,26 @@ async def _read_body(request: web.Request, timeout_s: float) -> web.StreamRespon
     try:
         async with deadline(timeout_s):  # not wait_for: its own task turns a client's leaving into an error
             await request.read()  # aiohttp keeps the bytes for the handler
-    except web.HTTPRequestEntityTooLarge:  # chunked, or compressed: its size shows as it arrives
-        # Closed after: draining the rest would inflate it too (a gzip bomb's gigabytes, on the loop).
+    except web.HTTPRequestEntityTooLarge:  # chunked: its size shows as it arrives
+        # Closed after: the rest is not worth reading.
         return await _answer_and_close(request, refused(request, 413, "body_too_large", too_large))
-    except web.RequestPayloadError as exc:  # a broken chunked framing or content encoding
+    except web.RequestPayloadError as exc:  # a broken chunked framing
         reason = getattr(exc.__cause__, "message", None) or str(exc)
         return await _answer_and_close(request, refused(request, 400, "malformed",
                                                         f"request body cannot be read: {reason}"))
     except asyncio.TimeoutError:
         return await _answer_and_close(request, refused(request, 408, "body_timeout", f"request body not received "
                                                         f"within {timeout_s:g} s of its header"))
+    encoding = encoding_of(request.headers.get(hdrs.CONTENT_ENCODING, ""))
+    if encoding is None:
+        return None
+    try:
+        async with inflating:
+            request._read_bytes = await asyncio.to_thread(inflate, await request.read(), encoding, limit)
+    except BodyTooLarge:  # a bomb's sender is answered and let go
+        return await _answer_and_close(request, refused(request, 413, "body_too_large", too_large))
+    except UndecodableBody as exc:
+        return refused(request, 400, "malformed", f"request body cannot be read: {exc}")
     return None
 
 
