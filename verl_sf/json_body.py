@@ -20,14 +20,19 @@ wire formats need 4, and past it the parsers' recursion, not the request, would 
 
 
 MAX_JSON_TOKENS = 100_000
-"""Strings and separators (`,` `:`) a request body may hold (brackets without either only nest,
-which MAX_JSON_DEPTH bounds).  `json.loads` is one
+"""Strings, separators (`,` `:`) and opening brackets a request body may hold.  `json.loads` is one
 C call that holds the GIL, and with it the server's event loop, for as long as it parses (~0.5 us a
 token): a 63 MiB body of seven million one-letter keys held every client for 6-39 s (red team,
-2026-12-06).  The APIs' bodies need a few per file, cell, label or field; their bulk is in strings,
+2026-12-06), and 18 MiB of 99,000 lists each nested 99 deep (ten million lists) 8.5 s and a GB
+(2026-12-07).  The APIs' bodies need a few per file, cell, label or field; their bulk is in strings,
 each one token."""
-_TOKENS_BYTES = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[,:]')
-_TOKENS_TEXT = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[,:]')
+_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_TOKENS_BYTES = re.compile(rf"{_STRING}|[,:\[{{]".encode())
+_TOKENS_TEXT = re.compile(rf"{_STRING}|[,:\[{{]")
+# A string, or brackets opening one inside another (whitespace between): each run whole, so a run's length is
+# how deep it nests at least.
+_RUNS_BYTES = re.compile(rf"{_STRING}|[\[{{]\s*+(?:[\[{{]\s*+)*+".encode())
+_RUNS_TEXT = re.compile(rf"{_STRING}|[\[{{]\s*+(?:[\[{{]\s*+)*+")
 
 
 class JsonBodyError(InputError):
@@ -38,9 +43,12 @@ def load_json(raw: bytes | str) -> Any:
     """`json.loads`, with a body of more than MAX_JSON_TOKENS refused before it is parsed and one nested
     past MAX_JSON_DEPTH refused rather than recursed into."""
     too_deep = JsonBodyError(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
-    if not _few_tokens(raw):
-        raise JsonBodyError(f"request body holds more than {MAX_JSON_TOKENS:,} JSON tokens (strings and "
-                            f"separators): put bulk in strings (files, code, stdin), not in many small values")
+    past = _past_the_token_cap(raw)
+    if past is not None:
+        if _nests_too_deep_before(raw, past):  # brackets alone, one inside another: the depth is what is wrong
+            raise too_deep
+        raise JsonBodyError(f"request body holds more than {MAX_JSON_TOKENS:,} JSON tokens (strings, separators "
+                            f"and brackets): put bulk in strings (files, code, stdin), not in many small values")
     try:
         body = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
@@ -52,21 +60,33 @@ def load_json(raw: bytes | str) -> Any:
     return body
 
 
-def _few_tokens(raw: bytes | str) -> bool:
-    """Whether `raw` has at most MAX_JSON_TOKENS.  Every string is a key before a `:`, or a value after
-    a `:`, `,` or `[`, or the whole body, so counts of those characters wherever they are bound the
-    tokens, and most bodies stop there.  Else the tokens are counted, until one past the cap (a
-    string matched whole, at C speed)."""
-    tokens: Iterator[object]
+def _past_the_token_cap(raw: bytes | str) -> int | None:
+    """None where `raw` has at most MAX_JSON_TOKENS, else where the token one past the cap ends.  Every
+    string is a key before a `:`, or a value after a `:`, `,` or `[`, or the whole body, so counts of
+    those characters and of the opening brackets wherever they are bound the tokens, and most bodies
+    stop there.  Else the tokens are counted, until one past the cap (a string matched whole, at C
+    speed)."""
+    tokens: Iterator[re.Match[Any]]
     if isinstance(raw, bytes):
-        bound = 3 * raw.count(b":") + 2 * raw.count(b",") + raw.count(b"[") + 1
+        bound = 3 * raw.count(b":") + 2 * raw.count(b",") + 2 * raw.count(b"[") + raw.count(b"{") + 1
         tokens = _TOKENS_BYTES.finditer(raw)
     else:
-        bound = 3 * raw.count(":") + 2 * raw.count(",") + raw.count("[") + 1
+        bound = 3 * raw.count(":") + 2 * raw.count(",") + 2 * raw.count("[") + raw.count("{") + 1
         tokens = _TOKENS_TEXT.finditer(raw)
     if bound <= MAX_JSON_TOKENS:
-        return True
-    return next(itertools.islice(tokens, MAX_JSON_TOKENS, None), None) is None
+        return None
+    past = next(itertools.islice(tokens, MAX_JSON_TOKENS, None), None)  # the first past the cap, if there is one
+    return past.end() if isinstance(past, re.Match) else None
+
+
+def _nests_too_deep_before(raw: bytes | str, end: int) -> bool:
+    """Whether, before `end`, brackets open past MAX_JSON_DEPTH one inside another outside any string: a
+    run of them, among the strings and runs of a body's first MAX_JSON_TOKENS tokens."""
+    if isinstance(raw, bytes):
+        runs = (match.group() for match in _RUNS_BYTES.finditer(raw, 0, end))
+        return any(run[:1] != b'"' and run.count(b"[") + run.count(b"{") > MAX_JSON_DEPTH for run in runs)
+    texts = (match.group() for match in _RUNS_TEXT.finditer(raw, 0, end))
+    return any(text[:1] != '"' and text.count("[") + text.count("{") > MAX_JSON_DEPTH for text in texts)
 
 
 async def request_json(request: web.Request) -> Any:

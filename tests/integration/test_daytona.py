@@ -580,3 +580,27 @@ async def test_interpreter_messages_count_as_request_bodies() -> None:
             assert any("done" in frame for frame in again) and closed == 1000, (again, closed)
     finally:
         stop_server(capped.process)
+
+
+async def test_the_interpreter_socket_takes_no_compressed_frames_and_refuses_a_bracket_bomb(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: a permessage-deflate frame of 204 KB inflating to 200 MiB was inflated on the
+    event loop (runs waited up to 1.3 s), and a message's JSON was parsed there too.  The socket
+    negotiates no compression, and ten million lists in 18 MiB are refused at the token cap."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    box = requests.post(f"{server.url}/api/sandbox", json={}, headers=headers, timeout=60).json()
+    url = f"{server.url.replace('http', 'ws')}/api/toolbox/{box['id']}/process/interpreter/execute"
+    bomb = "[" + ",".join(["[" * 99 + "]" * 99] * 99_000) + "]"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(url, headers=headers, compress=15, max_msg_size=0) as ws:
+                assert ws.compress == 0  # offered, not taken
+                await ws.send_str(bomb)
+                closing = await ws.receive(timeout=30)
+                assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 4400, closing
+                assert "more than 100,000 JSON tokens" in closing.extra, closing
+            async with http.ws_connect(url, headers=headers) as ws:
+                await ws.send_str(json.dumps({"code": "print('after')"}))
+                frames = [message.data async for message in ws if message.type == aiohttp.WSMsgType.TEXT]
+                assert any("after" in frame for frame in frames), frames
+    finally:
+        requests.delete(f"{server.url}/api/sandbox/{box['id']}", headers=headers, timeout=60)

@@ -359,8 +359,8 @@ def test_a_body_of_many_small_values_is_refused_before_it_is_parsed_on_every_api
         answer = requests.post(sf_server.url + path, data=body.encode(), timeout=60,
                                headers={"Content-Type": "application/json", **headers})
         assert answer.status_code == 400 and answer.json()[field].startswith(cap_error), (path, answer.text[:300])
-    # At the cap (10 tokens of fields, 3 a key less one) a body is parsed as ever: its unknown field ignored.
-    within = f'{{"code": "print(1)", "language": "python", "junk": {many_keys((MAX_JSON_TOKENS - 9) // 3)}}}'
+    # At the cap (12 tokens of fields and braces, 3 a key less one) a body is parsed as ever: its unknown field ignored.
+    within = f'{{"code": "print(1)", "language": "python", "junk": {many_keys((MAX_JSON_TOKENS - 11) // 3)}}}'
     answer = requests.post(sf_server.run_code_url, data=within.encode(), headers={"Content-Type": "application/json"},
                            timeout=60)
     assert answer.status_code == 200 and answer.json()["run_result"]["stdout"] == "1\n", answer.text[:300]

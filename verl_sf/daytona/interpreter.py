@@ -29,6 +29,7 @@ from verl_sf.errors import SessionGone
 from verl_sf.executor import Overloaded
 from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.models import MAX_TIMEOUT_S
+from verl_sf.off_loop import off_loop
 from verl_sf.validation import Environment
 
 TIMED_OUT = 4008  # the SDK's WEBSOCKET_TIMEOUT_CODE
@@ -62,7 +63,8 @@ class InterpreterSocket:
         self.config = config
 
     async def execute(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=request.app["max_body_bytes"])  # a request's, as over HTTP
+        # A message is capped as a request's body is; not compressed: aiohttp would inflate it on the event loop.
+        ws = web.WebSocketResponse(max_msg_size=request.app["max_body_bytes"], compress=False)
         await ws.prepare(request)
         try:
             message = await ws.receive(timeout=REQUEST_WAIT_S)
@@ -75,7 +77,7 @@ class InterpreterSocket:
         if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             return ws  # the client left before asking anything
         try:
-            run = parse(RunRequest, load_json(message.data))
+            run = parse(RunRequest, await off_loop(len(message.data), load_json, message.data))
         except (JsonBodyError, BadBody) as exc:
             reason = str(exc)
             await ws.close(code=BAD_REQUEST, message=_reason(reason))

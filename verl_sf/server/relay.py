@@ -182,7 +182,7 @@ async def _relay_websocket(request: web.Request, peers: Peers, peer: int,
     with _reaching(peers, peer):  # a handshake the peer refused is no ClientConnectionError: it goes up as it is
         # The peer is one of ours: its frames (a run's output) have no size cap; a client's are a request's.
         theirs = await client.ws_connect(_url(peers, peer, request), headers=_headers(request, peers), max_msg_size=0)
-    ours = web.WebSocketResponse(max_msg_size=request.app["max_body_bytes"])
+    ours = web.WebSocketResponse(max_msg_size=request.app["max_body_bytes"], compress=False)  # as the peer's
     await ours.prepare(request)
     async with theirs:
         upstream = asyncio.ensure_future(_pump(ours, theirs))

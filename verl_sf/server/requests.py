@@ -31,7 +31,7 @@ else:  # aiohttp depends on async-timeout below 3.11
 
 EXECUTOR_KEY = web.AppKey("executor", Executor)
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
-INFLATING_AT_ONCE = 2  # compressed bodies inflated at a time: a storm of gzip bombs waits, the CPUs do not
+INFLATING_AT_ONCE = 1  # compressed bodies inflated at a time: a storm of gzip bombs waits, the CPUs do not
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
