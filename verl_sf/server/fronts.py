@@ -86,8 +86,9 @@ class FrontRouting:
         """The loopback port peers forward to, then the peer list (the public port opens after this)."""
         connections = app[CONNECTIONS_KEY]  # the process's one limit: peers' connections take files too
         private = build_app(self.config, app[EXECUTOR_KEY], connections, shared=app)
-        self._private = web.AppRunner(private, access_log=None,
-                                      handle_signals=False, keepalive_timeout=self.config.timeout_keep_alive)
+        # Compressed bodies are inflated off the loop by the body middleware (requests.py), here as on the public port.
+        self._private = web.AppRunner(private, access_log=None, handle_signals=False,
+                                      keepalive_timeout=self.config.timeout_keep_alive, auto_decompress=False)
         await self._private.setup()
         site = LimitedSite(self._private, "127.0.0.1", 0, connections)
         await site.start()
