@@ -288,6 +288,45 @@ def test_a_server_restart_is_named_as_the_reason() -> None:
         stop_server(second.process)
 
 
+
+# The exit code of a process that is not the server's child reaches it through its pidfd from Linux 6.15.
+OWN_EXIT_CODES = tuple(map(int, os.uname().release.split(".")[:2])) >= (6, 15)
+
+
+@pytest.mark.parametrize(("language", "code", "exit_code"), [
+    ("bash", "echo before; exit 3", 3),
+    ("bash", "sleep 100 &\necho before; exit 4", 4),  # a job left running: PID 1 outlives the shell
+    ("bash", "echo before; kill -KILL $$", -9),
+    ("python", "import os\nprint('before', flush=True)\nos._exit(7)", 7),
+])
+def test_an_interpreter_that_exits_by_itself_ends_its_call_with_its_exit_code(
+        server: ServerHandle, language: str, code: str, exit_code: int) -> None:
+    sid = create(server, language)
+    body = call(server, sid, code, language=language)
+    assert body["status"] == "Failed" and body["session_alive"] is False, body
+    assert body["run_result"]["stdout"] == "before\n" and body["run_result"]["status"] == "Finished", body
+    if OWN_EXIT_CODES:
+        assert body["run_result"]["return_code"] == exit_code, body
+        assert body["message"] == f"exited with return code {exit_code}; the session ended: its interpreter exited"
+    else:
+        assert body["run_result"]["return_code"] is None, body
+    assert "its interpreter exited" in gone(server, sid, language)
+
+
+def test_a_bash_session_ended_by_a_bare_exit_ended_its_call_as_a_success(server: ServerHandle) -> None:
+    sid = create(server, "bash")
+    body = call(server, sid, "echo bye; exit", language="bash")
+    assert body["session_alive"] is False and body["run_result"]["stdout"] == "bye\n", body
+    if OWN_EXIT_CODES:
+        assert body["status"] == "Success" and body["run_result"]["return_code"] == 0, body
+
+
+def test_a_session_the_server_kills_reports_no_exit_code_of_its_own(server: ServerHandle) -> None:
+    sid = create(server, memory_limit_MB=128)
+    body = call(server, sid, "blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))", run_timeout=20)
+    assert body["session_alive"] is False and "memory" in body["message"], body
+    assert body["run_result"]["return_code"] is None and "exited with return code" not in body["message"], body
+
 # ---- time-outs and memory ------------------------------------------------------------------------
 def test_a_timeout_the_interrupt_stops_keeps_the_session(server: ServerHandle) -> None:
     sid = create(server)

@@ -9,6 +9,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import signal
 import socket
 import struct
@@ -36,6 +37,10 @@ LANDLOCK_SCOPED_SIGNALS_ABI = 6  # signals and abstract unix sockets scoped to a
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+# _IOWR(0xFF, 11, struct pidfd_info) of its first version (64 bytes); exit_code at byte 60 holds the wait
+# status once the process is reaped, where the kernel says so (PIDFD_INFO_EXIT, Linux 6.15).
+PIDFD_GET_INFO, PIDFD_INFO_EXIT, PIDFD_INFO_BYTES, PIDFD_EXIT_CODE_AT = 0xC040FF0B, 0x8, 64, 60
+PIDFD_EXIT_KERNEL = (6, 15)
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -215,6 +220,25 @@ def die_with_parent() -> None:
 def become_subreaper() -> None:
     """Orphans below this process come to it rather than escaping to init: the reaper without a PID namespace."""
     check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
+
+
+def kernel_version() -> tuple[int, int]:
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def reaped_exit_code(pidfd: int) -> Optional[int]:
+    """The exit code (a signal's negated) of the process of `pidfd`, not our child, once its parent
+    reaped it; None before that, or where the kernel does not keep it (before Linux 6.15)."""
+    info = bytearray(PIDFD_INFO_BYTES)
+    struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
+    except OSError:
+        return None
+    if not struct.unpack_from("Q", info, 0)[0] & PIDFD_INFO_EXIT:
+        return None
+    return os.waitstatus_to_exitcode(struct.unpack_from("i", info, PIDFD_EXIT_CODE_AT)[0])
 
 
 def landlock_abi() -> int:

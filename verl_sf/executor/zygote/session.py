@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Any, Optional
 
-from . import procfs, root
+from . import linux, procfs, root
 from .interrupts import Interrupt
 from .job import Job, JobHost, seconds_of, status_of
 from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
@@ -22,6 +22,10 @@ from .wire import loads
 
 IDLE_SESSION_TICK = 1.0  # seconds between an idle session's memory samples (no memory cgroup) or files' counts
 STARTUP_ERROR_CHARS = 500  # of what a session that never started wrote to stderr, the end kept in its reason
+# How long an interpreter that exited by itself waits for its PID 1 (which does nothing else) to reap
+# it, so that the call it ended has its exit code, and how often that is looked at meanwhile.
+REAP_WAIT, REAP_LOOK = 0.05, 0.0005
+OWN_EXIT_CODES = linux.kernel_version() >= linux.PIDFD_EXIT_KERNEL
 
 
 def refuse_call(zygote: JobHost, head: SessionCallHead, session_end: str) -> None:
@@ -39,6 +43,8 @@ class SessionJob(Job):
         self.interrupted: Optional[Interrupt] = None  # the call in progress was interrupted at its time-out
         self.interpreter = -1  # its pid, once ready
         self.interpreter_fd = -1  # a pidfd of it: the session ends with it
+        self.reap_due: Optional[float] = None  # it exited by itself: when its exit code is no longer waited for
+        self.exit_code: Optional[int] = None  # its own, when it exited by itself
         self.root_helper = -1  # its root helper's pid, where it has one (root.py)
         self.parent: Optional[SessionJob] = None
         self.forks: set[SessionJob] = set()  # its forks whose PID 1 lives
@@ -86,6 +92,8 @@ class SessionJob(Job):
         zygote.sessions[self.id] = self
 
     def next_tick(self) -> Optional[float]:
+        if self.reap_due is not None:
+            return min(self.reap_due, time.monotonic() + REAP_LOOK)
         if self.call is None:  # an idle session holds no timer, but for the memory and files watchdogs
             watched = (self.watch_memory or self.files_cap) and self.alive
             return time.monotonic() + IDLE_SESSION_TICK if watched else None
@@ -158,6 +166,9 @@ class SessionJob(Job):
             self.records.append(record)
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
+        if self.reap_due is not None:
+            self._interpreter_ended(zygote, now)
+            return
         if self.call is None:
             return
         if self.interrupted is not None:
@@ -234,14 +245,27 @@ class SessionJob(Job):
     def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.interpreter_fd:
             zygote.unwatch(fd)
-            os.close(fd)
-            self.interpreter_fd = -1
             self.drain(zygote)
-            if not self.announced:
-                self._announce(zygote)
-            self._end_rest(zygote)
+            now = time.monotonic()
+            if OWN_EXIT_CODES and not (self.end_reason or self.failure or self.timed_out):
+                self.reap_due = now + REAP_WAIT
+            self._interpreter_ended(zygote, now)
             return
         super().on_event(zygote, fd)
+
+    def _interpreter_ended(self, zygote: JobHost, now: float) -> None:
+        """The session ends with its interpreter: once its exit code is known, where it exited by
+        itself (`exit 3` in bash, `os._exit(3)`) and the kernel keeps it (linux.reaped_exit_code)."""
+        if self.reap_due is not None:
+            self.exit_code = linux.reaped_exit_code(self.interpreter_fd)
+            if self.exit_code is None and now < self.reap_due:
+                return  # looked at again on the next tick
+            self.reap_due = None
+        os.close(self.interpreter_fd)
+        self.interpreter_fd = -1
+        if not self.announced:
+            self._announce(zygote)
+        self._end_rest(zygote)
 
     def kill(self, zygote: JobHost, reason: str) -> None:
         if self.forks:
@@ -274,12 +298,16 @@ class SessionJob(Job):
         self.alive = False
         if self.parent is not None:
             self.parent.forks.discard(self)
-        if not self.announced:
-            self._announce(zygote)
         if self.interpreter_fd >= 0:
-            zygote.unwatch(self.interpreter_fd)
+            if self.reap_due is None:
+                zygote.unwatch(self.interpreter_fd)
+            else:  # it exited first, and is reaped now that its PID 1 is gone
+                self.exit_code = linux.reaped_exit_code(self.interpreter_fd)
+                self.reap_due = None
             os.close(self.interpreter_fd)
             self.interpreter_fd = -1
+        if not self.announced:
+            self._announce(zygote)
         zygote.retire(self)
 
     def _announce(self, zygote: JobHost) -> None:
@@ -295,7 +323,8 @@ class SessionJob(Job):
             if said:
                 reason = f"{reason}: {said[-STARTUP_ERROR_CHARS:]}"
         if self.call is not None:
-            stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", None, None)
+            own_exit = None if self.memory_exceeded else self.exit_code  # the kernel's kill is not the code's exit
+            stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", own_exit, None)
             reply: CallReply = {**stage, **ended, "kind": "call", "id": self.call["id"], "session_alive": False,
                                 "session_end": reason}
             zygote.reply(reply)
