@@ -207,6 +207,49 @@ def test_a_session_cannot_poison_its_forks_or_its_snapshots(server: ServerHandle
         requests.delete(f"{server.url}/snapshots/{snapshot}", timeout=60)
 
 
+
+@pytest.mark.parametrize("language", ["bash", "python"])
+def test_a_session_killed_for_memory_ends_none_of_its_forks_or_its_snapshots_sessions(
+        server: ServerHandle, language: str) -> None:
+    """Red team, 2026-12-07: a bash session filling its memory with files had the OOM killer pick its
+    PID 1 (a copy of a warm interpreter, larger than bash or `head`, and at the same oom_score_adj),
+    whose death ended every process below it: its fork, every session started from its snapshot and
+    the snapshot, each told "its interpreter exited".  Its PID 1 is now the OOM killer's last choice."""
+    made = requests.post(server.url + "/sessions", json={"language": language, "memory_limit_MB": 64}, timeout=60)
+    assert made.status_code == 201, made.text
+    parent = made.json()["session_id"]
+    answer = fork(server, parent)
+    assert answer.status_code == 201, answer.text
+    [copy] = answer.json()["session_ids"]
+    taken = requests.post(f"{server.url}/sessions/{parent}/snapshot", timeout=60)
+    assert taken.status_code == 201, taken.text
+    snapshot = taken.json()["snapshot_id"]
+    started = requests.post(server.url + "/sessions", json={"from_snapshot": snapshot}, timeout=60)
+    assert started.status_code == 201, started.text
+    sessions = [copy, started.json()["session_id"]]
+    fill = "head -c 300M /dev/zero > /tmp/fill" if language == "bash" else \
+        "with open('/tmp/fill', 'wb') as fill:\n    for _ in range(300):\n        fill.write(bytes(1 << 20))"
+    try:
+        killed = requests.post(server.url + "/run_code", timeout=60, json={
+            "code": fill, "language": language, "session_id": parent}).json()
+        limits = requests.get(server.url + "/health", timeout=30).json()["limits"]
+        if limits["memory"] == "cgroup per run":  # files are charged to it: the OOM killer is what ends it
+            assert killed["session_alive"] is False and "memory" in killed["message"], killed
+        else:  # its tmpfs is as large as its memory limit: the files cannot fill it
+            assert "No space left on device" in killed["run_result"]["stderr"], killed
+        for sid in sessions:
+            alive = requests.post(server.url + "/run_code", timeout=60, json={
+                "code": "echo alive" if language == "bash" else "print('alive')", "language": language,
+                "session_id": sid})
+            assert alive.status_code == 200 and alive.json()["run_result"]["stdout"] == "alive\n", alive.text
+        again = requests.post(server.url + "/sessions", json={"from_snapshot": snapshot}, timeout=60)
+        assert again.status_code == 201, again.text
+        sessions.append(again.json()["session_id"])
+    finally:
+        for sid in sessions:
+            requests.delete(f"{server.url}/sessions/{sid}", timeout=60)
+        requests.delete(f"{server.url}/snapshots/{snapshot}", timeout=60)
+
 def test_a_signal_storm_does_not_fail_the_fork(server: ServerHandle) -> None:
     """A timer every 50 µs would interrupt the clone made in the session's name: its signals wait
     until the fork is made, and then reach it again (its mask is as it was)."""

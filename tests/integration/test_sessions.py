@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -354,6 +355,33 @@ def test_a_bash_timeout_is_interrupted_and_the_shell_lives_on(server: ServerHand
     assert body["run_result"]["status"] == "TimeLimitExceeded" and body["session_alive"] is True, body
     assert stdout(call(server, sid, "echo $KEPT", language="bash")) == "yes\n"
 
+
+
+@pytest.mark.parametrize("code", ["sleep 100; echo late > /workdir/late; echo done",
+                                  "for i in $(seq 50); do sleep 0.2; echo $i >> /workdir/late; done; echo done",
+                                  "while :; do :; done; echo late > /workdir/late; echo done"],
+                         ids=["a-list", "a-loop", "a-busy-loop"])
+def test_a_bash_timeout_runs_nothing_after_the_interrupted_command(server: ServerHandle, code: str) -> None:
+    """Red team, 2026-12-07: the INT trap only printed KeyboardInterrupt, so bash went on with the
+    rest of the call after its time-out (and a loop ran until the session was killed near the
+    client's deadline).  As in a Jupyter kernel, the interrupt now ends the call's code."""
+    sid = create(server, "bash")
+    call(server, sid, "declare -A kept=([a]=1)", language="bash")
+    body = call(server, sid, code, language="bash", run_timeout=1)
+    assert body["run_result"]["status"] == "TimeLimitExceeded" and body["session_alive"] is True, body
+    assert body["run_result"]["return_code"] == 130 and "done" not in body["run_result"]["stdout"], body
+    time.sleep(1.5)  # what a loop left running would have written by now
+    after = call(server, sid, "cat /workdir/late 2>/dev/null | wc -l; echo ${kept[a]}", language="bash")
+    lines, kept = stdout(after).split()
+    assert int(lines) <= 5 and kept == "1", after
+
+
+def test_a_bare_break_or_return_in_bash_ends_only_its_call(server: ServerHandle) -> None:
+    sid = create(server, "bash")
+    assert stdout(call(server, sid, "X=1; break; echo unreached", language="bash")) == ""
+    body = call(server, sid, "return; echo $X", language="bash")
+    assert body["run_result"]["stdout"] == "1\n" and "can only `return'" in body["run_result"]["stderr"], body
+    assert stdout(call(server, sid, "echo $X", language="bash")) == "1\n"
 
 def test_a_memory_bomb_kills_only_its_own_session(server: ServerHandle) -> None:
     bomb, bystander = create(server, memory_limit_MB=128), create(server)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple, NoReturn, Optional
 
 from . import exits, ipython_shell, landlock, linux, root
-from .interactive import BASH_SESSION, JOB_FD, python_session
+from .interactive import BASH_INIT, INIT_FD, JOB_FD, python_session
 from .jupyter import run_cells
 from .linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC
 from .messages import (
@@ -35,6 +35,7 @@ from .run_groups import Groups, write
 from .seccomp import Filter
 from .wire import READ_CHUNK, loads, report
 
+OOM_SCORE_ADJ = 1000  # every process of a run or session, but a session's PID 1 (_become_init)
 READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
 WORKDIR = "/workdir"  # a run's directory as requests name it (models.RUN_DIRECTORIES)
 SCRATCH_ENV = ("GOCACHE",)  # languages' scratch paths in /tmp (languages.GO_ENV): per run on every rung
@@ -109,7 +110,7 @@ class Child:
         os.closerange(4, JOB_FD)
         os.closerange(JOB_FD + 1, 1 << 16)
         oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        os.write(oom, b"1000")  # under memory pressure the run dies, never the warm interpreter
+        os.write(oom, b"%d" % OOM_SCORE_ADJ)  # under memory pressure the run dies, never the warm interpreter
         os.close(oom)
         os.chdir(self.workdir)
         stdin_fd = os.memfd_create("stdin", 0)
@@ -143,8 +144,14 @@ class Child:
             python_session(namespace, lambda paths: fetch(paths, self._roots(), self.cfg["fetch_limit"]))
         if mode == "session_bash":
             os.close(stdin_fd)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            os.execve("/bin/bash", ["bash", "--noprofile", "--norc", "-c", BASH_SESSION], dict(os.environ))
+            os.dup2(JOB_FD, 0)
+            init = os.memfd_create("bash-session", 0)
+            os.write(init, BASH_INIT.encode())
+            os.lseek(init, 0, os.SEEK_SET)
+            os.dup2(init, INIT_FD)
+            os.close(init)
+            os.execve("/bin/bash", ["bash", "--noprofile", "--norc", "-s"],
+                      {**os.environ, "BASH_ENV": f"/dev/fd/{INIT_FD}"})
         os.write(stdin_fd, (job.get("stdin") or "").encode("utf-8", "surrogateescape"))
         os.lseek(stdin_fd, 0, os.SEEK_SET)
         os.dup2(stdin_fd, 0)
@@ -272,16 +279,20 @@ class Child:
 
 def _become_init() -> None:
     """A session's PID 1 runs no user code: it reaps, and lives while anything below it does (a
-    fork of the session is a child of it), so a fork outlives its parent's interpreter.  It is not
-    dumpable: the interpreter, of the same uid, cannot trace it.  The interpreter returns."""
+    fork of the session is a child of it), so a fork outlives its parent's interpreter.  Were the
+    OOM killer to pick it, the kernel would end every process below it, its forks' among them: it
+    goes back to the zygote's oom_score_adj (0), and the interpreter and all it starts keep 1000, so
+    a full memory cgroup takes any of them first, however small.  It is not dumpable: the
+    interpreter, of the same uid, cannot trace it.  The interpreter returns."""
+    linux.set_oom_score_adj(0)  # before the interpreter exists: no code of the session's sees it dumpable
     try:
         pid = os.fork()
     except BlockingIOError:  # no user code has run: capacity, not a fault (session.py)
         _unstarted(PROCESS_LIMIT, 1)
     if pid == 0:
+        linux.set_oom_score_adj(OOM_SCORE_ADJ)
         os.setsid()  # its own process group: an interrupt goes to it and what it runs
         return
-    linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     os.closerange(0, 1 << 16)
     while True:
         try:

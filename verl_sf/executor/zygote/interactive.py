@@ -1,7 +1,7 @@
 """A session's child: a live interpreter that runs one call after another in the same state.
 
 Calls arrive on fd 9; each ends with a `call_done` record on fd 3.  Python calls are JSON lines
-(a `SessionCallBody`); bash calls are NUL-terminated fields read by the shell itself (`BASH_SESSION`).
+(a `SessionCallBody`); bash calls are a line and NUL-terminated fields read by the shell itself (`BASH_CALL`).
 """
 
 from __future__ import annotations
@@ -19,18 +19,31 @@ from .python_runner import run_python
 from .wire import READ_CHUNK, Lines, loads, report
 
 JOB_FD = 9
-# A bash call is `code NUL fetch-limit NUL path NUL ... NUL` on fd 9.  The shell fetches the files itself, as
-# the session's user in its own mounts, and reports them in order ("fetched": base64 or null per path).  It says
-# it is ready only once its trap is set: an interrupt before that would end the session.
-BASH_SESSION = r"""trap 'builtin printf "\nKeyboardInterrupt\n" >&2' INT
-builtin printf '{"kind": "session_ready"}\n' >&3
+INIT_FD = 8  # the bash session's set-up (BASH_INIT), read by bash through BASH_ENV as it starts; it closes it
+# The bash session reads its commands from fd 0, a copy of fd 9, one byte at a time (a pipe cannot be
+# read ahead): each call is BASH_CALL on a line, then `code NUL fetch-limit NUL path NUL ... NUL`.
+# The code is eval'd at the shell's top level, in one loop of ours and no function, so `declare`s stay
+# global; at the time-out, the INT trap breaks out of every loop there, so nothing after the
+# interrupted command runs, and the call is reported.  The shell fetches the files itself, as the
+# session's user in its own mounts, and reports them in order ("fetched": base64 or null per path).
+# It says it is ready only once its trap is set: an interrupt before that would end the session.
+BASH_CALL = ('__verl_sf_begin && for __verl_sf_once in 1; do eval "$__verl_sf_code" 3>&- 9<&- </dev/null; done;'
+             ' __verl_sf_end')
+BASH_INIT = r"""unset BASH_ENV
+exec 8<&-
+trap 'builtin printf "\nKeyboardInterrupt\n" >&2
+[ -z "$__verl_sf_running" ] || { __verl_sf_interrupted=130; break 1000000; }' INT
 __verl_sf_home=$PWD
-while IFS= read -r -d '' __verl_sf_code <&9; do
-  IFS= read -r -d '' __verl_sf_limit <&9
+__verl_sf_begin() {
+  IFS= read -r -d '' __verl_sf_code || exit 0
+  IFS= read -r -d '' __verl_sf_limit
   __verl_sf_paths=()
-  while IFS= read -r -d '' __verl_sf_path <&9 && [ -n "$__verl_sf_path" ]; do __verl_sf_paths+=("$__verl_sf_path"); done
-  eval "$__verl_sf_code" 3>&- 9<&- </dev/null
-  __verl_sf_status=$?
+  while IFS= read -r -d '' __verl_sf_path && [ -n "$__verl_sf_path" ]; do __verl_sf_paths+=("$__verl_sf_path"); done
+  __verl_sf_running=1
+}
+__verl_sf_end() {
+  __verl_sf_status=${__verl_sf_interrupted:-$?}
+  __verl_sf_running= __verl_sf_interrupted=
   {
     builtin printf '{"kind": "call_done", "return_code": %d, "fetched": [' "$__verl_sf_status"
     __verl_sf_sep=
@@ -54,7 +67,8 @@ while IFS= read -r -d '' __verl_sf_code <&9; do
     done
     builtin printf ']}\n'
   } >&3
-done
+}
+builtin printf '{"kind": "session_ready"}\n' >&3
 """
 
 

@@ -5,6 +5,7 @@ sandbox.py uses the same constants on the server's side.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -210,6 +211,18 @@ def sibling_fork(new_pid_namespace: bool) -> Callable[[], int]:
         return pid
 
     return fork
+
+
+def set_oom_score_adj(value: int) -> None:
+    """This process's oom_score_adj.  Its /proc files are writable by it while it is dumpable, which
+    a uid change made it not: it is for this write only (see child.py where it is called).  Refused
+    only below a floor a privileged writer set (oom_score_adj_min, which no child of ours sets)."""
+    check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
+    try:
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adjust:
+            adjust.write(str(value))
+    finally:
+        check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
 
 
 def die_with_parent() -> None:

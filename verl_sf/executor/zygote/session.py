@@ -14,6 +14,7 @@ import time
 from typing import Any, Optional
 
 from . import linux, procfs, root
+from .interactive import BASH_CALL
 from .interrupts import Interrupt
 from .job import Job, JobHost, seconds_of, status_of
 from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
@@ -21,6 +22,7 @@ from .run_groups import DEMOTED, Groups
 from .wire import loads
 
 IDLE_SESSION_TICK = 1.0  # seconds between an idle session's memory samples (no memory cgroup) or files' counts
+BASH_CALL_LINE = BASH_CALL.encode() + b"\n"
 STARTUP_ERROR_CHARS = 500  # of what a session that never started wrote to stderr, the end kept in its reason
 # How long an interpreter that exited by itself waits for its PID 1 (which does nothing else) to reap
 # it, so that the call it ended has its exit code, and how often that is looked at meanwhile.
@@ -138,7 +140,7 @@ class SessionJob(Job):
         # host): as in a multi-level feedback queue, a job that has run long stays low.
         try:
             zygote.groups.set_limits(self.groups, self.limits, memory=False)
-            # bash reads NUL-terminated fields (see BASH_SESSION); the python session reads the JSON line itself.
+            # bash reads a line and NUL-terminated fields (BASH_CALL); the python session reads the JSON line itself.
             self.send(zygote, self._bash_call(loads(body.decode()), zygote.cfg["fetch_limit"])
                       if self.language == "bash" else body + b"\n")
         except OSError:
@@ -147,7 +149,7 @@ class SessionJob(Job):
     def _bash_call(self, call: SessionCallBody, fetch_limit: int) -> bytes:
         self.fetch_paths = [p for p in call.get("fetch_files") or () if p and "\0" not in p]
         fields = [call["code"], str(fetch_limit), *self.fetch_paths, ""]
-        return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
+        return BASH_CALL_LINE + b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
 
     def on_record(self, zygote: JobHost, record: dict[str, Any]) -> None:
         kind = record.get("kind")
