@@ -68,6 +68,16 @@ def fork(server: ServerHandle, sid: str) -> requests.Response:
     return requests.post(f"{server.url}/sessions/{sid}/fork", json={"count": 1}, timeout=60)
 
 
+def fork_and_snapshot(server: ServerHandle, sid: str) -> tuple[str, str]:
+    """One fork of the session, and a snapshot of it: the fork's id and the snapshot's."""
+    answer = fork(server, sid)
+    assert answer.status_code == 201, answer.text
+    [copy] = answer.json()["session_ids"]
+    made = requests.post(f"{server.url}/sessions/{sid}/snapshot", timeout=60)
+    assert made.status_code == 201, made.text
+    return copy, made.json()["snapshot_id"]
+
+
 def stdout(body: dict) -> str:
     assert body["status"] == "Success", body
     return str(body["run_result"]["stdout"])
@@ -186,12 +196,7 @@ def test_a_session_cannot_poison_its_forks_or_its_snapshots(server: ServerHandle
     are nested below its own) and, sharing their uid, set their RLIMIT_CPU to 1 s, their nice and
     their policy: the fork died on its next busy call, as did every session started from the snapshot."""
     sid = create(server)
-    answer = fork(server, sid)
-    assert answer.status_code == 201, answer.text
-    [copy] = answer.json()["session_ids"]
-    made = requests.post(f"{server.url}/sessions/{sid}/snapshot", timeout=60)
-    assert made.status_code == 201, made.text
-    snapshot = made.json()["snapshot_id"]
+    copy, snapshot = fork_and_snapshot(server, sid)
     sessions = [sid, copy]
     try:
         refused, seen = stdout(call(server, sid, POISON)).split(" ", 1)
@@ -218,12 +223,7 @@ def test_a_session_killed_for_memory_ends_none_of_its_forks_or_its_snapshots_ses
     made = requests.post(server.url + "/sessions", json={"language": language, "memory_limit_MB": 64}, timeout=60)
     assert made.status_code == 201, made.text
     parent = made.json()["session_id"]
-    answer = fork(server, parent)
-    assert answer.status_code == 201, answer.text
-    [copy] = answer.json()["session_ids"]
-    taken = requests.post(f"{server.url}/sessions/{parent}/snapshot", timeout=60)
-    assert taken.status_code == 201, taken.text
-    snapshot = taken.json()["snapshot_id"]
+    copy, snapshot = fork_and_snapshot(server, parent)
     started = requests.post(server.url + "/sessions", json={"from_snapshot": snapshot}, timeout=60)
     assert started.status_code == 201, started.text
     sessions = [copy, started.json()["session_id"]]
