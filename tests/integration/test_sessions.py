@@ -359,12 +359,17 @@ def test_a_bash_timeout_is_interrupted_and_the_shell_lives_on(server: ServerHand
 
 @pytest.mark.parametrize("code", ["sleep 100; echo late > /workdir/late; echo done",
                                   "for i in $(seq 50); do sleep 0.2; echo $i >> /workdir/late; done; echo done",
-                                  "while :; do :; done; echo late > /workdir/late; echo done"],
-                         ids=["a-list", "a-loop", "a-busy-loop"])
+                                  "while :; do :; done; echo late > /workdir/late; echo done",
+                                  "g() { sleep 100; echo late > /workdir/late; }; g; echo late >> /workdir/late; echo done",
+                                  "a() { b; echo late > /workdir/late; }; b() { while :; do sleep 0.2; done; echo late; }\n"
+                                  "for i in 1 2; do a; echo late >> /workdir/late; done; echo done"],
+                         ids=["a-list", "a-loop", "a-busy-loop", "in-a-function", "in-nested-functions-in-a-loop"])
 def test_a_bash_timeout_runs_nothing_after_the_interrupted_command(server: ServerHandle, code: str) -> None:
     """Red team, 2026-12-07: the INT trap only printed KeyboardInterrupt, so bash went on with the
     rest of the call after its time-out (and a loop ran until the session was killed near the
-    client's deadline).  As in a Jupyter kernel, the interrupt now ends the call's code."""
+    client's deadline); then, a second red team: in a function the trap's `break` was refused, and
+    the rest of the function and of the call ran.  As in a Jupyter kernel, the interrupt now ends
+    the call's code, and the shell's own DEBUG trap and options are as they were."""
     sid = create(server, "bash")
     call(server, sid, "declare -A kept=([a]=1)", language="bash")
     body = call(server, sid, code, language="bash", run_timeout=1)
@@ -374,6 +379,21 @@ def test_a_bash_timeout_runs_nothing_after_the_interrupted_command(server: Serve
     after = call(server, sid, "cat /workdir/late 2>/dev/null | wc -l; echo ${kept[a]}", language="bash")
     lines, kept = stdout(after).split()
     assert int(lines) <= 5 and kept == "1", after
+    shell = call(server, sid, "trap -p DEBUG; shopt -q extdebug && echo extdebug; [[ $- == *T* ]] && echo functrace; "
+                              "f() { echo in-f; }; f; echo after-f", language="bash")
+    assert stdout(shell) == "in-f\nafter-f\n", shell
+
+
+def test_a_time_out_racing_the_end_of_a_bash_call_leaves_its_fetched_file_whole(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: the interrupt of a call that ended just before its time-out reached the
+    shell's fetch of its files and killed `base64` part way: the file came back cut short."""
+    sid = create(server, "bash")
+    whole = call(server, sid, "head -c 20000000 /dev/urandom > f; base64 -w0 f | wc -c", language="bash")
+    size = int(stdout(whole))
+    for sleep in (0.95, 0.96, 0.97, 0.98, 0.99, 1.0):
+        body = call(server, sid, f"sleep {sleep}", language="bash", run_timeout=1, fetch_files=["f"])
+        assert len(body["files"].get("f") or "") in (0, size), (sleep, len(body["files"].get("f") or ""), size)
+        assert body["session_alive"] is True, (sleep, body["message"], body["run_result"]["stderr"][-300:])
 
 
 def test_a_bare_break_or_return_in_bash_ends_only_its_call(server: ServerHandle) -> None:

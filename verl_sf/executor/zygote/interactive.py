@@ -23,27 +23,52 @@ INIT_FD = 8  # the bash session's set-up (BASH_INIT), read by bash through BASH_
 # The bash session reads its commands from fd 0, a copy of fd 9, one byte at a time (a pipe cannot be
 # read ahead): each call is BASH_CALL on a line, then `code NUL fetch-limit NUL path NUL ... NUL`.
 # The code is eval'd at the shell's top level, in one loop of ours and no function, so `declare`s stay
-# global; at the time-out, the INT trap breaks out of every loop there, so nothing after the
-# interrupted command runs, and the call is reported.  The shell fetches the files itself, as the
-# session's user in its own mounts, and reports them in order ("fetched": base64 or null per path).
-# It says it is ready only once its trap is set: an interrupt before that would end the session.
+# global.  SIGINT is ignored but while the code runs (our two functions around it let it pass: the
+# code has not begun or has ended).  At the time-out the trap stops the code, as an interactive shell
+# drops the rest of a line on ^C (a non-interactive one runs on after a trap): at the top level it
+# breaks out of every loop; in a function it returns, and a DEBUG trap (extdebug, inherited by
+# functions) returns from each caller in turn, then breaks out at the top.  The shell's own DEBUG
+# trap and options are put back as the call ends.  The shell fetches the files itself, as the
+# session's user in its own mounts, with SIGINT ignored (an interrupt racing the end must not cut a
+# file short), and reports them in order ("fetched": base64 or null per path).  It says it is ready
+# only once SIGINT is ignored: an interrupt before that would end the session.
 BASH_CALL = ('__verl_sf_begin && for __verl_sf_once in 1; do eval "$__verl_sf_code" 3>&- 9<&- </dev/null; done;'
              ' __verl_sf_end')
 BASH_INIT = r"""unset BASH_ENV
 exec 8<&-
-trap 'builtin printf "\nKeyboardInterrupt\n" >&2
-[ -z "$__verl_sf_running" ] || { __verl_sf_interrupted=130; break 1000000; }' INT
+trap '' INT
+__verl_sf_interrupt='case ${FUNCNAME[0]} in __verl_sf_begin|__verl_sf_end) ;; *)
+builtin printf "\nKeyboardInterrupt\n" >&2
+__verl_sf_interrupted=130
+if [ -z "${FUNCNAME[0]}" ]; then break 1000000; fi
+if [ -z "$__verl_sf_shell" ]; then
+  __verl_sf_debug=$(trap -p DEBUG) __verl_sf_shell=$-
+  shopt -q extdebug && __verl_sf_extdebug=1
+fi
+shopt -s extdebug
+set -o functrace
+trap "if [ \"\${FUNCNAME[0]}\" = __verl_sf_end ] || [ \"\$BASH_COMMAND\" = __verl_sf_end ]; then :
+elif [ -z \"\${FUNCNAME[0]}\" ]; then ! break 1000000; else return 2; fi" DEBUG
+return;;
+esac'
 __verl_sf_home=$PWD
 __verl_sf_begin() {
   IFS= read -r -d '' __verl_sf_code || exit 0
   IFS= read -r -d '' __verl_sf_limit
   __verl_sf_paths=()
   while IFS= read -r -d '' __verl_sf_path && [ -n "$__verl_sf_path" ]; do __verl_sf_paths+=("$__verl_sf_path"); done
-  __verl_sf_running=1
+  trap "$__verl_sf_interrupt" INT
 }
 __verl_sf_end() {
   __verl_sf_status=${__verl_sf_interrupted:-$?}
-  __verl_sf_running= __verl_sf_interrupted=
+  trap '' INT
+  if [ -n "$__verl_sf_shell" ]; then
+    trap - DEBUG
+    eval "$__verl_sf_debug"
+    [ -n "$__verl_sf_extdebug" ] || shopt -u extdebug
+    case $__verl_sf_shell in *T*) ;; *) set +o functrace ;; esac
+  fi
+  __verl_sf_interrupted= __verl_sf_shell= __verl_sf_extdebug= __verl_sf_debug=
   {
     builtin printf '{"kind": "call_done", "return_code": %d, "fetched": [' "$__verl_sf_status"
     __verl_sf_sep=
