@@ -362,14 +362,19 @@ def test_a_bash_timeout_is_interrupted_and_the_shell_lives_on(server: ServerHand
                                   "while :; do :; done; echo late > /workdir/late; echo done",
                                   "g() { sleep 100; echo late > /workdir/late; }; g; echo late >> /workdir/late; echo done",
                                   "a() { b; echo late > /workdir/late; }; b() { while :; do sleep 0.2; done; echo late; }\n"
-                                  "for i in 1 2; do a; echo late >> /workdir/late; done; echo done"],
-                         ids=["a-list", "a-loop", "a-busy-loop", "in-a-function", "in-nested-functions-in-a-loop"])
+                                  "for i in 1 2; do a; echo late >> /workdir/late; done; echo done",
+                                  "f() { local v=$(sleep 100); echo late > /workdir/late; }; f",
+                                  "f() { local -; sleep 100; echo late > /workdir/late; }; f; echo done",
+                                  "set -u; f() { x=$(sleep 100); echo late > /workdir/late; }; f; echo done"],
+                         ids=["a-list", "a-loop", "a-busy-loop", "in-a-function", "in-nested-functions-in-a-loop",
+                              "a-substitution-ending-a-function", "local-options", "nounset"])
 def test_a_bash_timeout_runs_nothing_after_the_interrupted_command(server: ServerHandle, code: str) -> None:
     """Red team, 2026-12-07: the INT trap only printed KeyboardInterrupt, so bash went on with the
     rest of the call after its time-out (and a loop ran until the session was killed near the
     client's deadline); then, a second red team: in a function the trap's `break` was refused, and
-    the rest of the function and of the call ran.  As in a Jupyter kernel, the interrupt now ends
-    the call's code, and the shell's own DEBUG trap and options are as they were."""
+    the rest of the function and of the call ran; a third: a substitution ending a function, `local -`
+    and `set -u` had the session killed.  As in a Jupyter kernel, the interrupt now ends the call's
+    code, and the shell's own DEBUG trap and options are as they were."""
     sid = create(server, "bash")
     call(server, sid, "declare -A kept=([a]=1)", language="bash")
     body = call(server, sid, code, language="bash", run_timeout=1)
@@ -377,7 +382,7 @@ def test_a_bash_timeout_runs_nothing_after_the_interrupted_command(server: Serve
     assert body["run_result"]["return_code"] == 130 and "done" not in body["run_result"]["stdout"], body
     time.sleep(1.5)  # what a loop left running would have written by now
     after = call(server, sid, "cat /workdir/late 2>/dev/null | wc -l; echo ${kept[a]}", language="bash")
-    lines, kept = stdout(after).split()
+    lines, kept = stdout(after).split()[-2:]
     assert int(lines) <= 5 and kept == "1", after
     shell = call(server, sid, "trap -p DEBUG; shopt -q extdebug && echo extdebug; [[ $- == *T* ]] && echo functrace; "
                               "f() { echo in-f; }; f; echo after-f", language="bash")
@@ -401,6 +406,8 @@ def test_a_bare_break_or_return_in_bash_ends_only_its_call(server: ServerHandle)
     assert stdout(call(server, sid, "X=1; break; echo unreached", language="bash")) == ""
     body = call(server, sid, "return; echo $X", language="bash")
     assert body["run_result"]["stdout"] == "1\n" and "can only `return'" in body["run_result"]["stderr"], body
+    assert stdout(call(server, sid, "echo $X", language="bash")) == "1\n"
+    assert stdout(call(server, sid, "set -u", language="bash")) == ""  # nothing of ours reads an unset name
     assert stdout(call(server, sid, "echo $X", language="bash")) == "1\n"
 
 def test_a_memory_bomb_kills_only_its_own_session(server: ServerHandle) -> None:

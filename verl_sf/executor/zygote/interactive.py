@@ -27,48 +27,53 @@ INIT_FD = 8  # the bash session's set-up (BASH_INIT), read by bash through BASH_
 # code has not begun or has ended).  At the time-out the trap stops the code, as an interactive shell
 # drops the rest of a line on ^C (a non-interactive one runs on after a trap): at the top level it
 # breaks out of every loop; in a function it returns, and a DEBUG trap (extdebug, inherited by
-# functions) returns from each caller in turn, then breaks out at the top.  The shell's own DEBUG
-# trap and options are put back as the call ends.  The shell fetches the files itself, as the
+# functions) returns from each caller in turn, then breaks out at the top, once, and lets our own
+# commands run (the code's eval and our report: bash's `break` outside a loop says so and succeeds,
+# and the DEBUG trap would skip the report).  The shell's own DEBUG trap and options are put back at
+# the top level once the call is reported (in a function, a DEBUG trap set without functrace is put
+# back as it returns).  Nothing of ours needs `set +u`.  The shell fetches the files itself, as the
 # session's user in its own mounts, with SIGINT ignored (an interrupt racing the end must not cut a
 # file short), and reports them in order ("fetched": base64 or null per path).  It says it is ready
 # only once SIGINT is ignored: an interrupt before that would end the session.
 BASH_CALL = ('__verl_sf_begin && for __verl_sf_once in 1; do eval "$__verl_sf_code" 3>&- 9<&- </dev/null; done;'
-             ' __verl_sf_end')
+             ' __verl_sf_end; eval "${__verl_sf_restore-}"')
 BASH_INIT = r"""unset BASH_ENV
 exec 8<&-
 trap '' INT
-__verl_sf_interrupt='case ${FUNCNAME[0]} in __verl_sf_begin|__verl_sf_end) ;; *)
+__verl_sf_interrupt='case ${FUNCNAME[0]-} in __verl_sf_begin|__verl_sf_end) ;; *)
 builtin printf "\nKeyboardInterrupt\n" >&2
 __verl_sf_interrupted=130
-if [ -z "${FUNCNAME[0]}" ]; then break 1000000; fi
-if [ -z "$__verl_sf_shell" ]; then
-  __verl_sf_debug=$(trap -p DEBUG) __verl_sf_shell=$-
-  shopt -q extdebug && __verl_sf_extdebug=1
+if [ -z "${FUNCNAME[0]-}" ]; then [ -z "${__verl_sf_looping-}" ] || { __verl_sf_looping=; break 1000000; }; fi
+if [ -z "${__verl_sf_restore-}" ]; then
+  __verl_sf_restore="__verl_sf_restore=
+trap - DEBUG
+$(trap -p DEBUG)
+$(shopt -p extdebug)
+$(shopt -po functrace)"
 fi
 shopt -s extdebug
 set -o functrace
-trap "if [ \"\${FUNCNAME[0]}\" = __verl_sf_end ] || [ \"\$BASH_COMMAND\" = __verl_sf_end ]; then :
-elif [ -z \"\${FUNCNAME[0]}\" ]; then ! break 1000000; else return 2; fi" DEBUG
+trap "if [ -z \"\${__verl_sf_interrupted-}\" ] || [ \"\${FUNCNAME[0]-}\" = __verl_sf_end ] \\
+    || [ \"\$BASH_COMMAND\" = __verl_sf_end ] \\
+    || [ \"\${BASH_COMMAND#\"\$__verl_sf_eval\"}\" != \"\$BASH_COMMAND\" ]; then :
+elif [ -n \"\${FUNCNAME[0]-}\" ]; then return 2
+elif [ -n \"\${__verl_sf_looping-}\" ]; then __verl_sf_looping=; ! break 1000000; fi" DEBUG
 return;;
 esac'
+__verl_sf_eval='eval "$__verl_sf_code"'
 __verl_sf_home=$PWD
 __verl_sf_begin() {
   IFS= read -r -d '' __verl_sf_code || exit 0
   IFS= read -r -d '' __verl_sf_limit
   __verl_sf_paths=()
   while IFS= read -r -d '' __verl_sf_path && [ -n "$__verl_sf_path" ]; do __verl_sf_paths+=("$__verl_sf_path"); done
+  __verl_sf_looping=1
   trap "$__verl_sf_interrupt" INT
 }
 __verl_sf_end() {
   __verl_sf_status=${__verl_sf_interrupted:-$?}
   trap '' INT
-  if [ -n "$__verl_sf_shell" ]; then
-    trap - DEBUG
-    eval "$__verl_sf_debug"
-    [ -n "$__verl_sf_extdebug" ] || shopt -u extdebug
-    case $__verl_sf_shell in *T*) ;; *) set +o functrace ;; esac
-  fi
-  __verl_sf_interrupted= __verl_sf_shell= __verl_sf_extdebug= __verl_sf_debug=
+  __verl_sf_interrupted= __verl_sf_looping=
   {
     builtin printf '{"kind": "call_done", "return_code": %d, "fetched": [' "$__verl_sf_status"
     __verl_sf_sep=
