@@ -365,15 +365,18 @@ def test_a_bash_timeout_is_interrupted_and_the_shell_lives_on(server: ServerHand
                                   "for i in 1 2; do a; echo late >> /workdir/late; done; echo done",
                                   "f() { local v=$(sleep 100); echo late > /workdir/late; }; f",
                                   "f() { local -; sleep 100; echo late > /workdir/late; }; f; echo done",
-                                  "set -u; f() { x=$(sleep 100); echo late > /workdir/late; }; f; echo done"],
+                                  "set -u; f() { x=$(sleep 100); echo late > /workdir/late; }; f; echo done",
+                                  "timeout 30 sleep 100; echo late > /workdir/late; echo done",
+                                  "f() { setsid sleep 100; echo late > /workdir/late; }; f; echo done"],
                          ids=["a-list", "a-loop", "a-busy-loop", "in-a-function", "in-nested-functions-in-a-loop",
-                              "a-substitution-ending-a-function", "local-options", "nounset"])
+                              "a-substitution-ending-a-function", "local-options", "nounset", "timeout",
+                              "setsid-in-a-function"])
 def test_a_bash_timeout_runs_nothing_after_the_interrupted_command(server: ServerHandle, code: str) -> None:
     """Red team, 2026-12-07: the INT trap only printed KeyboardInterrupt, so bash went on with the
     rest of the call after its time-out (and a loop ran until the session was killed near the
     client's deadline); then, a second red team: in a function the trap's `break` was refused, and
-    the rest of the function and of the call ran; a third: a substitution ending a function, `local -`
-    and `set -u` had the session killed.  As in a Jupyter kernel, the interrupt now ends the call's
+    the rest of the function and of the call ran; a third: a substitution ending a function, `local -`,
+    `set -u` and a program in a process group of its own (`timeout`) had the session killed.  As in a Jupyter kernel, the interrupt now ends the call's
     code, and the shell's own DEBUG trap and options are as they were."""
     sid = create(server, "bash")
     call(server, sid, "declare -A kept=([a]=1)", language="bash")

@@ -199,6 +199,19 @@ class SessionJob(Job):
     def _send_interrupt(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.interpreter, signal.SIGINT)  # as a Jupyter kernel's interrupt
+        if self.language == "bash" and self.interrupted is not None and self.interrupted.repeated:
+            self._interrupt_own_groups()
+
+    def _interrupt_own_groups(self) -> None:
+        """The second time, the shell's children in process groups of their own too: a program it waits
+        for there (`timeout 30 cmd`, `setsid cmd`) took no interrupt, and the shell runs its INT trap
+        only once that program ends.  Not the first time: a daemon the code detached so is left alone
+        by a call that stops."""
+        for pid in procfs.children(self.interpreter):
+            with contextlib.suppress(ProcessLookupError):
+                group = os.getpgid(pid)
+                if group != self.interpreter:
+                    os.killpg(group, signal.SIGINT)
 
     def _take(self, zygote: JobHost, fd: int) -> None:
         super()._take(zygote, fd)
