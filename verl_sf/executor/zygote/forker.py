@@ -56,7 +56,7 @@ CLONE_PARENT, SIGCHLD = 0x8000, 17
 # What a fork's PID 1 becomes (exec'd, so no code of the session's runs in it): a reaper that lives
 # while anything below it does.
 # Every signal blocked: a kill from outside (the zygote's interrupt of a process group) never ends it.
-# Its oom_score_adj back to 0, as the first session's PID 1 has it (linux.spare_from_oom_killer).
+# Its oom_score_adj back to 0, as the first session's PID 1 has it (linux.set_oom_score_adj).
 REAPER = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())\n"
           "try:\n with open('/proc/self/oom_score_adj', 'w') as f: f.write('0')\nexcept OSError: pass\n"
           "while True:\n try: os.wait()\n except ChildProcessError: break")

@@ -35,9 +35,10 @@ INIT_FD = 8  # the bash session's set-up (BASH_INIT), read by bash through BASH_
 # session's user in its own mounts, with SIGINT ignored (an interrupt racing the end must not cut a
 # file short), and reports them in order ("fetched": base64 or null per path).  It says it is ready
 # only once SIGINT is ignored: an interrupt before that would end the session.
-BASH_CALL = ('__verl_sf_begin && for __verl_sf_once in 1; do eval "$__verl_sf_code" 3>&- 9<&- </dev/null; done;'
+CODE_EVAL = 'eval "$__verl_sf_code"'  # how the call's code runs; the DEBUG trap knows it by this text
+BASH_CALL = (f'__verl_sf_begin && for __verl_sf_once in 1; do {CODE_EVAL} 3>&- 9<&- </dev/null; done;'
              ' __verl_sf_end; eval "${__verl_sf_restore-}"')
-BASH_INIT = r"""unset BASH_ENV
+BASH_INIT = f"__verl_sf_eval='{CODE_EVAL}'\n" + r"""unset BASH_ENV
 exec 8<&-
 trap '' INT
 __verl_sf_interrupt='case ${FUNCNAME[0]-} in __verl_sf_begin|__verl_sf_end) ;; *)
@@ -60,7 +61,6 @@ elif [ -n \"\${FUNCNAME[0]-}\" ]; then return 2
 elif [ -n \"\${__verl_sf_looping-}\" ]; then __verl_sf_looping=; ! break 1000000; fi" DEBUG
 return;;
 esac'
-__verl_sf_eval='eval "$__verl_sf_code"'
 __verl_sf_home=$PWD
 __verl_sf_begin() {
   IFS= read -r -d '' __verl_sf_code || exit 0

@@ -271,16 +271,23 @@ class SessionJob(Job):
     def _interpreter_ended(self, zygote: JobHost, now: float) -> None:
         """The session ends with its interpreter: once its exit code is known, where it exited by
         itself (`exit 3` in bash, `os._exit(3)`) and the kernel keeps it (linux.reaped_exit_code)."""
-        if self.reap_due is not None:
+        if self.reap_due is not None and now < self.reap_due:
             self.exit_code = linux.reaped_exit_code(self.interpreter_fd)
-            if self.exit_code is None and now < self.reap_due:
+            if self.exit_code is None:
                 return  # looked at again on the next tick
             self.reap_due = None
-        os.close(self.interpreter_fd)
-        self.interpreter_fd = -1
+        self._release_interpreter()
         if not self.announced:
             self._announce(zygote)
         self._end_rest(zygote)
+
+    def _release_interpreter(self) -> None:
+        """Its pidfd closed; its exit code read first where it was still waited for (a last look)."""
+        if self.reap_due is not None:
+            self.exit_code = linux.reaped_exit_code(self.interpreter_fd)
+            self.reap_due = None
+        os.close(self.interpreter_fd)
+        self.interpreter_fd = -1
 
     def kill(self, zygote: JobHost, reason: str) -> None:
         if self.forks:
@@ -314,13 +321,9 @@ class SessionJob(Job):
         if self.parent is not None:
             self.parent.forks.discard(self)
         if self.interpreter_fd >= 0:
-            if self.reap_due is None:
+            if self.reap_due is None:  # else it exited first, and is reaped now that its PID 1 is gone
                 zygote.unwatch(self.interpreter_fd)
-            else:  # it exited first, and is reaped now that its PID 1 is gone
-                self.exit_code = linux.reaped_exit_code(self.interpreter_fd)
-                self.reap_due = None
-            os.close(self.interpreter_fd)
-            self.interpreter_fd = -1
+            self._release_interpreter()
         if not self.announced:
             self._announce(zygote)
         zygote.retire(self)
