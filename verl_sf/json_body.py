@@ -12,7 +12,7 @@ from aiohttp import web
 
 from verl_sf.errors import InputError
 from verl_sf.executor.zygote.wire import MAX_DEPTH, deeper_than
-from verl_sf.off_loop import off_loop
+from verl_sf.off_loop import OFF_LOOP_BYTES, PIECE_CHARS, json_value, off_loop
 
 MAX_JSON_DEPTH = MAX_DEPTH
 """Nesting a request body may have (Ruby's JSON default; the zygote's lines have the same): the
@@ -50,7 +50,7 @@ def load_json(raw: bytes | str) -> Any:
         raise JsonBodyError(f"request body holds more than {MAX_JSON_TOKENS:,} JSON tokens (strings, separators "
                             f"and brackets): put bulk in strings (files, code, stdin), not in many small values")
     try:
-        body = json.loads(raw)
+        body = json_value(raw) if isinstance(raw, bytes) and len(raw) >= OFF_LOOP_BYTES else json.loads(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
         raise JsonBodyError(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # deeper than the interpreter's stack, so far past the limit
@@ -68,7 +68,7 @@ def _past_the_token_cap(raw: bytes | str) -> int | None:
     speed)."""
     tokens: Iterator[re.Match[Any]]
     if isinstance(raw, bytes):
-        bound = 3 * raw.count(b":") + 2 * raw.count(b",") + 2 * raw.count(b"[") + raw.count(b"{") + 1
+        bound = 3 * _count(raw, b":") + 2 * _count(raw, b",") + 2 * _count(raw, b"[") + _count(raw, b"{") + 1
         tokens = _TOKENS_BYTES.finditer(raw)
     else:
         bound = 3 * raw.count(":") + 2 * raw.count(",") + 2 * raw.count("[") + raw.count("{") + 1
@@ -77,6 +77,11 @@ def _past_the_token_cap(raw: bytes | str) -> int | None:
         return None
     past = next(itertools.islice(tokens, MAX_JSON_TOKENS, None), None)  # the first past the cap, if there is one
     return past.end() if isinstance(past, re.Match) else None
+
+
+def _count(raw: bytes, character: bytes) -> int:
+    """`raw.count(character)` a piece at a time (~25 ms of the GIL for 50 MB at once)."""
+    return sum(raw.count(character, at, at + PIECE_CHARS) for at in range(0, len(raw), PIECE_CHARS))
 
 
 def _nests_too_deep_before(raw: bytes | str, end: int) -> bool:

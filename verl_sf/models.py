@@ -11,10 +11,13 @@ from __future__ import annotations
 import base64
 import binascii
 import posixpath
+import re
 from enum import Enum
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from verl_sf.off_loop import PIECE_CHARS
 
 # Every language Sandbox Fusion names.  Which of them can run depends on the toolchains
 # present (see verl_sf.executor.languages); an unknown name is a 422 at the edge.
@@ -87,6 +90,7 @@ class _Request(BaseModel):
 
 
 RUN_DIRECTORIES = ("/workdir", "/tmp", "/mnt/data")
+_BLANK = re.compile(r"\s")
 NAME_MAX, PATH_MAX = 255, 4096  # <linux/limits.h>: a path's name, and a path with its NUL
 """Where a run's files may be written: relative paths go to /workdir, absolute ones under one of these."""
 
@@ -99,6 +103,22 @@ def _check_relative_path(path: str) -> None:
         raise ValueError(f"file path {path!r} must be non-empty and must not contain '..'")
     if path.startswith("/") and not any(path.startswith(d + "/") for d in RUN_DIRECTORIES):
         raise ValueError(f"file path {path!r} must be relative or under {', '.join(RUN_DIRECTORIES)}")
+
+
+def _check_base64(content: str) -> None:
+    """binascii.Error unless `content` is base64 (blanks anywhere), checked a piece at a time: a request's
+    tens of MB are parsed in a thread, where one call on them all holds the GIL throughout."""
+    if any(_BLANK.search(content, at, at + PIECE_CHARS) for at in range(0, len(content), PIECE_CHARS)):
+        content = "".join(word for at in range(0, len(content), PIECE_CHARS)
+                          for word in content[at:at + PIECE_CHARS].split())
+    quanta = 4 * PIECE_CHARS  # pieces of whole quanta, the last one to two of them long: padding only there
+    last = max(0, (len(content) // quanta - 1) * quanta)
+    for at in range(0, last, quanta):
+        piece = content[at:at + quanta]
+        if "=" in piece:
+            raise binascii.Error("padding before the end")
+        base64.b64decode(piece, validate=True)
+    base64.b64decode(content[last:], validate=True)
 
 
 def _check_files(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
@@ -116,7 +136,7 @@ def _check_files(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
                              f"{PATH_MAX - 1} in all)")
         if content is not None:
             try:
-                base64.b64decode("".join(content.split()), validate=True)
+                _check_base64(content)
             except binascii.Error as exc:
                 raise ValueError(f"file {path!r}: its content is not base64 ({exc})") from None
         targets.add(posixpath.normpath(posixpath.join("/workdir", path)))
@@ -129,16 +149,19 @@ def _check_files(files: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
     return files
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_text(value: Any) -> Any:
     """Text that UTF-8 can carry into the sandbox: JSON's `\\ud800` escapes decode to lone
     surrogates, which no file, pipe or argument can hold."""
     for text in value if isinstance(value, list) else [value]:
-        if isinstance(text, str):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise ValueError(f"must be Unicode text that UTF-8 can encode: a lone surrogate "
-                                 f"(U+{ord(text[exc.start]):04X}) at position {exc.start}") from None
+        if isinstance(text, str) and not text.isascii():
+            for at in range(0, len(text), PIECE_CHARS):  # a piece at a time: a request's 50 MB is parsed in a thread
+                lone = _SURROGATE.search(text, at, at + PIECE_CHARS)
+                if lone is not None:
+                    raise ValueError(f"must be Unicode text that UTF-8 can encode: a lone surrogate "
+                                     f"(U+{ord(lone.group()):04X}) at position {lone.start()}")
     return value
 
 

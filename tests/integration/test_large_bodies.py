@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,21 @@ def test_a_large_file_and_stdin_reach_the_run_whole(sf_server: ServerHandle) -> 
                     stdin="x" * LARGE + "end", run_timeout=30)
     assert body["status"] == "Success", body
     assert body["run_result"]["stdout"] == f"{hashlib.sha256(blob).hexdigest()} {LARGE + 3} end\n"
+
+
+def test_a_large_body_of_escapes_and_any_text_reaches_the_run_as_json_loads_reads_it(sf_server: ServerHandle) -> None:
+    """The server decodes a large body's long strings a piece at a time: escapes (surrogate pairs among
+    them), raw UTF-8 and short strings beside them come out as the whole body's `json.loads` has them."""
+    text = ("a\"\\/\n\t\u2028é😀\x7f" * (LARGE // 40))[:LARGE // 4]
+    request = {"language": "python", "code": f"import sys, hashlib\nt = {text!r}\n"
+               "s = sys.stdin.read()\nprint(hashlib.sha256((t + s).encode()).hexdigest(), len(s))",
+               "stdin": "é😀" * (LARGE // 8), "run_timeout": 30}
+    expected = f"{hashlib.sha256((text + request['stdin']).encode()).hexdigest()} {len(request['stdin'])}\n"
+    for raw in (json.dumps(request).encode(), json.dumps(request, ensure_ascii=False, indent=2).encode(),
+                re.sub(rb"\\u([0-9a-f]{4})", lambda escape: b"\\u" + escape.group(1).upper(), json.dumps(request).encode())):
+        assert len(raw) > 1 << 20
+        answer = _post(sf_server, raw)
+        assert answer.status_code == 200 and answer.json()["run_result"]["stdout"] == expected, answer.text[:300]
 
 
 def test_a_large_session_call_reaches_its_session_whole(sf_server: ServerHandle) -> None:

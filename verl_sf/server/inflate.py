@@ -17,7 +17,7 @@ INFLATED = ("gzip", "deflate")
 
 
 class BodyTooLarge(InputError):
-    """The body inflates past the limit."""
+    """The body (inflated, where it is compressed) is larger than the limit."""
 
 
 class UndecodableBody(InputError):
