@@ -97,5 +97,9 @@ def _nests_too_deep_before(raw: bytes | str, end: int) -> bool:
 async def request_json(request: web.Request) -> Any:
     """`request.json()`, parsed in a thread when the body is large and to a bounded depth;
     JsonBodyError (a ValueError) when it is not JSON or nests too deep."""
-    raw = await request.read()
+    return await load_json_off_loop(await request.read())
+
+
+async def load_json_off_loop(raw: bytes) -> Any:
+    """`load_json`, in a thread when `raw` is large."""
     return await off_loop(len(raw), load_json, raw)

@@ -21,7 +21,7 @@ from aiohttp import web
 from verl_sf.daytona.control import API, TOOLBOX, list_limit, paged_list
 from verl_sf.daytona.sandboxes import NotFound
 from verl_sf.daytona.wire import error
-from verl_sf.json_body import load_json
+from verl_sf.json_body import load_json_off_loop
 from verl_sf.server.relay import Handler, Peers, PeerUnreachable, peer_json, peer_lists, place, relay, unrelayable
 
 DAYTONA_PATHS = (f"{API}/sandbox", TOOLBOX)
@@ -81,7 +81,7 @@ async def _list_all(request: web.Request, peers: Peers, client: aiohttp.ClientSe
 async def _name_taken(request: web.Request, peers: Peers, client: aiohttp.ClientSession) -> Optional[web.Response]:
     """409 when a peer already holds a sandbox of this key by the name a creation asks for."""
     try:
-        name = load_json(await request.read()).get("name")
+        name = (await load_json_off_loop(await request.read())).get("name")
     except (ValueError, AttributeError):
         return None  # the handler names the problem
     if not isinstance(name, str) or not name:

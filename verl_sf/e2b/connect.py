@@ -15,7 +15,7 @@ from typing import Any, Optional
 from aiohttp import web
 
 from verl_sf.errors import VerlSfError
-from verl_sf.json_body import JsonBodyError, load_json
+from verl_sf.json_body import JsonBodyError, load_json_off_loop
 
 END_STREAM = 0x02
 COMPRESSED = 0x01
@@ -62,7 +62,7 @@ def timeout_s(request: web.Request) -> Optional[float]:
 
 
 async def unary_message(request: web.Request) -> dict[str, Any]:
-    return _object(await request.read())
+    return await _object(await request.read())
 
 
 async def stream_message(request: web.Request) -> dict[str, Any]:
@@ -78,12 +78,12 @@ async def stream_message(request: web.Request) -> dict[str, Any]:
         raise ConnectError("unimplemented", "compressed frames are not supported")
     if len(raw) < 5 + length:
         raise ConnectError("invalid_argument", "the request's frame is cut short")
-    return _object(raw[5:5 + length])
+    return await _object(raw[5:5 + length])
 
 
-def _object(raw: bytes) -> dict[str, Any]:
+async def _object(raw: bytes) -> dict[str, Any]:
     try:
-        body = load_json(raw or b"{}")
+        body = await load_json_off_loop(raw or b"{}")
     except JsonBodyError as exc:
         raise ConnectError("invalid_argument", str(exc)) from None
     if not isinstance(body, dict):

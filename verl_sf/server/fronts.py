@@ -35,7 +35,8 @@ from aiohttp import web
 from verl_sf.daytona.routing import DAYTONA_PATHS, route_daytona
 from verl_sf.e2b.routing import is_e2b, route_e2b
 from verl_sf.errors import VerlSfError
-from verl_sf.json_body import JsonBodyError, load_json
+from verl_sf.json_body import JsonBodyError, load_json_off_loop
+from verl_sf.off_loop import json_bytes, off_loop
 from verl_sf.server.app import CONNECTIONS_KEY, ServerConfig, build_app, run
 from verl_sf.server.connections import LimitedSite
 from verl_sf.server.process import die_with_parent
@@ -152,9 +153,9 @@ class FrontRouting:
         body = await request.read()
         field = BODY_ID_FIELDS.get(request.path)
         if field is not None:  # `_owned_id` found the id in this body, a JSON object
-            payload = load_json(body)
+            payload = await load_json_off_loop(body)
             payload[field] = local_id
-            body = json.dumps(payload).encode()
+            body = await off_loop(len(body), json_bytes, payload)
         path = request.path.replace(public_id, local_id)
         url = f"http://127.0.0.1:{request.app[PEERS_KEY][owner]}{path}"
         async with request.app[CLIENT_KEY].request(request.method, url, data=body or None,
@@ -212,7 +213,7 @@ async def _owned_id(request: web.Request) -> Optional[tuple[str, str]]:
         raw = await request.read()  # read already, within its size and time limits (`body_middleware`)
         if f'"{field}"'.encode() in raw:
             try:
-                body = load_json(raw)
+                body = await load_json_off_loop(raw)
             except JsonBodyError:
                 return None  # the handler answers 400 naming the problem
             named = body.get(field) if isinstance(body, dict) else None
