@@ -12,18 +12,16 @@ import json
 import re
 import secrets
 from collections.abc import Callable, Mapping
+from json.decoder import scanstring  # type: ignore[attr-defined]  # JSON's string scanner, in C
 from typing import Any, TypeVar
 
 OFF_LOOP_BYTES = 1 << 20  # documents this large are parsed or encoded in a thread
 PIECE_CHARS = 1 << 20  # a long string is encoded (or searched) this much at a time: ~5 ms of the GIL each
 LONG_STRING = 64  # bytes: a body's strings this long are decoded apart from its structure, a piece at a time
 T = TypeVar("T")
-# A whole string, and a string's content token by token: text, an escape, where a high surrogate's
-# escape is one with a low one right after it (JSON joins them) and else only once what follows it
-# is seen, so a piece's end never parts them.
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
-_CONTENT = re.compile(rb"(?:[^\"\\]++|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-                      rb"|(?=[^\\]|\\[^u]|\\u(?![dD][c-fC-F])[0-9a-fA-F]{4}))|\\u(?![dD][89abAB])[0-9a-fA-F]{4}|\\[^u])*+")
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')  # a whole string
+_HIGH_ESCAPE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")  # JSON joins it with a low one right after
+_LOW_ESCAPE = re.compile(rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _BLANKS = re.compile(rb"[ \t\n\r]++")
 
 
@@ -136,27 +134,49 @@ def json_value(raw: bytes) -> Any:
 
 
 def _string_at(raw: bytes, start: int) -> tuple[str, int]:
-    """The string whose opening quote is at `start`, decoded a piece at a time, and where it ends.  A
-    piece ends after a whole escape and a whole UTF-8 character."""
+    """The string whose opening quote is at `start`, decoded a piece at a time by JSON's own string
+    scanner (which stops at its closing quote), and where it ends."""
     parts = []
-    at = start + 1
+    at, size = start + 1, len(raw)
     while True:
-        match = _CONTENT.match(raw, at, at + max(PIECE_CHARS, 16))  # room for a surrogate pair, whatever the piece
-        end = match.end() if match is not None else at  # it always matches, if only nothing
-        closed = raw[end:end + 1] == b'"'
-        if not closed and end < len(raw):
-            while end > at and raw[end] & 0xC0 == 0x80:  # a UTF-8 continuation byte: inside a character
-                end -= 1
+        limit = at + max(PIECE_CHARS, 32)
+        whole = _STRING.match(raw, start, limit) if at == start + 1 else None  # most end within a piece
+        cut = whole.end() if whole is not None else size if limit >= size else _cut(raw, at, limit)
         try:
-            if end == at and not closed:  # nothing decodable here: json.loads says what is wrong with it
-                json.loads('"' + raw[at:at + 16].decode("utf-8", "replace"))
-                raise ValueError("Unterminated string")  # never reached: what stops the match is not JSON
-            parts.append(json.loads('"' + raw[at:end].decode("utf-8", "surrogatepass") + '"'))
+            text = raw[at:cut].decode("utf-8", "surrogatepass") + '"'
+            value, end = scanstring(text, 0)
         except ValueError as exc:  # positions in a piece would mislead: the string's own is said instead
             raise ValueError(f"{getattr(exc, 'msg', exc)} in the string starting at byte {start}") from None
-        if closed:
-            return "".join(parts), end + 1
-        at = end
+        parts.append(value)
+        if end < len(text):  # its closing quote is in this piece
+            quote = at + (end - 1 if text.isascii() else len(text[:end - 1].encode("utf-8", "surrogatepass")))
+            return "".join(parts), quote + 1
+        if cut == size:
+            raise ValueError(f"Unterminated string starting at byte {start}")
+        at = cut
+
+
+def _cut(raw: bytes, at: int, limit: int) -> int:
+    """Where a piece of a string that starts at `at` (between two characters and two escapes) may end,
+    near `limit`: not inside a UTF-8 character or an escape, and not between a surrogate pair's two."""
+    slash = raw.rfind(b"\\", limit - 16, limit)
+    if slash < 0:  # no escape reaches `limit`
+        cut = limit
+        while raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back to its character's first
+            cut -= 1
+        return cut
+    run = slash  # the first of the backslashes that end at `slash`: an escape starts there
+    while run > at:
+        seen = raw[max(at, run - 4096):run]
+        stripped = seen.rstrip(b"\\")
+        run -= len(seen) - len(stripped)
+        if stripped:
+            break
+    if run == at:  # backslashes all the way from `at`: cut after an even number of them, escaped backslashes
+        return at + (slash - at) // 2 * 2
+    if run - 6 >= at and _HIGH_ESCAPE.fullmatch(raw, run - 6, run) and _LOW_ESCAPE.match(raw, run):
+        return run + 6  # after the pair
+    return run
 
 
 def _put_back(body: Any, strings: dict[str, str]) -> Any:

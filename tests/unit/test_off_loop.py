@@ -81,7 +81,7 @@ def _document(rng: random.Random) -> object:
     def value(depth: int) -> object:
         kind = rng.randrange(7 if depth < 3 else 4)
         if kind <= 1:
-            return _text(rng, rng.choice([0, 1, 3, 8, 30]))
+            return _text(rng, rng.choice([0, 1, 3, 8, 30, 200]))
         if kind == 2:
             return rng.choice([0, -1.5, 10 ** 20, True, False, None, 3e-7])
         if kind == 3:
@@ -89,7 +89,8 @@ def _document(rng: random.Random) -> object:
         if kind == 4:
             return [value(depth + 1) for _ in range(rng.randrange(4))]
         return {_text(rng, rng.choice([1, 2, 12])): value(depth + 1) for _ in range(rng.randrange(4))}
-    return {"code": _text(rng, rng.randint(0, 60)), "more": value(0)}
+    return {"code": _text(rng, rng.randint(0, 300)), "runs": "\\" * rng.randint(0, 99) + "😀" * rng.randint(0, 40),
+            "more": value(0)}
 
 
 def _raw_forms(document: object, rng: random.Random) -> list[bytes]:
