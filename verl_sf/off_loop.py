@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import json
 import re
 import secrets
@@ -102,14 +103,16 @@ def json_value(raw: bytes) -> Any:
     between pieces, where `json.loads` holds it for the whole body (~70 ms for 50 MB).  Strings of
     LONG_STRING bytes or more are decoded apart, each a piece at a time, and stand in the body as
     placeholders no client can guess; runs of blanks shrink to one; the rest (structure, numbers,
-    short strings) is parsed at once and the strings put back.  A body that is not UTF-8 (JSON's
-    UTF-16 and UTF-32) is parsed at once.  Errors are ValueError, as `json.loads` raises them."""
-    if json.detect_encoding(raw[:4]) != "utf-8":
-        return json.loads(raw)
+    short strings) is parsed at once and the strings put back.  A body in UTF-16 or UTF-32 (which
+    `json.loads` reads too) is made UTF-8 first, a piece at a time.  Errors are ValueError, as
+    `json.loads` raises them."""
+    encoding = json.detect_encoding(raw[:4])
+    if encoding.startswith(("utf-16", "utf-32")):
+        raw = _utf8(raw, encoding)
     skeleton: list[bytes] = []
     strings: dict[str, str] = {}
     tag = secrets.token_hex(16)
-    at, size = 0, len(raw)
+    at, size = 3 if encoding == "utf-8-sig" else 0, len(raw)  # past a byte order mark, as json.loads reads it
     while at < size:
         limit = at + PIECE_CHARS
         quote = raw.find(b'"', at, limit)
@@ -131,6 +134,15 @@ def json_value(raw: bytes) -> Any:
     except json.JSONDecodeError as exc:  # its position is the skeleton's, not the body's
         raise ValueError(exc.msg) from None
     return _put_back(body, strings) if strings else body
+
+
+def _utf8(raw: bytes, encoding: str) -> bytes:
+    """`raw.decode(encoding).encode()` a piece at a time, lone surrogates kept (as `json.loads` decodes)."""
+    decoder = codecs.getincrementaldecoder(encoding)("surrogatepass")
+    pieces = [decoder.decode(raw[at:at + PIECE_CHARS]).encode("utf-8", "surrogatepass")
+              for at in range(0, len(raw), PIECE_CHARS)]
+    pieces.append(decoder.decode(b"", final=True).encode("utf-8", "surrogatepass"))
+    return b"".join(pieces)
 
 
 def _string_at(raw: bytes, start: int) -> tuple[str, int]:
@@ -162,7 +174,7 @@ def _cut(raw: bytes, at: int, limit: int) -> int:
     slash = raw.rfind(b"\\", limit - 16, limit)
     if slash < 0:  # no escape reaches `limit`
         cut = limit
-        while raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back to its character's first
+        while cut > limit - 3 and raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back to its character's first
             cut -= 1
         return cut
     run = slash  # the first of the backslashes that end at `slash`: an escape starts there
