@@ -12,7 +12,8 @@ from aiohttp import web
 
 from verl_sf.errors import InputError
 from verl_sf.executor.zygote.wire import MAX_DEPTH, deeper_than
-from verl_sf.off_loop import OFF_LOOP_BYTES, PIECE_CHARS, json_value, off_loop
+from verl_sf.json_pieces import BulkOutsideStrings, PastTheCap, decode
+from verl_sf.off_loop import OFF_LOOP_BYTES, off_loop
 
 MAX_JSON_DEPTH = MAX_DEPTH
 """Nesting a request body may have (Ruby's JSON default; the zygote's lines have the same): the
@@ -26,13 +27,17 @@ token): a 63 MiB body of seven million one-letter keys held every client for 6-3
 2026-12-06), and 18 MiB of 99,000 lists each nested 99 deep (ten million lists) 8.5 s and a GB
 (2026-12-07).  The APIs' bodies need a few per file, cell, label or field; their bulk is in strings,
 each one token."""
+MAX_OUTSIDE_STRINGS = 1 << 20
+"""Bytes a request body may hold outside its strings (numbers, brackets, literals; a run of blanks
+counts as one): the APIs' numbers are a few digits each.  Python converts a long integer in time
+that grows as its digits squared, so 15,500 integers of 4,300 digits (66 MB, 99 KB gzipped) held
+every client ~1 s (red team, 2026-12-07)."""
 _STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
 _TOKENS_BYTES = re.compile(rf"{_STRING}|[,:\[{{]".encode())
 _TOKENS_TEXT = re.compile(rf"{_STRING}|[,:\[{{]")
 # A string, or brackets opening one inside another (whitespace between): each run whole, so a run's length is
 # how deep it nests at least.
-_RUNS_BYTES = re.compile(rf"{_STRING}|[\[{{]\s*+(?:[\[{{]\s*+)*+".encode())
-_RUNS_TEXT = re.compile(rf"{_STRING}|[\[{{]\s*+(?:[\[{{]\s*+)*+")
+_RUNS = re.compile(rf"{_STRING}|[\[{{]\s*+(?:[\[{{]\s*+)*+".encode())
 
 
 class JsonBodyError(InputError):
@@ -41,16 +46,24 @@ class JsonBodyError(InputError):
 
 def load_json(raw: bytes | str) -> Any:
     """`json.loads`, with a body of more than MAX_JSON_TOKENS refused before it is parsed and one nested
-    past MAX_JSON_DEPTH refused rather than recursed into."""
+    past MAX_JSON_DEPTH refused rather than recursed into; a body of a MiB or more is decoded a piece at
+    a time (json_pieces.py) and refused past MAX_OUTSIDE_STRINGS as well."""
     too_deep = JsonBodyError(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
-    past = _past_the_token_cap(raw)
-    if past is not None:
-        if _nests_too_deep_before(raw, past):  # brackets alone, one inside another: the depth is what is wrong
-            raise too_deep
-        raise JsonBodyError(f"request body holds more than {MAX_JSON_TOKENS:,} JSON tokens (strings, separators "
-                            f"and brackets): put bulk in strings (files, code, stdin), not in many small values")
     try:
-        body = json_value(raw) if isinstance(raw, bytes) and len(raw) >= OFF_LOOP_BYTES else json.loads(raw)
+        if isinstance(raw, bytes) and len(raw) >= OFF_LOOP_BYTES:
+            body = decode(raw, MAX_JSON_TOKENS, MAX_OUTSIDE_STRINGS)  # a piece at a time, counting as it goes
+        else:
+            past = _past_the_token_cap(raw)
+            if past is not None:
+                raise PastTheCap(raw[:past] if isinstance(raw, bytes) else raw[:past].encode("utf-8", "surrogatepass"))
+            body = json.loads(raw)
+    except PastTheCap as exc:
+        if _nests_too_deep_before(exc.skeleton):  # brackets alone, one inside another: the depth is what is wrong
+            raise too_deep from None
+        raise JsonBodyError(f"request body holds more than {MAX_JSON_TOKENS:,} JSON tokens (strings, separators and "
+                            "brackets): put bulk in strings (files, code, stdin), not in many small values") from None
+    except BulkOutsideStrings as exc:
+        raise JsonBodyError(f"request body holds {exc} (numbers, brackets, literals): put bulk in strings") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
         raise JsonBodyError(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # deeper than the interpreter's stack, so far past the limit
@@ -68,7 +81,7 @@ def _past_the_token_cap(raw: bytes | str) -> int | None:
     speed)."""
     tokens: Iterator[re.Match[Any]]
     if isinstance(raw, bytes):
-        bound = 3 * _count(raw, b":") + 2 * _count(raw, b",") + 2 * _count(raw, b"[") + _count(raw, b"{") + 1
+        bound = 3 * raw.count(b":") + 2 * raw.count(b",") + 2 * raw.count(b"[") + raw.count(b"{") + 1
         tokens = _TOKENS_BYTES.finditer(raw)
     else:
         bound = 3 * raw.count(":") + 2 * raw.count(",") + 2 * raw.count("[") + raw.count("{") + 1
@@ -79,19 +92,11 @@ def _past_the_token_cap(raw: bytes | str) -> int | None:
     return past.end() if isinstance(past, re.Match) else None
 
 
-def _count(raw: bytes, character: bytes) -> int:
-    """`raw.count(character)` a piece at a time (~25 ms of the GIL for 50 MB at once)."""
-    return sum(raw.count(character, at, at + PIECE_CHARS) for at in range(0, len(raw), PIECE_CHARS))
-
-
-def _nests_too_deep_before(raw: bytes | str, end: int) -> bool:
-    """Whether, before `end`, brackets open past MAX_JSON_DEPTH one inside another outside any string: a
-    run of them, among the strings and runs of a body's first MAX_JSON_TOKENS tokens."""
-    if isinstance(raw, bytes):
-        runs = (match.group() for match in _RUNS_BYTES.finditer(raw, 0, end))
-        return any(run[:1] != b'"' and run.count(b"[") + run.count(b"{") > MAX_JSON_DEPTH for run in runs)
-    texts = (match.group() for match in _RUNS_TEXT.finditer(raw, 0, end))
-    return any(text[:1] != '"' and text.count("[") + text.count("{") > MAX_JSON_DEPTH for text in texts)
+def _nests_too_deep_before(head: bytes) -> bool:
+    """Whether, in a body's first MAX_JSON_TOKENS tokens, brackets open past MAX_JSON_DEPTH one inside
+    another outside any string: a run of them, among the strings and runs."""
+    runs = (match.group() for match in _RUNS.finditer(head))
+    return any(run[:1] != b'"' and run.count(b"[") + run.count(b"{") > MAX_JSON_DEPTH for run in runs)
 
 
 async def request_json(request: web.Request) -> Any:

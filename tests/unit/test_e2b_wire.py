@@ -7,6 +7,8 @@ import struct
 
 import pytest
 
+from verl_sf import off_loop
+from verl_sf.e2b import sandboxes
 from verl_sf.e2b.connect import ConnectError, end_frame, frame
 from verl_sf.e2b.interpreter import error_event, execution_events, result_event
 from verl_sf.e2b.sandboxes import MARK, GuestError, call_code, parse_answer
@@ -31,6 +33,20 @@ def test_call_code_carries_data_as_one_literal() -> None:
     assert call.co_names == ("__import__", "dispatch")
     literal = code[code.index("(", len("__import__(")) + 1:-1]
     assert json.loads(eval(literal)) == {"op": "fs_stat", "args": {"path": hostile}}
+
+
+def test_a_large_payload_is_quoted_in_pieces_as_one_literal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An execution's code past a MiB is encoded and quoted a piece at a time; cut anywhere, the call is
+    one expression whose literal is the payload's JSON."""
+    monkeypatch.setattr(off_loop, "OFF_LOOP_BYTES", 0)
+    hostile = "\\'\"\x7fé😀\ud800\n'''\\\\" * 5
+    for piece in (1, 2, 3, 7):
+        monkeypatch.setattr(sandboxes, "PIECE_CHARS", piece)
+        monkeypatch.setattr(off_loop, "PIECE_CHARS", piece)
+        code = call_code("run_cell", {"context": "c", "code": hostile, "envs": {"K": hostile}})
+        assert compile(code, "<test>", "eval").co_names == ("__import__", "run_cell")
+        literal = code[code.index("(", len("__import__(")) + 1:-1]
+        assert json.loads(eval(literal)) == {"context": "c", "code": hostile, "envs": {"K": hostile}}
 
 
 def test_guest_answers_are_parsed_defensively() -> None:

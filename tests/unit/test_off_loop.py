@@ -4,7 +4,6 @@ gives exactly what the one-call version gives, whatever the cuts fall on."""
 from __future__ import annotations
 
 import base64
-import codecs
 import json
 import random
 import re
@@ -75,66 +74,6 @@ def test_a_name_said_a_million_times_costs_a_search_per_piece(monkeypatch: pytes
     monkeypatch.setattr(pool, "_words", counted)
     assert names_in(["numpy", "sympy"], code) == {"numpy"}
     assert calls <= 2 * 3, calls  # per piece: the search that finds numpy, then one for sympy alone
-
-
-def _document(rng: random.Random) -> object:
-    """Objects, lists, repeated keys' worth of short and long strings (escaped or not), numbers, literals."""
-    def value(depth: int) -> object:
-        kind = rng.randrange(7 if depth < 3 else 4)
-        if kind <= 1:
-            return _text(rng, rng.choice([0, 1, 3, 8, 30, 200]))
-        if kind == 2:
-            return rng.choice([0, -1.5, 10 ** 20, True, False, None, 3e-7])
-        if kind == 3:
-            return _text(rng, 2)
-        if kind == 4:
-            return [value(depth + 1) for _ in range(rng.randrange(4))]
-        return {_text(rng, rng.choice([1, 2, 12])): value(depth + 1) for _ in range(rng.randrange(4))}
-    return {"code": _text(rng, rng.randint(0, 300)), "runs": "\\" * rng.randint(0, 99) + "😀" * rng.randint(0, 40),
-            "more": value(0)}
-
-
-def _raw_forms(document: object, rng: random.Random) -> list[bytes]:
-    """The same document as clients write it: escaped or raw UTF-8 (after a byte order mark or not), UTF-16
-    or UTF-32, compact or indented, escapes in either case and `\\/`, a repeated key."""
-    ascii_form = json.dumps(document).encode()
-    text = json.dumps(document, ensure_ascii=False)
-    forms = [ascii_form, text.encode("utf-8", "surrogatepass"), codecs.BOM_UTF8 + ascii_form,
-             text.encode(rng.choice(["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"]), "surrogatepass"),
-             json.dumps(document, indent=rng.choice([1, 3]), separators=(" , ", " :  ")).encode(),
-             re.sub(rb"\\u([0-9a-f]{4})", lambda m: b"\\u" + m.group(1).upper(), ascii_form).replace(b"/", b"\\/"),
-             b'{"k": 1, "k": "' + b"\\u00e9" * 5 + b'", "' + b"\\u00e9" * 5 + b'": 2, "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9": 3'
-             + b', "k": ' + ascii_form + b"}"]
-    return forms
-
-
-def test_a_body_decoded_in_pieces_is_what_json_loads_gives(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(off_loop, "LONG_STRING", 4)
-    rng = random.Random(11)
-    for piece in (1, 2, 5, 7, 16, 33):
-        monkeypatch.setattr(off_loop, "PIECE_CHARS", piece)
-        for _ in range(150):
-            for raw in _raw_forms(_document(rng), rng):
-                assert off_loop.json_value(raw) == json.loads(raw), raw
-
-
-@pytest.mark.parametrize("raw", [b'{"a": "' + b"x" * 40, b'{"a": "xxxxxxxxxx\\q"}', b'{"a": "xxxxxxxxxx\\u12"}',
-                                 b'{"a": "xxxxxxxxxx\x01"}', b'{"a": "xxxxxxxxxx\xff"}', b'{"a": "xxxxxxxxxx\\',
-                                 b'{"a": "xxxxxxxxxx" "b"}', b'{"a": 1,}', b'[1 2]', b'{"a": "xxxxxxxxxxxx"', b"",
-                                 b'["xxxxxxxxxxxx"]x', b'"xxxxxxxxxx\\ud83d\\u"'])
-def test_a_body_that_is_not_json_is_refused_in_pieces_as_at_once(raw: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(off_loop, "LONG_STRING", 4)
-    monkeypatch.setattr(off_loop, "PIECE_CHARS", 5)
-    with pytest.raises(ValueError):
-        json.loads(raw)
-    with pytest.raises(ValueError):
-        off_loop.json_value(raw)
-
-
-def test_a_string_in_pieces_names_where_it_starts() -> None:
-    raw = b'{"code": "' + b"x" * 100 + b'\\q"}'
-    with pytest.raises(ValueError, match=r"Invalid \\escape in the string starting at byte 9"):
-        off_loop.json_value(raw)
 
 
 def test_files_base64_checked_in_pieces_as_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

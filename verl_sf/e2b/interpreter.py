@@ -22,6 +22,7 @@ from verl_sf.e2b.sandboxes import Context, GuestError, Sandbox, Sandboxes, call_
 from verl_sf.executor.zygote.messages import NOTE
 from verl_sf.json_body import JsonBodyError, request_json
 from verl_sf.models import CellRunResult, RunJupyterResponse, check_text
+from verl_sf.off_loop import off_loop
 from verl_sf.validation import Environment, first_error
 
 LANGUAGES = ("python",)
@@ -125,7 +126,7 @@ def execution_events(cells: list[CellRunResult], message: str) -> list[dict[str,
 async def run_execution(sandboxes: Sandboxes, sandbox: Sandbox, context_id: str, code: str, envs: dict[str, str],
                         timeout_s: float) -> tuple[list[dict[str, Any]], RunJupyterResponse]:
     """One execution of `code` in a context: its events (E2B's) and the session's answer."""
-    cells = [call_code("run_cell", {"context": context_id, "code": code, "envs": envs})]
+    cells = [await off_loop(len(code), call_code, "run_cell", {"context": context_id, "code": code, "envs": envs})]
     response = await sandboxes.run_cells(sandbox, cells, timeout_s)
     events = execution_events(response.cells, response.message)
     if response.session_alive is False:

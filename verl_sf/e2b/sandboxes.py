@@ -13,7 +13,6 @@ import base64
 import binascii
 import collections
 import dataclasses
-import json
 import logging
 import secrets
 import time
@@ -35,7 +34,7 @@ from verl_sf.models import (
     RunJupyterResponse,
     SessionCreateRequest,
 )
-from verl_sf.off_loop import base64_of, off_loop
+from verl_sf.off_loop import PIECE_CHARS, base64_of, json_bytes, off_loop
 from verl_sf.tenancy import Owner, new_token, owns
 
 Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
@@ -102,12 +101,19 @@ class Sandbox:
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
-def call_code(function: str, payload: Any, data: Optional[str] = None) -> str:
+def call_code(function: str, payload: dict[str, Any], data: Optional[str] = None) -> str:
     """Python that calls the guest's `function` with one JSON string: data travels as a literal.
     `data` (base64, whose letters need no escaping in JSON or a Python literal) is put in as it is,
-    never encoded again: for a 60 MB upload that was ~1 s of the event loop's time."""
+    never encoded again: for a 60 MB upload that was ~1 s of the event loop's time.  A large payload
+    (an execution's code) is encoded and quoted a piece at a time: call it in a thread (`off_loop`)."""
     spliced = "" if data is None else f", '{data}'"
-    return f"{GUEST}.{function}({json.dumps(payload)!r}{spliced})"
+    return f"{GUEST}.{function}('{_quoted(json_bytes(payload).decode())}'{spliced})"
+
+
+def _quoted(text: str) -> str:
+    """JSON's text (printable ASCII) as the inside of a single-quoted Python literal, a piece at a time."""
+    return "".join(text[at:at + PIECE_CHARS].replace("\\", "\\\\").replace("'", "\\'")
+                   for at in range(0, len(text), PIECE_CHARS))
 
 
 async def base64_text(data: bytes) -> str:
