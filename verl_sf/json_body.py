@@ -13,7 +13,7 @@ from aiohttp import web
 from verl_sf.errors import InputError
 from verl_sf.executor.zygote.wire import MAX_DEPTH, deeper_than
 from verl_sf.json_pieces import BulkOutsideStrings, PastTheCap, decode
-from verl_sf.off_loop import OFF_LOOP_BYTES, off_loop
+from verl_sf.off_loop import OFF_LOOP_BYTES, PIECE_CHARS, off_loop
 
 MAX_JSON_DEPTH = MAX_DEPTH
 """Nesting a request body may have (Ruby's JSON default; the zygote's lines have the same): the
@@ -49,6 +49,9 @@ def load_json(raw: bytes | str) -> Any:
     past MAX_JSON_DEPTH refused rather than recursed into; a body of a MiB or more is decoded a piece at
     a time (json_pieces.py) and refused past MAX_OUTSIDE_STRINGS as well."""
     too_deep = JsonBodyError(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(raw, str) and len(raw) >= OFF_LOOP_BYTES and not raw.startswith("\ufeff"):  # a WebSocket's text
+        raw = b"".join(raw[at:at + PIECE_CHARS].encode("utf-8", "surrogatepass")
+                       for at in range(0, len(raw), PIECE_CHARS))
     try:
         if isinstance(raw, bytes) and len(raw) >= OFF_LOOP_BYTES:
             body = decode(raw, MAX_JSON_TOKENS, MAX_OUTSIDE_STRINGS)  # a piece at a time, counting as it goes

@@ -87,7 +87,7 @@ def test_an_error_in_a_piece_names_its_place_in_the_body(monkeypatch: pytest.Mon
             _decoded(b'{"code": "' + b"x" * 100 + fault + b'"}')
 
 
-def _refusal(raw: bytes) -> str:
+def _refusal(raw: bytes | str) -> str:
     with pytest.raises(JsonBodyError) as refused:
         load_json(raw)
     return str(refused.value)
@@ -118,3 +118,11 @@ def test_the_caps_count_as_a_small_body_counts(monkeypatch: pytest.MonkeyPatch) 
         assert (load_json(large) if 7 * entries <= 20 else _refusal(large)) == verdict
         verdicts.append(isinstance(verdict, dict))
     assert verdicts == [True, True, False, False, False]
+
+
+def test_a_large_text_body_is_read_as_its_utf8_would_be() -> None:
+    """A WebSocket's text message (Daytona's interpreter) is parsed a piece at a time, as its bytes are."""
+    document = {"code": "é😀\ud800\\\"" * (1 << 18), "k": [1, 2.5, None]}
+    text = json.dumps(document, ensure_ascii=False)
+    assert load_json(text) == document == load_json(text.encode("utf-8", "surrogatepass"))
+    assert "BOM" in _refusal("\ufeff" + text)
