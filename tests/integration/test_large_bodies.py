@@ -49,6 +49,17 @@ def test_a_large_body_of_escapes_and_any_text_reaches_the_run_as_json_loads_read
         assert answer.status_code == 200 and answer.json()["run_result"]["stdout"] == expected, answer.text[:300]
 
 
+def test_a_large_answer_carries_its_fetched_file_and_output_whole(sf_server: ServerHandle) -> None:
+    """An answer of tens of MB (a fetched file, a full output) is encoded a piece at a time: what the
+    client reads is what the run wrote."""
+    code = ("import os\nblob = bytes(range(256)) * (3 << 12)\nopen('/tmp/out.bin', 'wb').write(blob * 8)\n"
+            "print('é😀\"\\\\' * ((1 << 17) - 1))")
+    body = run_code(sf_server, code, fetch_files=["/tmp/out.bin"], run_timeout=30)
+    assert body["status"] == "Success", str(body)[:300]
+    assert base64.b64decode(body["files"]["/tmp/out.bin"]) == bytes(range(256)) * (3 << 15)
+    assert body["run_result"]["stdout"].startswith('é😀"\\é😀') and body["run_result"]["stdout"].endswith("\\\n")
+
+
 def test_a_large_session_call_reaches_its_session_whole(sf_server: ServerHandle) -> None:
     session = requests.post(sf_server.url + "/sessions", json={"language": "python"}, timeout=30).json()["session_id"]
     try:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Optional, Union
 
@@ -37,7 +38,8 @@ from verl_sf.executor.zygote.messages import (
     SessionOpenHead,
     SessionReply,
 )
-from verl_sf.off_loop import json_bytes, off_loop, text_size
+from verl_sf.json_pieces import decode
+from verl_sf.off_loop import OFF_LOOP_BYTES, json_bytes, off_loop, text_size
 
 log = logging.getLogger(__name__)
 MAX_REPLY_BYTES = 512 << 20  # far past what the zygote lets a reply carry (it caps every channel)
@@ -128,7 +130,7 @@ class ZygoteProcess:
             if not line:
                 return
             self.fault = ""
-            reply: Reply = await off_loop(len(line), json.loads, line)
+            reply: Reply = await off_loop(len(line), _reply_of, line)
             future = self.pending.pop(reply.get("id", -1), None)
             if future is not None:
                 if not future.done():
@@ -248,6 +250,13 @@ class ZygoteProcess:
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
         self._fail_all("the server is shutting down")
+
+
+def _reply_of(line: bytes) -> Reply:
+    """A zygote's reply line; a large one (a fetched file, a run's output) decoded a piece at a time,
+    uncapped: the zygote caps what a reply carries."""
+    reply: Reply = decode(line, sys.maxsize, sys.maxsize) if len(line) >= OFF_LOOP_BYTES else json.loads(line)
+    return reply
 
 
 async def encode_body(body: Union[RunBody, SessionCallBody]) -> bytes:

@@ -37,6 +37,7 @@ from verl_sf.server.requests import (
     body_middleware,
     get_executor,
     get_metrics,
+    model_answer,
     parse,
 )
 from verl_sf.server.snapshot_routes import add_snapshot_routes
@@ -97,7 +98,7 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
         return refuse(request, exc)
     get_metrics(request).record_run(endpoint, language(parsed), response.status, response.queue_wait,
                                     time.monotonic() - started)
-    return web.Response(body=response.model_dump_json(), content_type="application/json")
+    return await model_answer(response)
 
 
 async def create_session(request: web.Request) -> web.Response:
@@ -108,7 +109,7 @@ async def create_session(request: web.Request) -> web.Response:
         info = await get_executor(request).create_session(parsed)
     except REFUSALS as exc:  # a field that clashes with a snapshot is 422, as pydantic's would be
         return refuse(request, exc, invalid_status=400 if parsed.from_snapshot is None else 422)
-    return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
+    return await model_answer(info, 201)
 
 
 async def get_session(request: web.Request) -> web.Response:
@@ -116,7 +117,7 @@ async def get_session(request: web.Request) -> web.Response:
         info = get_executor(request).session_info(request.match_info["session_id"])
     except SessionGone as exc:
         return refuse(request, exc)
-    return web.Response(body=info.model_dump_json(), content_type="application/json")
+    return await model_answer(info)
 
 
 async def delete_session(request: web.Request) -> web.Response:

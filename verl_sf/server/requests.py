@@ -19,7 +19,7 @@ from verl_sf.byte_budget import BodiesFull, ByteBudget
 from verl_sf.errors import answer_of
 from verl_sf.executor import Executor
 from verl_sf.json_body import JsonBodyError, load_json
-from verl_sf.off_loop import off_loop
+from verl_sf.off_loop import OFF_LOOP_BYTES, json_bytes, off_loop, text_size
 from verl_sf.server.connections import TrackedConnection
 from verl_sf.server.inflate import BodyTooLarge, UndecodableBody, encoding_of, inflate
 from verl_sf.server.metrics import ServerMetrics
@@ -44,6 +44,15 @@ def refused(request: web.Request, status: int, code: str, detail: Any,
     if isinstance(detail, list) and detail and len(detail[0]["loc"]) > 1:
         body["field"] = str(detail[0]["loc"][1])
     return web.json_response(body, status=status, headers=headers)
+
+
+async def model_answer(model: BaseModel, status: int = 200) -> web.Response:
+    """`model` as a JSON answer; a large one (fetched files, outputs) encoded a piece at a time in a
+    thread (`model_dump_json` held the event loop ~75 ms for a 32 MiB file)."""
+    body = model.model_dump(mode="json")  # shares the model's strings
+    size = text_size(body)
+    data = await off_loop(size, json_bytes, body) if size >= OFF_LOOP_BYTES else model.model_dump_json().encode()
+    return web.Response(body=data, content_type="application/json", status=status)
 
 
 def validation_detail(exc: ValidationError, where: str = "body") -> list[dict[str, Any]]:

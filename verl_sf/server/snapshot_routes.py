@@ -13,7 +13,7 @@ from verl_sf.errors import SnapshotGone
 from verl_sf.executor import closed
 from verl_sf.models import SessionForkRequest, SnapshotList
 from verl_sf.server.rejections import REFUSALS, refuse
-from verl_sf.server.requests import get_executor, parse
+from verl_sf.server.requests import get_executor, model_answer, parse
 
 
 async def fork_session(request: web.Request) -> web.Response:
@@ -25,7 +25,7 @@ async def fork_session(request: web.Request) -> web.Response:
         forks = await get_executor(request).fork_session(request.match_info["session_id"], parsed)
     except REFUSALS as exc:
         return refuse(request, exc, invalid_status=422)
-    return web.Response(body=forks.model_dump_json(), content_type="application/json", status=201)
+    return await model_answer(forks, 201)
 
 
 async def snapshot_session(request: web.Request) -> web.Response:
@@ -33,12 +33,12 @@ async def snapshot_session(request: web.Request) -> web.Response:
         info = await get_executor(request).snapshot_session(request.match_info["session_id"])
     except REFUSALS as exc:
         return refuse(request, exc)
-    return web.Response(body=info.model_dump_json(), content_type="application/json", status=201)
+    return await model_answer(info, 201)
 
 
 async def list_snapshots(request: web.Request) -> web.Response:
     body = SnapshotList(snapshots=get_executor(request).snapshots())
-    return web.Response(body=body.model_dump_json(), content_type="application/json")
+    return await model_answer(body)
 
 
 async def get_snapshot(request: web.Request) -> web.Response:
@@ -46,7 +46,7 @@ async def get_snapshot(request: web.Request) -> web.Response:
         info = get_executor(request).snapshot_info(request.match_info["snapshot_id"])
     except SnapshotGone as exc:
         return refuse(request, exc)
-    return web.Response(body=info.model_dump_json(), content_type="application/json")
+    return await model_answer(info)
 
 
 async def delete_snapshot(request: web.Request) -> web.Response:
