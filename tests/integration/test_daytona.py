@@ -175,6 +175,19 @@ async def test_update_env_reaches_later_commands_and_runs(sandbox: AsyncSandbox)
     assert seen.stdout == "two False\n"
 
 
+async def test_a_command_output_is_kept_to_the_output_limit(sandbox: AsyncSandbox) -> None:
+    """A command's output is kept as a run's is, to the server's output limit (1 MiB) with a marker: a red
+    team's command writing 150 MiB was held whole in the server's memory and encoded on its event loop."""
+    flood = "head -c 3145728 /dev/zero | tr '\\0' x"
+    executed = await sandbox.process.exec(f"{flood}; echo done")
+    assert executed.result.startswith("x" * (1 << 20)), executed.result[:80]
+    assert executed.result[1 << 20:] == "\n[verl-sf: output truncated, 2097157 more bytes not shown]\n"
+    await sandbox.process.create_session("flood")
+    done = await sandbox.process.execute_session_command("flood", SessionExecuteRequest(command=f"{flood} >&2"))
+    assert done.stdout == "" and len(done.stderr) == (1 << 20) + len(
+        "\n[verl-sf: output truncated, 2097152 more bytes not shown]\n"), done.stderr[-80:]
+
+
 async def test_exec_code_run_and_process_sessions(sandbox: AsyncSandbox) -> None:
     executed = await sandbox.process.exec("echo out; echo err >&2; exit 3", env={"X": "1"})
     assert executed.exit_code == 3 and "out\n" in executed.result and "err\n" in executed.result

@@ -365,6 +365,45 @@ def test_a_body_of_many_small_values_is_refused_before_it_is_parsed_on_every_api
                            timeout=60)
     assert answer.status_code == 200 and answer.json()["run_result"]["stdout"] == "1\n", answer.text[:300]
 
+def test_a_body_of_long_numbers_is_refused_before_it_is_parsed_on_every_api(sf_server: ServerHandle) -> None:
+    """Integers of 4,300 digits convert in time that grows as their digits squared: 15,500 of them (99 KB
+    gzipped) held every client ~1 s on each API (red team, 2026-12-07).  Past a MiB outside its strings a
+    body is a 400 naming the cap, on each API, in that API's shape."""
+    numbers = "[" + ",".join(["7" * 4300] * 300) + "]"
+    bodies = [("/run_code", f'{{"code": "print(1)", "language": "python", "x": {numbers}}}', {}, "detail"),
+              ("/v2/sandboxes", f'{{"templateID": "code-interpreter-v1", "x": {numbers}}}',
+               {"X-API-Key": "long-numbers"}, "message"),
+              ("/api/sandbox", f'{{"x": {numbers}}}', {"Authorization": "Bearer long-numbers"}, "message")]
+    for path, body, headers, field in bodies:
+        answer = requests.post(sf_server.url + path, data=gzip.compress(body.encode()), timeout=60,
+                               headers={"Content-Type": "application/json", "Content-Encoding": "gzip", **headers})
+        assert answer.status_code == 400, (path, answer.text[:300])
+        assert "more than 1,048,576 bytes outside its strings" in answer.json()[field], (path, answer.text[:300])
+    assert run_code(sf_server, "print('still serving')")["run_result"]["stdout"] == "still serving\n"
+
+
+def test_a_display_too_bulky_to_parse_keeps_its_text_and_a_forged_record_is_dropped(sf_server: ServerHandle) -> None:
+    """What a cell displays reaches the server as a record, parsed by the zygote and by the server: a red
+    team's 130-byte request displayed 3.5 million keys and held every client 4.3 s.  JSON past the token
+    or digits cap is left out of the bundle (its text/plain stays); a cell whose displays together pass
+    it keeps its output and says its displays were left out; a record written past the caps by hand is
+    garbage the run wrote to itself, dropped unread."""
+    cells = ["from IPython.display import JSON, display\ndisplay(JSON({str(i): 0 for i in range(200_000)}))",
+             "display(JSON([int('7' * 4300)] * 300))", "display(JSON({'a': [1, {'b': 'c'}]}))",
+             "for _ in range(30_000):\n    display({'a': [1, 2, 3]})\nprint('many')", "print('next')"]
+    answer = requests.post(sf_server.url + "/run_jupyter", json={"cells": cells, "total_timeout": 60}, timeout=90)
+    shown = [cell["display"] for cell in answer.json()["cells"]]
+    assert [[sorted(bundle) for bundle in display] for display in shown] == [
+        [["text/plain"]], [["text/plain"]], [["application/json", "text/plain"]], [], []], answer.text[:500]
+    assert shown[2][0]["application/json"] == {"a": [1, {"b": "c"}]}
+    many, after = answer.json()["cells"][3:]
+    assert many["stdout"] == "many\n" and after["stdout"] == "next\n", answer.text[:500]
+    assert many["stderr"] == "\n[verl-sf: this cell's displays left out: more than 100,000 JSON tokens]\n"
+    forged = "import os\nos.write(3, b'\\n{\"kind\": \"cell\", \"x\": [' + b'1,' * 200_000 + b'1]}\\n')\nprint('on')"
+    answer = requests.post(sf_server.url + "/run_jupyter", json={"cells": [forged, "print(2)"]}, timeout=60)
+    assert [cell["stdout"] for cell in answer.json()["cells"]] == ["on\n", "2\n"], answer.text[:500]
+    assert run_code(sf_server, "print('still serving')")["run_result"]["stdout"] == "still serving\n"
+
 
 def test_a_compressed_body_past_the_limit_closes_its_connection(sf_server: ServerHandle) -> None:
     """A gzip bomb's rest is not inflated to be drained: its 413 closes the connection (a red team's 4 MiB

@@ -26,6 +26,7 @@ from verl_sf.e2b.sandboxes import Sandboxes as Boxes
 from verl_sf.e2b.sandboxes import SandboxGone
 from verl_sf.errors import CapacityError, ConflictError, NotFoundError
 from verl_sf.executor import Closed, Closing, Executor, closed_now
+from verl_sf.executor.zygote.messages import TRUNCATION_MARKER
 from verl_sf.tenancy import Owner, owns
 
 LANGUAGE_LABEL = "code-toolbox-language"  # the SDK's CODE_TOOLBOX_LANGUAGE_LABEL
@@ -54,13 +55,32 @@ class TooManySandboxes(CapacityError):
 
 
 @dataclasses.dataclass
+class Output:
+    """A stream of a command's, kept up to `limit` bytes (the server's output limit, as `/run_code`
+    keeps a run's: a command writing 150 MiB held the event loop 0.56 s and the memory), then counted."""
+
+    limit: int
+    kept: bytearray = dataclasses.field(default_factory=bytearray)
+    dropped: int = 0
+
+    def add(self, data: bytes) -> None:
+        room = max(0, self.limit - len(self.kept))
+        self.kept += data[:room]
+        self.dropped += max(0, len(data) - room)
+
+    def text(self) -> str:
+        marker = TRUNCATION_MARKER.format(dropped=self.dropped) if self.dropped else ""
+        return self.kept.decode(errors="replace") + marker
+
+
+@dataclasses.dataclass
 class Command:
     id: str
     command: str
+    stdout: Output
+    stderr: Output
     exit_code: Optional[int] = None
     pid: Optional[int] = None  # its process group in the box, once started
-    stdout: bytearray = dataclasses.field(default_factory=bytearray)
-    stderr: bytearray = dataclasses.field(default_factory=bytearray)
     task: Optional[asyncio.Task[None]] = None
 
 

@@ -28,7 +28,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from verl_sf.daytona.config import DaytonaConfig
 from verl_sf.daytona.control import TOOLBOX, find
-from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes, NotFound, NotStarted, Shell
+from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes, NotFound, NotStarted, Output, Shell
 from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, refused
 from verl_sf.e2b.downloads import BUDGET, DownloadsFull, send
 from verl_sf.e2b.envd import MALFORMED, buffered_multipart, is_text
@@ -205,17 +205,21 @@ class Toolbox:
         return time.monotonic() + (timeout or self.config.run_timeout_s)
 
     async def run(self, box: Box, cmd: str, args: list[str], envs: dict[str, str], cwd: Optional[str],
-                  deadline: float) -> tuple[int, bytes, bytes]:
-        """A command to its end: exit code, stdout, stderr (CommandTimedOut at the deadline)."""
-        out, err = bytearray(), bytearray()
+                  deadline: float) -> tuple[int, str]:
+        """A command to its end: exit code, and stdout then stderr, each kept to the output limit
+        (CommandTimedOut at the deadline)."""
+        out, err = self._output(), self._output()
         exit_code = -1
         start = {"cmd": cmd, "args": args, "envs": envs, "cwd": cwd or ""}
         async for result in self.boxes.command(box, start, self.config.command_poll_s, deadline):
-            out += base64.b64decode(result.get("stdout") or "")
-            err += base64.b64decode(result.get("stderr") or "")
+            out.add(base64.b64decode(result.get("stdout") or ""))
+            err.add(base64.b64decode(result.get("stderr") or ""))
             if "end" in result:
                 exit_code = int(result["end"]["exit_code"])
-        return exit_code, bytes(out), bytes(err)
+        return exit_code, out.text() + err.text()
+
+    def _output(self) -> Output:
+        return Output(self.boxes.executor.config.output_limit_bytes)
 
     def _timed_out(self, limit: Optional[int]) -> web.Response:
         return error(408, f"the command ran past its timeout of {limit or self.config.run_timeout_s:g} s and was "
@@ -225,11 +229,11 @@ class Toolbox:
         body = await json_body(request, ExecuteRequest)
         assert isinstance(body, ExecuteRequest)
         try:
-            code, out, err = await self.run(box, SHELL, ["-c", body.command], body.envs or {}, body.cwd,
-                                            self._deadline(body.timeout))
+            code, output = await self.run(box, SHELL, ["-c", body.command], body.envs or {}, body.cwd,
+                                          self._deadline(body.timeout))
         except CommandTimedOut:
             return self._timed_out(body.timeout)
-        return web.json_response({"exitCode": code, "result": (out + err).decode(errors="replace")})
+        return web.json_response({"exitCode": code, "result": output})
 
     async def code_run(self, request: web.Request, sandbox: DaytonaSandbox, box: Box) -> web.Response:
         body = await json_body(request, CodeRunRequest)
@@ -240,11 +244,11 @@ class Toolbox:
             return error(400, f"language: {language!r} is not supported by verl-sf's code-run "
                               f"({', '.join(CODE_RUNNERS)})")
         try:
-            code, out, err = await self.run(box, runner[0], [*runner[1:], body.code, *(body.argv or [])],
-                                            body.envs or {}, None, self._deadline(body.timeout))
+            code, output = await self.run(box, runner[0], [*runner[1:], body.code, *(body.argv or [])],
+                                          body.envs or {}, None, self._deadline(body.timeout))
         except CommandTimedOut:
             return self._timed_out(body.timeout)
-        return web.json_response({"exitCode": code, "result": (out + err).decode(errors="replace"),
+        return web.json_response({"exitCode": code, "result": output,
                                   "artifacts": {"charts": []}})
 
     # ---- process sessions --------------------------------------------------------------------
@@ -290,14 +294,14 @@ class Toolbox:
         shell = self._shell(request, sandbox)
         body = await json_body(request, SessionExecuteRequest)
         assert isinstance(body, SessionExecuteRequest)
-        command = Command(id=str(uuid.uuid4()), command=body.command)
+        command = Command(id=str(uuid.uuid4()), command=body.command, stdout=self._output(), stderr=self._output())
         shell.commands[command.id] = command
         done = asyncio.ensure_future(self._follow(box, command, shell))
         if body.run_async or body.async_:
             command.task = done
             return web.json_response({"cmdId": command.id}, status=202)
         await done
-        stdout, stderr = command.stdout.decode(errors="replace"), command.stderr.decode(errors="replace")
+        stdout, stderr = command.stdout.text(), command.stderr.text()
         return web.json_response({"cmdId": command.id, "exitCode": command.exit_code, "output": stdout + stderr,
                                   "stdout": stdout, "stderr": stderr})
 
@@ -308,15 +312,15 @@ class Toolbox:
         try:
             async for result in self.boxes.command(box, start, self.config.command_poll_s, deadline):
                 command.pid = command.pid or result.get("pid")
-                command.stdout += base64.b64decode(result.get("stdout") or "")
-                command.stderr += base64.b64decode(result.get("stderr") or "")
+                command.stdout.add(base64.b64decode(result.get("stdout") or ""))
+                command.stderr.add(base64.b64decode(result.get("stderr") or ""))
                 if "end" in result:
                     command.exit_code = int(result["end"]["exit_code"])
         except CommandTimedOut:
-            command.stderr += f"\nkilled: ran past {self.config.run_timeout_s:g} s\n".encode()
+            command.stderr.add(f"\nkilled: ran past {self.config.run_timeout_s:g} s\n".encode())
             command.exit_code = 137
         except (GuestError, SandboxGone) as exc:
-            command.stderr += f"\n{exc}\n".encode()
+            command.stderr.add(f"\n{exc}\n".encode())
             command.exit_code = -1
 
     def _command(self, request: web.Request, sandbox: DaytonaSandbox) -> Command:
@@ -333,7 +337,7 @@ class Toolbox:
         command = self._command(request, sandbox)
         if request.query.get("follow") == "true":
             return error(501, "follow: streaming a command's logs is not implemented by verl-sf (poll without it)")
-        stdout, stderr = command.stdout.decode(errors="replace"), command.stderr.decode(errors="replace")
+        stdout, stderr = command.stdout.text(), command.stderr.text()
         return web.json_response({"output": stdout + stderr, "stdout": stdout, "stderr": stderr})
 
     # ---- files -------------------------------------------------------------------------------

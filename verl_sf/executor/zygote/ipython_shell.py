@@ -20,7 +20,7 @@ import types
 from collections.abc import Iterator
 from typing import Any, Optional
 
-from .wire import MAX_DEPTH, deeper_than
+from .wire import MAX_DEPTH, bulk_of, deeper_than
 
 BUNDLE_DEPTH = MAX_DEPTH - 10  # room for the records (and the E2B events) a bundle travels in
 NO_NETWORK = ("{what} cannot install packages here: the sandbox has no network. The packages of the "
@@ -107,16 +107,17 @@ def bind(shell: Any, module: types.ModuleType) -> None:
 
 def mime_bundle(format_dict: dict[str, Any]) -> dict[str, object]:
     """A bundle as a kernel sends it: binary images base64-encoded, JSON as it is, the rest text.
-    JSON nested past BUNDLE_DEPTH is left out (its text/plain stays): the record around it could not
-    reach the zygote."""
+    JSON nested past BUNDLE_DEPTH, or too bulky to parse cheaply (`wire.bulk_of`), is left out (its
+    text/plain stays): the record around it could not reach the zygote."""
     bundle: dict[str, object] = {}
     for mime, value in format_dict.items():
         if isinstance(value, bytes):
             value = base64.b64encode(value).decode()
         elif not isinstance(value, (str, dict, list)):
             value = json.loads(json.dumps(value, default=str))
-        if not deeper_than(value, BUNDLE_DEPTH):
-            bundle[mime] = value
+        if deeper_than(value, BUNDLE_DEPTH) or isinstance(value, (dict, list)) and bulk_of(json.dumps(value)):
+            continue
+        bundle[mime] = value
     return bundle
 
 

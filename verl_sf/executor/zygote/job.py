@@ -29,7 +29,7 @@ from .messages import (
     ZygoteConfig,
 )
 from .run_groups import DEMOTED, KILLED, Groups, RunGroups
-from .wire import READ_CHUNK, Lines, loads, readable_of
+from .wire import READ_CHUNK, Lines, bulk_of, loads, readable_of
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
 DRAIN_READS = 3 * (1 << 20) // READ_CHUNK  # three pipes grown to Linux's largest by default (1 MiB each)
@@ -244,8 +244,11 @@ class Job:
         for line in self.meta.feed(chunk):
             if not line:
                 continue  # the blank line each record starts with (wire.report)
+            text = line.decode("utf-8", "replace")
             try:
-                record = loads(line.decode("utf-8", "replace"))
+                if bulk_of(text):  # never parsed, here or in the server: parsing it would cost far past its size
+                    continue
+                record = loads(text)
             except ValueError:
                 continue  # the job may write garbage into its inherited fd 3; it only hurts itself
             if not isinstance(record, dict):

@@ -14,9 +14,9 @@ from types import FrameType
 from typing import Any, Optional
 
 from . import ipython_shell
-from .messages import TRUNCATION_MARKER, CellRecord
+from .messages import DISPLAYS_LEFT_OUT, NOTE, TRUNCATION_MARKER, CellRecord
 from .python_runner import finish, make_stdio, user_traceback
-from .wire import report
+from .wire import bulk_of, dumps, report
 
 
 def _figures_display() -> list[dict[str, object]]:
@@ -93,6 +93,10 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
             os.lseek(fd, 0, os.SEEK_SET)
         record: CellRecord = {"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": outputs.display,
                               "error": outputs.error, "truncated": cut}
+        bulk = bulk_of(dumps(record).decode()) if outputs.display else ""
+        if bulk:  # the zygote would drop the whole record unread, and the cell with it (an E2B note stays)
+            record["display"], record["truncated"] = [shown for shown in outputs.display if NOTE in shown], True
+            record["stderr"] += DISPLAYS_LEFT_OUT.format(bulk=bulk)
         report(record)
     os.dup2(saved[0], 1)
     os.dup2(saved[1], 2)

@@ -7,6 +7,7 @@ import array
 import fcntl
 import json
 import os
+import re
 import select
 from collections.abc import Iterable
 from typing import Any
@@ -25,6 +26,31 @@ MAX_DEPTH = 100
 """Nesting a line may have (the server's request bodies have the same limit): a run's records are
 its own to write, and one nested near the stack's limit would overflow it when the zygote encodes
 its reply around it."""
+
+
+MAX_TOKENS = 100_000
+"""Strings, `,`, `:` and opening brackets a record may hold (the server's request bodies have the
+same cap): parsing is one C call, in the zygote and again in the server, for as long as it takes."""
+MAX_OUTSIDE_STRINGS = 1 << 20
+"""Characters a record may hold outside its strings: Python converts a long integer in time that grows
+as its digits squared (a cell displaying 11,000 integers of 4,300 digits held the server ~1.3 s)."""
+_TOKEN = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[,:\[{]')
+
+
+def bulk_of(text: str) -> str:
+    """What makes JSON `text` cost its readers far more than its size (past MAX_TOKENS tokens or
+    MAX_OUTSIDE_STRINGS characters outside its strings), or '' where nothing does."""
+    bound = 3 * text.count(":") + 2 * text.count(",") + 2 * text.count("[") + text.count("{") + 1
+    if bound <= MAX_TOKENS and len(text) <= MAX_OUTSIDE_STRINGS:
+        return ""
+    inside = 0
+    for tokens, match in enumerate(_TOKEN.finditer(text), 1):
+        if tokens > MAX_TOKENS:
+            return f"more than {MAX_TOKENS:,} JSON tokens"
+        inside += match.end() - match.start() if text[match.start()] == '"' else 0
+    if len(text) - inside > MAX_OUTSIDE_STRINGS:
+        return f"more than {MAX_OUTSIDE_STRINGS:,} characters outside its strings"
+    return ""
 
 
 def loads(text: str) -> Any:
