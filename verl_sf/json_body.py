@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from verl_sf.errors import InputError
-from verl_sf.executor.zygote.wire import MAX_DEPTH, deeper_than
+from verl_sf.executor.zygote.wire import MAX_DEPTH, MAX_OUTSIDE_STRINGS, MAX_TOKENS, deeper_than
 from verl_sf.json_pieces import BulkOutsideStrings, PastTheCap, decode
 from verl_sf.off_loop import OFF_LOOP_BYTES, PIECE_CHARS, off_loop
 
@@ -20,18 +20,14 @@ MAX_JSON_DEPTH = MAX_DEPTH
 wire formats need 4, and past it the parsers' recursion, not the request, would decide what happens."""
 
 
-MAX_JSON_TOKENS = 100_000
+MAX_JSON_TOKENS = MAX_TOKENS
 """Strings, separators (`,` `:`) and opening brackets a request body may hold.  `json.loads` is one
 C call that holds the GIL, and with it the server's event loop, for as long as it parses (~0.5 us a
 token): a 63 MiB body of seven million one-letter keys held every client for 6-39 s (red team,
 2026-12-06), and 18 MiB of 99,000 lists each nested 99 deep (ten million lists) 8.5 s and a GB
 (2026-12-07).  The APIs' bodies need a few per file, cell, label or field; their bulk is in strings,
-each one token."""
-MAX_OUTSIDE_STRINGS = 1 << 20
-"""Bytes a request body may hold outside its strings (numbers, brackets, literals; a run of blanks
-counts as one): the APIs' numbers are a few digits each.  Python converts a long integer in time
-that grows as its digits squared, so 15,500 integers of 4,300 digits (66 MB, 99 KB gzipped) held
-every client ~1 s (red team, 2026-12-07)."""
+each one token.  A body of a MiB or more is also refused past MAX_OUTSIDE_STRINGS (the zygote's records
+have both caps: `wire.bulk_of`)."""
 _STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
 _TOKENS_BYTES = re.compile(rf"{_STRING}|[,:\[{{]".encode())
 _TOKENS_TEXT = re.compile(rf"{_STRING}|[,:\[{{]")
