@@ -47,6 +47,7 @@ def test_base64_in_pieces_is_the_whole_ones(small_pieces: None) -> None:
     for size in (0, 1, 2, 3, 20, 21, 22, 23, 100):
         data = rng.randbytes(size)
         assert off_loop.base64_of(data) == base64.b64encode(data).decode()
+        assert off_loop.bytes_of(base64.b64encode(data).decode()) == data
 
 
 def test_names_are_found_across_pieces_and_only_as_whole_words(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ from verl_sf.models import (
     RunJupyterResponse,
     SessionCreateRequest,
 )
-from verl_sf.off_loop import PIECE_CHARS, base64_of, json_bytes, off_loop
+from verl_sf.off_loop import PIECE_CHARS, base64_of, bytes_of, json_bytes, off_loop
 from verl_sf.tenancy import Owner, new_token, owns
 
 Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
@@ -327,7 +327,7 @@ class Sandboxes:
     async def call(self, sandbox: Sandbox, operation: str, args: dict[str, Any], timeout_s: float = 60.0,
                    data: Optional[str] = None) -> Any:
         """One guest operation; its result, or GuestError.  `data`: the operation's base64 `data` argument."""
-        code = call_code("dispatch", {"op": operation, "args": args}, data)
+        code = await off_loop(len(data or ""), call_code, "dispatch", {"op": operation, "args": args}, data)
         stdout, _ = await self.call_python(sandbox, code, timeout_s)
         answer = parse_answer(stdout)
         wrong = answers.checked(operation, answer)
@@ -369,7 +369,7 @@ class Sandboxes:
                 limit = self.executor.config.fetch_file_limit_bytes
                 raise GuestError("resource_exhausted", f"file '{path}' is larger than {inline_limit} bytes and "
                                  f"cannot be fetched (over {limit} bytes, or outside /workdir, /tmp, /mnt/data)")
-            return base64.b64decode(files[result["fetch"]])
+            return await off_loop(len(files[result["fetch"]]), bytes_of, files[result["fetch"]])
         except (binascii.Error, TypeError, KeyError) as exc:
             raise GuestError("internal", f"the sandbox's answer is malformed: {exc}") from None
 
