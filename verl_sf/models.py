@@ -90,7 +90,6 @@ class _Request(BaseModel):
 
 
 RUN_DIRECTORIES = ("/workdir", "/tmp", "/mnt/data")
-_BLANK = re.compile(r"\s")
 NAME_MAX, PATH_MAX = 255, 4096  # <linux/limits.h>: a path's name, and a path with its NUL
 """Where a run's files may be written: relative paths go to /workdir, absolute ones under one of these."""
 
@@ -103,6 +102,9 @@ def _check_relative_path(path: str) -> None:
         raise ValueError(f"file path {path!r} must be non-empty and must not contain '..'")
     if path.startswith("/") and not any(path.startswith(d + "/") for d in RUN_DIRECTORIES):
         raise ValueError(f"file path {path!r} must be relative or under {', '.join(RUN_DIRECTORIES)}")
+
+
+_BLANK = re.compile(r"\s")
 
 
 def _check_base64(content: str) -> None:
