@@ -25,48 +25,44 @@ async def off_loop(size: int, function: Callable[..., T], *args: Any) -> T:
 
 
 def json_bytes(document: Mapping[str, Any]) -> bytes:
-    """`json.dumps(document).encode()`, with each long string at the top and one level down encoded
-    a piece at a time: in a thread, the GIL (and with it the event loop) is free between pieces,
-    where `json.dumps` holds it for a whole string (~150 ms for 50 MB).  The pieces are joined as
-    bytes, which lets the GIL go while it copies (joining them as text held it ~100 ms for 50 MB)."""
+    """`json.dumps(document).encode()`; where its strings at the top and one level down hold a MiB or
+    more, `encoded`."""
     if text_size(document) < OFF_LOOP_BYTES:
         return json.dumps(document).encode()
+    return encoded(document)
+
+
+def encoded(value: Any) -> bytes:
+    """`json.dumps(value).encode()`, with each long string, at any depth, encoded a piece at a time: in
+    a thread, the GIL (and with it the event loop) is free between pieces, where `json.dumps` holds it
+    for a whole string (~150 ms for 50 MB).  The pieces are joined as bytes, which lets the GIL go
+    while it copies (joining them as text held it ~100 ms for 50 MB)."""
     parts: list[bytes] = []
-    _object(document, _value, parts)
+    _encode(value, parts)
     return b"".join(parts)
 
 
-def _object(items: Mapping[str, Any], encode: Callable[[Any, list[bytes]], None], parts: list[bytes]) -> None:
-    parts.append(b"{")
-    for number, (key, value) in enumerate(items.items()):
-        parts.append(b"%s%s: " % (b", " if number else b"", json.dumps(key).encode()))
-        encode(value, parts)
-    parts.append(b"}")
-
-
-def _value(value: Any, parts: list[bytes]) -> None:
-    """A top-level value: its strings, or those of the object or list it is, encoded in pieces."""
-    if isinstance(value, dict):
-        _object(value, _leaf, parts)
+def _encode(value: Any, parts: list[bytes]) -> None:
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        parts.append(b"{")
+        for number, (key, item) in enumerate(value.items()):
+            parts.append(b"%s%s: " % (b", " if number else b"", json.dumps(key).encode()))
+            _encode(item, parts)
+        parts.append(b"}")
     elif isinstance(value, list):
         parts.append(b"[")
         for number, item in enumerate(value):
             if number:
                 parts.append(b", ")
-            _leaf(item, parts)
+            _encode(item, parts)
         parts.append(b"]")
+    elif isinstance(value, str) and len(value) >= PIECE_CHARS:
+        # Escapes are per character (a character outside the BMP is one str index, two escapes): any cut is safe.
+        parts.append(b'"')
+        parts.extend(json.dumps(value[at:at + PIECE_CHARS])[1:-1].encode() for at in range(0, len(value), PIECE_CHARS))
+        parts.append(b'"')
     else:
-        _leaf(value, parts)
-
-
-def _leaf(value: Any, parts: list[bytes]) -> None:
-    if not isinstance(value, str) or len(value) < PIECE_CHARS:
         parts.append(json.dumps(value).encode())
-        return
-    # Escapes are per character (a character outside the BMP is one str index, two escapes), so any cut is safe.
-    parts.append(b'"')
-    parts.extend(json.dumps(value[at:at + PIECE_CHARS])[1:-1].encode() for at in range(0, len(value), PIECE_CHARS))
-    parts.append(b'"')
 
 
 def bytes_of(text: str) -> bytes:

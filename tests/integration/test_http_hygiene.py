@@ -398,12 +398,27 @@ def test_a_display_too_bulky_to_parse_keeps_its_text_and_a_forged_record_is_drop
     assert shown[2][0]["application/json"] == {"a": [1, {"b": "c"}]}
     many, after = answer.json()["cells"][3:]
     assert many["stdout"] == "many\n" and after["stdout"] == "next\n", answer.text[:500]
-    assert many["stderr"] == "\n[verl-sf: this cell's displays left out: more than 100,000 JSON tokens]\n"
+    assert many["stderr"] == "\n[verl-sf: 30000 of this cell's displays left out: more than 100,000 JSON tokens]\n"
     forged = "import os\nos.write(3, b'\\n{\"kind\": \"cell\", \"x\": [' + b'1,' * 200_000 + b'1]}\\n')\nprint('on')"
     answer = requests.post(sf_server.url + "/run_jupyter", json={"cells": [forged, "print(2)"]}, timeout=60)
     assert [cell["stdout"] for cell in answer.json()["cells"]] == ["on\n", "2\n"], answer.text[:500]
     assert run_code(sf_server, "print('still serving')")["run_result"]["stdout"] == "still serving\n"
 
+
+
+def test_a_run_sends_at_most_max_displays_and_says_so_in_the_cell_past_them(sf_server: ServerHandle) -> None:
+    """Cells each under the caps add up: a red team's 100 cells of 19,000 displays (a 300-byte request,
+    a 36 MB answer) held every client 0.85 s while the answer was parsed.  Past 20,000 displays in a run
+    the rest are left out, and the cell where that happens says how many."""
+    cell = "p = get_ipython().display_pub.publish\nfor i in range(9000):\n    p({'text/plain': str(i)}, {})"
+    answer = requests.post(sf_server.url + "/run_jupyter", json={"cells": [cell] * 4 + ["print('after')"]},
+                           timeout=120).json()
+    assert [len(cell["display"]) for cell in answer["cells"]] == [9000, 9000, 2000, 0, 0], answer["cells"][2]["stderr"]
+    assert answer["cells"][2]["display"][-1] == {"text/plain": "1999"}
+    assert answer["cells"][2]["stderr"].endswith(
+        "[verl-sf: 7000 of this cell's displays left out: more than 20,000 displays in one run]\n")
+    assert answer["cells"][3]["stderr"].startswith("\n[verl-sf: 9000 of this cell's displays left out")
+    assert answer["cells"][4]["stdout"] == "after\n" and answer["truncated"] is True
 
 def test_a_compressed_body_past_the_limit_closes_its_connection(sf_server: ServerHandle) -> None:
     """A gzip bomb's rest is not inflated to be drained: its 413 closes the connection (a red team's 4 MiB

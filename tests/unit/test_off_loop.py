@@ -33,7 +33,8 @@ def test_json_in_pieces_is_byte_for_byte_json_dumps(small_pieces: None) -> None:
     for _ in range(300):
         document = {"code": _text(rng, rng.randint(0, 40)), "stdin": _text(rng, rng.randint(0, 30)), "n": 3,
                     "files": {"a.txt": _text(rng, 20), "b": None, "c": 1.5}, "fetch_files": [_text(rng, 9), "x"],
-                    "flag": True, "none": None, _text(rng, 4): "key with escapes"}
+                    "flag": True, "none": None, _text(rng, 4): "key with escapes",
+                    "deep": {"args": [_text(rng, 30), {"x": [_text(rng, 20)], 1: "int key"}], "e": {}, "l": []}}
         assert off_loop.json_bytes(document) == json.dumps(document).encode()
 
 

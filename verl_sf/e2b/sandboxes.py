@@ -34,7 +34,7 @@ from verl_sf.models import (
     RunJupyterResponse,
     SessionCreateRequest,
 )
-from verl_sf.off_loop import PIECE_CHARS, base64_of, bytes_of, json_bytes, off_loop
+from verl_sf.off_loop import PIECE_CHARS, base64_of, bytes_of, encoded, off_loop, text_size
 from verl_sf.tenancy import Owner, new_token, owns
 
 Response = TypeVar("Response", bound=Union[RunCodeResponse, RunJupyterResponse])
@@ -107,7 +107,7 @@ def call_code(function: str, payload: dict[str, Any], data: Optional[str] = None
     never encoded again: for a 60 MB upload that was ~1 s of the event loop's time.  A large payload
     (an execution's code) is encoded and quoted a piece at a time: call it in a thread (`off_loop`)."""
     spliced = "" if data is None else f", '{data}'"
-    return f"{GUEST}.{function}('{_quoted(json_bytes(payload).decode())}'{spliced})"
+    return f"{GUEST}.{function}('{_quoted(encoded(payload).decode())}'{spliced})"
 
 
 def _quoted(text: str) -> str:
@@ -327,7 +327,8 @@ class Sandboxes:
     async def call(self, sandbox: Sandbox, operation: str, args: dict[str, Any], timeout_s: float = 60.0,
                    data: Optional[str] = None) -> Any:
         """One guest operation; its result, or GuestError.  `data`: the operation's base64 `data` argument."""
-        code = await off_loop(len(data or ""), call_code, "dispatch", {"op": operation, "args": args}, data)
+        size = len(data or "") + text_size(args)  # a command's arguments, a file's data
+        code = await off_loop(size, call_code, "dispatch", {"op": operation, "args": args}, data)
         stdout, _ = await self.call_python(sandbox, code, timeout_s)
         answer = parse_answer(stdout)
         wrong = answers.checked(operation, answer)

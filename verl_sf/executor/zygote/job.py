@@ -19,6 +19,8 @@ from typing import Any, Optional, Protocol, Union
 
 from . import procfs
 from .messages import (
+    DISPLAYS_LEFT_OUT,
+    NOTE,
     TRUNCATION_MARKER,
     Limits,
     MemoryScope,
@@ -36,6 +38,7 @@ DRAIN_READS = 3 * (1 << 20) // READ_CHUNK  # three pipes grown to Linux's larges
 TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples, without a memory cgroup)
 FILES_ENTRIES = 50_000  # names in a job's directory on the landlock rung: each costs every count
 COUNT_SHARE = 0.05  # of the zygote's time one job's files counts may take
+MAX_DISPLAYS = 20_000  # display bundles a run (a session's call) sends the server: tens of ms of its parsing
 WAITS_READ = 32  # processes whose wait a sample reads, where a cgroup counts the job's CPU
 MEMORY_KILLS: dict[MemoryScope, str] = {
     "own": "killed for exceeding its memory limit",
@@ -89,6 +92,7 @@ class Job:
         self.killed_at: Optional[float] = None
         self.open_fds: set[int] = set()
         self.records: list[dict[str, Any]] = []
+        self.displays = 0  # display bundles its records carried (a session's: this call's)
         self.meta = Lines()
         self.meta_bytes = 0  # bytes received on fd 3 for this run or call
         # What fd 3 may carry: cells' output (capped by the child), their displays and the fetched files.
@@ -457,6 +461,21 @@ class Job:
             record.get("truncated") is True for record in self.records)
         stage: StageResult = result  # type: ignore[assignment]
         return stage
+
+    def keep(self, record: dict[str, Any]) -> None:
+        """A record for the reply.  A cell's displays past MAX_DISPLAYS in the job are left out, with a
+        note (an E2B execution's own note kept): each costs the server a few tokens to parse, and cells
+        under the cap one by one (`wire.bulk_of`) add up."""
+        shown = record.get("display") if record.get("kind") == "cell" else None
+        if isinstance(shown, list):
+            room = max(0, MAX_DISPLAYS - self.displays)
+            if len(shown) > room:
+                kept = shown[:room] + [bundle for bundle in shown[room:] if isinstance(bundle, dict) and NOTE in bundle]
+                record["display"], record["truncated"] = kept, True
+                record["stderr"] = str(record.get("stderr", "")) + DISPLAYS_LEFT_OUT.format(
+                    count=len(shown) - len(kept), why=f"more than {MAX_DISPLAYS:,} displays in one run")
+            self.displays += len(record["display"])
+        self.records.append(record)
 
     def cells(self) -> list[Any]:
         return [record for record in self.records if record.get("kind") == "cell"]

@@ -96,7 +96,7 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
         bulk = bulk_of(dumps(record).decode()) if outputs.display else ""
         if bulk:  # the zygote would drop the whole record unread, and the cell with it (an E2B note stays)
             record["display"], record["truncated"] = [shown for shown in outputs.display if NOTE in shown], True
-            record["stderr"] += DISPLAYS_LEFT_OUT.format(bulk=bulk)
+            record["stderr"] += DISPLAYS_LEFT_OUT.format(count=len(outputs.display) - len(record["display"]), why=bulk)
         report(record)
     os.dup2(saved[0], 1)
     os.dup2(saved[1], 2)

@@ -314,8 +314,9 @@ PROCESS_LIMIT = ("the sandbox's account is at its process limit (fork: EAGAIN), 
                  "of that account counts against")
 TRUNCATION_MARKER = "\n[verl-sf: output truncated, {dropped} more bytes not shown]\n"
 """Appended to a stream (or a cell's) past its output limit."""
-DISPLAYS_LEFT_OUT = "\n[verl-sf: this cell's displays left out: {bulk}]\n"
-"""Appended to a cell's stderr whose displays, together, are too bulky to parse cheaply (`wire.bulk_of`)."""
+DISPLAYS_LEFT_OUT = "\n[verl-sf: {count} of this cell's displays left out: {why}]\n"
+"""Appended to a cell's stderr whose displays, together, are too bulky to parse cheaply (`wire.bulk_of`),
+or come past the displays a run may send (`job.MAX_DISPLAYS`)."""
 NOTE = "application/vnd.verl-sf.execution+json"
 """The MIME type of the bundle an E2B execution's cell shows last (guest.py): the execution's count, and
 which bundle before it, if any, is its result."""

@@ -80,7 +80,7 @@ class Run(Job):
         elif kind == "unstarted" and self.head["exec"] and isinstance(record.get("error"), str):
             self.failure = record["error"]  # only an exec run's PID 1 runs no user code: only it is believed
         elif kind in ("cell", "done"):
-            self.records.append(record)
+            self.keep(record)
             if kind == "done" and self.head["exec"] and isinstance(record.get("cpu_time"), (int, float)):
                 self.program_done = float(record["cpu_time"])  # answered after this read (on_event)
 

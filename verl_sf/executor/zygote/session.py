@@ -130,6 +130,7 @@ class SessionJob(Job):
         self.call = head
         self.limits = head["limits"]
         self.records = []
+        self.displays = 0
         self.meta_bytes = 0
         # A call whose wait for the session spent the client's budget (hand_over) still runs for its
         # time-out and has its grace: the client may be gone, the session must not be.
@@ -165,7 +166,7 @@ class SessionJob(Job):
         elif kind == "unstarted" and self.interpreter < 0 and isinstance(record.get("error"), str):
             self.unstarted = record["error"]  # from its PID 1, before any code of the session's ran
         elif kind == "cell":
-            self.records.append(record)
+            self.keep(record)
 
     def on_tick(self, zygote: JobHost, now: float) -> None:
         if self.reap_due is not None:
