@@ -396,6 +396,16 @@ def test_set_timeout_and_reaping(server: ServerHandle) -> None:
     assert box.is_running() is False
 
 
+def test_a_command_running_when_its_sandbox_times_out_is_told_so(server: ServerHandle) -> None:
+    """Its end reaches the command in flight as the sandbox's own reason (it said "ended by DELETE
+    /sessions", a red team saw, where the next call said the sandbox reached its timeout)."""
+    box = Sandbox.create(timeout=60)
+    box.set_timeout(2)
+    with pytest.raises(Exception) as ended:
+        box.commands.run("sleep 30", timeout=40)
+    assert "reached its timeout" in str(ended.value) and "DELETE" not in str(ended.value), repr(ended.value)
+
+
 def test_kill_ends_the_sandbox(server: ServerHandle) -> None:
     box = Sandbox.create(timeout=60, metadata={"purpose": "kill-test"})
     listed = Sandbox.list(query=_query({"purpose": "kill-test"})).next_items()

@@ -24,10 +24,12 @@ class StandIn:
     def __init__(self) -> None:
         self.sessions: dict[str, Any] = {}
         self.ended: list[str] = []
+        self.reasons: list[str] = []  # what each ended session's calls were told
 
-    def end_session(self, session_id: str) -> asyncio.Future[Any]:
+    def end_session(self, session_id: str, reason: str = "ended by DELETE /sessions") -> asyncio.Future[Any]:
         self.sessions.pop(session_id, None)
         self.ended.append(session_id)
+        self.reasons.append(reason)
         return closed_now()
 
     def session_end_reason(self, session_id: str) -> Optional[str]:
@@ -53,6 +55,7 @@ async def test_sandboxes_past_their_timeout_are_killed_saying_so(now: float, kil
     sandboxes, executor, made = sandboxes_with(10.0, 100.0, 30.0)
     sandboxes.reap(now)
     assert executor.ended == [f"session{sandbox_id[-1]}" for sandbox_id in killed]
+    assert executor.reasons == ["its sandbox ended: it reached its timeout"] * len(killed)
     for sandbox in made:
         if sandbox.id in killed:
             with pytest.raises(SandboxGone) as caught:
@@ -83,6 +86,7 @@ async def test_a_kill_keeps_its_reason_and_a_second_is_refused() -> None:
     sandboxes, executor, (sandbox,) = sandboxes_with(100.0)
     await sandboxes.kill(sandbox.id)
     assert executor.ended == [sandbox.session_id] and sandboxes.end_reason(sandbox.id) == "it was killed"
+    assert executor.reasons == ["its sandbox ended: it was killed"]
     with pytest.raises(SandboxGone, match="it was killed"):
         sandboxes.kill(sandbox.id, "again")
 

@@ -300,7 +300,7 @@ class Sandboxes:
         sandbox = self.get(sandbox_id)
         self._forget(sandbox, reason)
         try:
-            return self.executor.end_session(sandbox.session_id)
+            return self.executor.end_session(sandbox.session_id, f"its sandbox ended: {reason}")
         except SessionGone:  # its session ended already
             return closed_now()
 

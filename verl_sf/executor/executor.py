@@ -227,9 +227,10 @@ class Executor:
         """Why a session that ended did (kept for a while), or None."""
         return self._sessions.table.ended(session_id)
 
-    def end_session(self, session_id: str) -> Closing[Closed]:
-        """End a session now; the future is done once every process of it is killed (`closed` waits for it)."""
-        return self._sessions.end_record(self._sessions.table.get(session_id), "ended by DELETE /sessions")
+    def end_session(self, session_id: str, reason: str = "ended by DELETE /sessions") -> Closing[Closed]:
+        """End a session now, for `reason` (what its calls in flight and later are told); the future is
+        done once every process of it is killed (`closed` waits for it)."""
+        return self._sessions.end_record(self._sessions.table.get(session_id), reason)
 
     def interrupt_session(self, session_id: str) -> None:
         """Interrupt the session's call in progress, if any, as at its time-out (its state is kept)."""
