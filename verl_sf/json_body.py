@@ -11,7 +11,14 @@ from typing import Any
 from aiohttp import web
 
 from verl_sf.errors import InputError
-from verl_sf.executor.zygote.wire import MAX_DEPTH, MAX_OUTSIDE_STRINGS, MAX_TOKENS, deeper_than
+from verl_sf.executor.zygote.wire import (
+    JSON_STRING,
+    JSON_TOKEN,
+    MAX_DEPTH,
+    MAX_OUTSIDE_STRINGS,
+    MAX_TOKENS,
+    deeper_than,
+)
 from verl_sf.json_pieces import BulkOutsideStrings, PastTheCap, decode
 from verl_sf.off_loop import OFF_LOOP_BYTES, PIECE_CHARS, off_loop
 
@@ -28,12 +35,10 @@ token): a 63 MiB body of seven million one-letter keys held every client for 6-3
 (2026-12-07).  The APIs' bodies need a few per file, cell, label or field; their bulk is in strings,
 each one token.  A body of a MiB or more is also refused past MAX_OUTSIDE_STRINGS (the zygote's records
 have both caps: `wire.bulk_of`)."""
-_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
-_TOKENS_BYTES = re.compile(rf"{_STRING}|[,:\[{{]".encode())
-_TOKENS_TEXT = re.compile(rf"{_STRING}|[,:\[{{]")
+_TOKENS_BYTES = re.compile(JSON_TOKEN.pattern.encode())
 # A string, or brackets opening one inside another (whitespace between): each run whole, so a run's length is
 # how deep it nests at least.
-_RUNS = re.compile(rf"{_STRING}|[\[{{]\s*+(?:[\[{{]\s*+)*+".encode())
+_RUNS = re.compile(rf"{JSON_STRING}|[\[{{]\s*+(?:[\[{{]\s*+)*+".encode())
 
 
 class JsonBodyError(InputError):
@@ -84,7 +89,7 @@ def _past_the_token_cap(raw: bytes | str) -> int | None:
         tokens = _TOKENS_BYTES.finditer(raw)
     else:
         bound = 3 * raw.count(":") + 2 * raw.count(",") + 2 * raw.count("[") + raw.count("{") + 1
-        tokens = _TOKENS_TEXT.finditer(raw)
+        tokens = JSON_TOKEN.finditer(raw)
     if bound <= MAX_JSON_TOKENS:
         return None
     past = next(itertools.islice(tokens, MAX_JSON_TOKENS, None), None)  # the first past the cap, if there is one

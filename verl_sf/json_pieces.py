@@ -13,10 +13,11 @@ from json.decoder import scanstring  # type: ignore[attr-defined]  # JSON's stri
 from typing import Any
 
 from verl_sf.errors import InputError
+from verl_sf.executor.zygote.wire import JSON_STRING
 from verl_sf.off_loop import PIECE_CHARS
 
 LONG_STRING = 64  # bytes: strings this long are decoded apart from the body's structure, a piece at a time
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')  # a whole string
+_STRING = re.compile(JSON_STRING.encode())
 _HIGH_ESCAPE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")  # JSON joins it with a low one right after
 _LOW_ESCAPE = re.compile(rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _BLANKS = re.compile(rb"[ \t\n\r]++")
