@@ -31,7 +31,7 @@ from verl_sf.daytona.control import TOOLBOX, find
 from verl_sf.daytona.sandboxes import Command, DaytonaSandbox, DaytonaSandboxes, NotFound, NotStarted, Output, Shell
 from verl_sf.daytona.wire import Body, error, http_error, iso, json_body, refused
 from verl_sf.e2b.downloads import BUDGET, DownloadsFull, send
-from verl_sf.e2b.envd import MALFORMED, buffered_multipart, is_text
+from verl_sf.e2b.envd import MALFORMED, buffered_multipart, is_text, part_bytes
 from verl_sf.e2b.sandboxes import CommandTimedOut, Context, GuestError, SandboxGone, base64_text
 from verl_sf.e2b.sandboxes import Sandbox as Box
 from verl_sf.executor import Overloaded
@@ -395,7 +395,7 @@ class Toolbox:
                 if field == "path":
                     paths[index] = (await part.read()).decode()
                 elif field == "file":
-                    data[index] = (bytes(await part.read()), part.filename)
+                    data[index] = (await part_bytes(part), part.filename)
         except MALFORMED as exc:
             return error(400, f"the upload is malformed: {exc}")
         if not data:

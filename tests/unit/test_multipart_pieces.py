@@ -1,0 +1,113 @@
+"""An uploaded file part (E2B's `files.write`, Daytona's bulk upload) is read a piece at a time, with
+the event loop's turns between, and comes out byte for byte what aiohttp's `part.read()` gives."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from aiohttp import BodyPartReader, MultipartReader, MultipartWriter, StreamReader
+from multidict import CIMultiDict
+
+from verl_sf.e2b.envd import part_bytes
+from verl_sf.off_loop import PIECE_CHARS
+
+BOUNDARY = "b0undary"
+
+
+class _Protocol:
+    """What a StreamReader needs of a protocol when its data is fed whole."""
+
+    _reading_paused = False
+
+    def pause_reading(self, **_: object) -> None:
+        pass
+
+    def resume_reading(self, **_: object) -> None:
+        pass
+
+
+def _contents(rng: random.Random) -> list[bytes]:
+    """Parts with the boundary's near misses planted on each side of every piece's edge."""
+    contents = []
+    for size in (3 * PIECE_CHARS + 17, PIECE_CHARS, 5, 0):
+        data = bytearray(rng.randbytes(size))
+        for edge in range(PIECE_CHARS, size, PIECE_CHARS):
+            for offset in (-12, -7, -3, 0, 2, 9):
+                lure = b"\r\n--" + BOUNDARY.encode()[: rng.randint(1, len(BOUNDARY) - 1)]
+                data[edge + offset: edge + offset + len(lure)] = lure
+        contents.append(bytes(data[:size]))
+    return contents
+
+
+async def _body(contents: list[bytes]) -> tuple[bytes, str]:
+    writer = MultipartWriter("form-data", boundary=BOUNDARY)
+    for index, content in enumerate(contents):
+        writer.append(content).set_content_disposition("form-data", name="file", filename=f"f{index}")
+
+    class Sink:
+        data = bytearray()
+
+        async def write(self, chunk: bytes) -> None:
+            self.data += chunk
+
+    sink = Sink()
+    await writer.write(sink)  # type: ignore[arg-type]
+    return bytes(sink.data), writer.headers["Content-Type"]
+
+
+class _Turns:
+    """How many turns the event loop has taken, and how many bytes were read from the body in each."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.read: dict[int, int] = {}
+
+
+class _CountingStream(StreamReader):
+    turns = _Turns()
+
+    async def read(self, n: int = -1) -> bytes:
+        data = await super().read(n)
+        self.turns.read[self.turns.count] = self.turns.read.get(self.turns.count, 0) + len(data)
+        return data
+
+
+def _reader(body: bytes, content_type: str) -> MultipartReader:
+    stream = _CountingStream(_Protocol(), limit=len(body) + 1, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+    stream.feed_data(body)
+    stream.feed_eof()
+    return MultipartReader(CIMultiDict({"Content-Type": content_type}), stream)
+
+
+async def _parts(reader: MultipartReader, read: object) -> list[bytes]:
+    parts = []
+    while (part := await reader.next()) is not None:
+        assert isinstance(part, BodyPartReader)
+        parts.append(await read(part))  # type: ignore[operator]
+    return parts
+
+
+def test_a_part_read_in_pieces_is_what_part_read_gives_and_lets_the_loop_turn() -> None:
+    async def check() -> None:
+        contents = _contents(random.Random(3))
+        body, content_type = await _body(contents)
+        turns = _CountingStream.turns
+        reading = True
+
+        async def count_turns() -> None:
+            while reading:
+                turns.count += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        pieces = await _parts(_reader(body, content_type), part_bytes)
+        reading = False
+        await counter
+        assert pieces == contents
+        assert max(turns.read.values()) <= 2 * PIECE_CHARS  # a piece and the look-ahead for the boundary
+        whole = await _parts(_reader(body, content_type), BodyPartReader.read)
+        assert [bytes(part) for part in whole] == contents
+
+    asyncio.run(check())
