@@ -21,6 +21,7 @@ from verl_sf.errors import VerlSfError
 from verl_sf.executor.cgroups import SandboxCgroup
 from verl_sf.executor.child_process import ChildProcess, end_orphans, spawn
 from verl_sf.executor.jobs import next_id
+from verl_sf.executor.reply_lines import ReplyLines
 from verl_sf.executor.sandbox import SandboxLauncher
 from verl_sf.executor.zygote.messages import (
     CallReply,
@@ -125,8 +126,9 @@ class ZygoteProcess:
                        f"sandbox {self.name} ({self.flavor}) exited (code {code})")
 
     async def _take_replies(self, process: ChildProcess) -> None:
+        lines = ReplyLines(process.stdout, MAX_REPLY_BYTES)
         while True:
-            line = await process.stdout.readline()
+            line = await lines.next()
             if not line:
                 return
             self.fault = ""
