@@ -267,6 +267,28 @@ def test_memory_bomb_without_limit_hits_the_default_cap(server: ServerHandle) ->
     assert_alive(server)
 
 
+SHARED_MEMORY_BOMB = ("import mmap, time\nm = mmap.mmap(-1, 1 << 30, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n"
+                      "for i in range(0, 1 << 30, 4096):\n    m[i] = 1\ntime.sleep(2)\nprint('allocated')\n")
+HIDDEN_MEMORY_BOMBS = {
+    # Undumpable, a process's /proc memory files are closed to a watchdog of its uid without CAP_SYS_PTRACE.
+    "undumpable": "import ctypes\nctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n" + SHARED_MEMORY_BOMB,
+    # So is one that runs a program it cannot read (its own copy of the interpreter, mode 0111).
+    "unreadable_program": "import os, shutil, sys\nshutil.copy(sys.executable, 'python')\nos.chmod('python', 0o111)\n"
+                          f"os.execv('python', ['python', '-c', {SHARED_MEMORY_BOMB!r}])\n",
+}
+
+
+@pytest.mark.parametrize("hiding", sorted(HIDDEN_MEMORY_BOMBS))
+def test_a_memory_bomb_that_hides_from_the_watchdog_is_ended(server: ServerHandle, hiding: str) -> None:
+    """Shared anonymous memory (RLIMIT_DATA does not count it) in a process the watchdog may not read."""
+    body = run_code(server, HIDDEN_MEMORY_BOMBS[hiding], memory_limit_MB=256, run_timeout=20)
+    result = body["run_result"]
+    assert "allocated" not in result["stdout"], body
+    assert body["status"] == "Failed" and result["status"] == "Finished", body  # ended well before the time-out
+    assert "memory" in result["stderr"], body
+    assert_no_sandbox_processes_remain(server)
+
+
 def test_filling_the_workdir_is_capped(server: ServerHandle) -> None:
     code = ("chunk = b'z' * (1 << 20)\nwritten = 0\ntry:\n    with open('big.bin', 'wb') as f:\n"
             "        for _ in range(4096):\n            f.write(chunk); written += 1\nexcept OSError as e:\n"

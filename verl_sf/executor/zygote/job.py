@@ -273,7 +273,13 @@ class Job:
                 self.status = signal.SIGKILL  # a wait status: killed by SIGKILL
                 self.on_exit(zygote)  # answer (the client's deadline is near); collected when it goes
             return
-        if self.watch_memory and self.alive and self._over_memory(now):
+        try:
+            over_memory = self.watch_memory and self.alive and self._over_memory(now)
+        except procfs.Unmeasured:
+            self.kill_for_cap(zygote, "its memory cannot be measured against its limit: a process of it made "
+                                      "itself undumpable (prctl PR_SET_DUMPABLE 0, or a program it cannot read)")
+            return
+        if over_memory:
             self.memory_killed = True
             self.kill(zygote, MEMORY_KILLS["own"])
             return

@@ -204,15 +204,26 @@ def ended(pid: int) -> bool:
     return True
 
 
+class Unmeasured(Exception):
+    """A process of the job whose memory the zygote may not read: it made itself undumpable
+    (`PR_SET_DUMPABLE` 0, or it runs a program it cannot read), and the zygote shares its uid
+    without `CAP_SYS_PTRACE` (the landlock rung as an ordinary account)."""
+
+
 def tree_memory(pid: int, skip: Collection[int] = ()) -> int:
     """Bytes of anonymous and shared memory the job's processes hold, each page split between the
     processes that map it (PSS), so pages still shared with the warm interpreter barely count;
-    plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low)."""
+    plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low).
+    Unmeasured when a process hides its memory: uncounted, it would have no cap at all."""
     total = 0
     memfds = {}
     for current in tree(pid, skip=skip):
         try:
-            for line in read(f"/proc/{current}/smaps_rollup").splitlines():
+            try:
+                rollup = read(f"/proc/{current}/smaps_rollup")
+            except PermissionError:
+                raise Unmeasured(current) from None
+            for line in rollup.splitlines():
                 if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
                     total += int(line.split()[1]) << 10
             for fd in os.listdir(f"/proc/{current}/fd"):
