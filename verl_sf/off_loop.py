@@ -2,26 +2,36 @@
 so that the event loop, and with it every other client, gets its turns while one client's 60 MB is
 parsed or encoded.  Only between C calls: one call on a string of tens of MB holds the GIL
 throughout, so long strings are encoded and searched a piece at a time (decoded: json_pieces.py;
-and bulky data is better kept out of JSON: e2b/sandboxes.py)."""
+and bulky data is better kept out of JSON: e2b/sandboxes.py).  One thread per event loop does it
+all, one document after another: the loop waits for the GIL behind each thread that holds it, so
+six threads (asyncio's default) at once held every other client six times as long."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
+import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 OFF_LOOP_BYTES = 1 << 20  # documents this large are parsed or encoded in a thread
 PIECE_CHARS = 1 << 20  # a long string is encoded (or searched) this much at a time: ~5 ms of the GIL each
 T = TypeVar("T")
+_THREADS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ThreadPoolExecutor] = weakref.WeakKeyDictionary()
 
 
 async def off_loop(size: int, function: Callable[..., T], *args: Any) -> T:
-    """`function(*args)`, in a thread when the document it works on is `size` bytes or more."""
-    if size >= OFF_LOOP_BYTES:
-        return await asyncio.to_thread(function, *args)
-    return function(*args)
+    """`function(*args)`, in the loop's one thread for large documents when this one is `size` bytes or more."""
+    if size < OFF_LOOP_BYTES:
+        return function(*args)
+    loop = asyncio.get_running_loop()
+    thread = _THREADS.get(loop)
+    if thread is None:  # per loop: a process forked from this one has a loop, and none of its threads
+        thread = _THREADS[loop] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-sf-off-loop")
+    return await loop.run_in_executor(thread, functools.partial(function, *args))
 
 
 def json_bytes(document: Mapping[str, Any]) -> bytes:

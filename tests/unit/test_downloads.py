@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
+from verl_sf import sending
 from verl_sf.byte_budget import ByteBudget
 from verl_sf.e2b import downloads
 from verl_sf.e2b.downloads import DownloadsFull
@@ -28,7 +29,7 @@ def test_the_budget_refuses_past_its_limit_but_always_takes_one() -> None:
 
 async def test_a_client_that_stops_reading_loses_its_connection_and_its_bytes_are_let_go(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(downloads, "STALL_S", 2.0)
+    monkeypatch.setattr(sending, "STALL_S", 2.0)
     monkeypatch.setattr(downloads, "BUDGET", ByteBudget(64 << 20, lambda held: DownloadsFull("full")))
 
     async def handler(request: web.Request) -> web.StreamResponse:

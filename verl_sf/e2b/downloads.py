@@ -4,22 +4,19 @@ clients that never read pin the server's memory.
 A file is read whole from its sandbox (up to the executor's fetch limit, 32 MiB), so until it is
 sent the server holds it.  Two bounds: the bytes all downloads of this server process hold at once
 (`BUDGET_BYTES`; past it a download answers 503 with Retry-After, as an overloaded server does),
-and how long a client may leave a download unread (`STALL_S`; then its connection is closed and
+and how long a client may leave a download unread (`sending.STALL_S`; then its connection is closed and
 the bytes are let go).
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from verl_sf.byte_budget import ByteBudget
 from verl_sf.errors import CapacityError
+from verl_sf.sending import answer_in_pieces
 
 BUDGET_BYTES = 256 << 20  # eight files at the fetch limit at once
-STALL_S = 30.0  # a client that takes nothing for this long has given up
-CHUNK_BYTES = 256 << 10
 
 
 class DownloadsFull(CapacityError):
@@ -32,18 +29,6 @@ BUDGET = ByteBudget(BUDGET_BYTES, lambda held: DownloadsFull(f"the server is sen
 
 
 async def send(request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
-    """`body` to the client in chunks, held against the budget until sent; a client that takes nothing
-    for STALL_S loses its connection."""
+    """`body` to the client in pieces, held against the budget until sent."""
     with BUDGET.hold(len(body)):
-        response = web.StreamResponse(headers=headers)
-        response.content_length = len(body)
-        await response.prepare(request)
-        view = memoryview(body)
-        try:
-            for start in range(0, len(body), CHUNK_BYTES):
-                await asyncio.wait_for(response.write(view[start:start + CHUNK_BYTES]), STALL_S)
-            await response.write_eof()
-        except asyncio.TimeoutError:
-            if request.transport is not None:
-                request.transport.abort()
-    return response
+        return await answer_in_pieces(request, body, headers)

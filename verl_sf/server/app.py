@@ -39,6 +39,7 @@ from verl_sf.server.requests import (
     get_metrics,
     model_answer,
     parse,
+    run_answer,
 )
 from verl_sf.server.snapshot_routes import add_snapshot_routes
 from verl_sf.server.verl_tool_routes import add_verl_tool_routes
@@ -87,7 +88,8 @@ class ServerConfig:
 
 
 async def _execute(request: web.Request, model: type[RequestT], endpoint: str, language: Callable[[RequestT], str],
-                   run: Callable[[RequestT], Awaitable[Union[RunCodeResponse, RunJupyterResponse]]]) -> web.Response:
+                   run: Callable[[RequestT], Awaitable[Union[RunCodeResponse, RunJupyterResponse]]],
+                   ) -> web.StreamResponse:
     parsed = await parse(request, model)
     if isinstance(parsed, web.Response):
         return parsed
@@ -98,7 +100,7 @@ async def _execute(request: web.Request, model: type[RequestT], endpoint: str, l
         return refuse(request, exc)
     get_metrics(request).record_run(endpoint, language(parsed), response.status, response.queue_wait,
                                     time.monotonic() - started)
-    return await model_answer(response)
+    return await run_answer(request, response)
 
 
 async def create_session(request: web.Request) -> web.Response:
@@ -128,11 +130,11 @@ async def delete_session(request: web.Request) -> web.Response:
     return web.json_response({"session_id": request.match_info["session_id"], "ended": True})
 
 
-async def run_code(request: web.Request) -> web.Response:
+async def run_code(request: web.Request) -> web.StreamResponse:
     return await _execute(request, RunCodeRequest, "run_code", lambda r: r.language, get_executor(request).run_code)
 
 
-async def run_jupyter(request: web.Request) -> web.Response:
+async def run_jupyter(request: web.Request) -> web.StreamResponse:
     return await _execute(request, RunJupyterRequest, "run_jupyter", lambda r: "python",
                           get_executor(request).run_jupyter)
 

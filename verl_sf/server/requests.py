@@ -20,6 +20,7 @@ from verl_sf.errors import answer_of
 from verl_sf.executor import Executor
 from verl_sf.json_body import JsonBodyError, load_json
 from verl_sf.off_loop import OFF_LOOP_BYTES, json_bytes, off_loop, text_size
+from verl_sf.sending import answer_in_pieces
 from verl_sf.server.connections import TrackedConnection
 from verl_sf.server.inflate import BodyTooLarge, UndecodableBody, encoding_of, inflate
 from verl_sf.server.metrics import ServerMetrics
@@ -47,12 +48,25 @@ def refused(request: web.Request, status: int, code: str, detail: Any,
 
 
 async def model_answer(model: BaseModel, status: int = 200) -> web.Response:
-    """`model` as a JSON answer; a large one (fetched files, outputs) encoded a piece at a time in a
-    thread (`model_dump_json` held the event loop ~75 ms for a 32 MiB file)."""
+    """`model` as a JSON answer, for a middleware to read or rewrite (a front's session ids)."""
+    return web.Response(body=await _json_of(model), content_type="application/json", status=status)
+
+
+async def run_answer(request: web.Request, model: BaseModel) -> web.StreamResponse:
+    """A run's answer, which no middleware rewrites: a large one (fetched files, outputs) is sent a
+    piece at a time (`answer_in_pieces`)."""
+    data = await _json_of(model)
+    if len(data) < OFF_LOOP_BYTES:
+        return web.Response(body=data, content_type="application/json")
+    return await answer_in_pieces(request, data, {"Content-Type": "application/json"})
+
+
+async def _json_of(model: BaseModel) -> bytes:
+    """A large model encoded a piece at a time in a thread (`model_dump_json` held the event loop
+    ~75 ms for a 32 MiB file)."""
     body = model.model_dump(mode="json")  # shares the model's strings
     size = text_size(body)
-    data = await off_loop(size, json_bytes, body) if size >= OFF_LOOP_BYTES else model.model_dump_json().encode()
-    return web.Response(body=data, content_type="application/json", status=status)
+    return await off_loop(size, json_bytes, body) if size >= OFF_LOOP_BYTES else model.model_dump_json().encode()
 
 
 def validation_detail(exc: ValidationError, where: str = "body") -> list[dict[str, Any]]:

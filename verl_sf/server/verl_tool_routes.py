@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from verl_sf.errors import Overloaded
 from verl_sf.server.rejections import refuse
-from verl_sf.server.requests import EXECUTOR_KEY, get_metrics, model_answer, parse, refused, validation_detail
+from verl_sf.server.requests import EXECUTOR_KEY, get_metrics, parse, refused, run_answer, validation_detail
 from verl_sf.verl_tool.config import VerlToolConfig
 from verl_sf.verl_tool.protocol import GetObservationRequest, GetObservationResponse, ObservationQuery
 from verl_sf.verl_tool.tool import PythonCodeTool, build_tool
@@ -18,7 +18,7 @@ ENDPOINT = "get_observation"
 VERL_TOOL_KEY = web.AppKey("verl_tool", PythonCodeTool)
 
 
-async def get_observation(request: web.Request) -> web.Response:
+async def get_observation(request: web.Request) -> web.StreamResponse:
     try:
         query = ObservationQuery.model_validate(dict(request.query))
     except ValidationError as exc:
@@ -42,7 +42,7 @@ async def get_observation(request: web.Request) -> web.Response:
                                   dones=[outcome.done for outcome in outcomes],
                                   valids=[outcome.valid for outcome in outcomes],
                                   processing_time_ms=(time.monotonic() - started) * 1000)
-    return await model_answer(body)
+    return await run_answer(request, body)
 
 
 def add_verl_tool_routes(app: web.Application, config: VerlToolConfig) -> None:
