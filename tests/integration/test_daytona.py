@@ -143,6 +143,15 @@ async def test_interpreter_keeps_state_and_reports_output_and_errors(sandbox: As
     assert streamed == ["a\n"]
 
 
+async def test_a_figure_is_shown_without_an_error(sandbox: AsyncSandbox) -> None:
+    """Daytona's chart example: a figure left open is shown after the code, not taken for an
+    interpreter the code broke."""
+    shown = await sandbox.code_interpreter.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    assert shown.error is None and shown.stderr == "", shown
+    after = await sandbox.code_interpreter.run_code("print('next')")
+    assert after.stdout == "next\n" and after.error is None
+
+
 async def test_contexts_are_isolated(sandbox: AsyncSandbox) -> None:
     context = await sandbox.code_interpreter.create_context()
     await sandbox.code_interpreter.run_code("y = 'private'", context=context)

@@ -156,6 +156,19 @@ def test_html_and_png_results(sandbox: Sandbox) -> None:
     assert len(pngs) == 1 and pngs[0].startswith("iVBORw0KGgo")  # base64 of the PNG signature
 
 
+def test_a_figure_left_open_is_shown_after_the_execution_as_a_kernel_shows_it(sandbox: Sandbox) -> None:
+    """The documented chart pattern (`plt.show()`, or a plot call last): the figure is one PNG result
+    after the execution's own, and nothing of the sandbox's bookkeeping shows."""
+    shown = sandbox.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    assert shown.error is None and shown.execution_count is not None, shown
+    assert [r.formats() for r in shown.results] == [["text", "png"]] and not shown.results[0].is_main_result
+    assert shown.logs.stderr == [], shown.logs  # fontconfig finds its configuration
+    last = sandbox.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])")
+    assert last.error is None, last
+    assert [r.formats() for r in last.results] == [["text"], ["text", "png"]]
+    assert last.results[0].is_main_result and last.results[0].text.startswith("[<matplotlib.lines.Line2D")
+
+
 def test_an_execution_with_large_output_arrives_whole_as_json_lines(server: ServerHandle, sandbox: Sandbox) -> None:
     """Every event of an execution, however large, reaches the SDK: the events are one body of JSON
     lines ending with `end_of_execution`, as E2B streams them."""
@@ -180,6 +193,18 @@ def test_json_results_nested_past_the_limit_keep_their_text(sandbox: Sandbox) ->
     deep = sandbox.run_code(nest.format(150) + shown)  # deeper than a record may nest (docs/e2b.md)
     assert deep.error is None and deep.logs.stdout == ["after\n"], deep
     assert deep.results[0].json is None and deep.results[0].text == "<IPython.core.display.JSON object>"
+
+
+def test_displays_left_out_keep_the_executions_result(sandbox: Sandbox) -> None:
+    """Too many displays to send: they are left out, the execution's value stays its main result
+    (open-r1 scores `float(execution.text)`), and stderr says what was left out."""
+    many = sandbox.run_code("from IPython.display import display\nfor i in range(30000):\n    display(i)\n"
+                            "print('done')\n0.75")
+    assert many.error is None and many.execution_count is not None, many
+    assert [r.text for r in many.results] == ["0.75"] and many.results[0].is_main_result
+    assert float(many.text) == 0.75 and many.logs.stdout == ["done\n"]
+    assert "30000 of this cell's displays left out" in "".join(many.logs.stderr)
+    assert sandbox.run_code("6 * 7").text == "42"
 
 
 def test_env_vars_per_execution_and_sandbox(server: ServerHandle) -> None:

@@ -294,6 +294,20 @@ def test_a_memory_bomb_that_hides_from_the_watchdog_is_ended(server: ServerHandl
     assert_no_sandbox_processes_remain(server)
 
 
+def test_a_session_memory_bomb_that_hides_from_the_watchdog_ends_the_session(server: ServerHandle) -> None:
+    """A session's interpreter is as measurable as a run: an undumpable one is ended, as one past its cap."""
+    created = requests.post(server.url + "/sessions", json={"language": "python", "memory_limit_MB": 256}, timeout=60)
+    assert created.status_code == 201, created.text
+    session_id = created.json()["session_id"]
+    time.sleep(1)  # five of the watchdog's samples: a session that hides nothing lives on
+    assert run_code(server, "import time\ntime.sleep(1)", session_id=session_id)["status"] == "Success"
+    body = run_code(server, HIDDEN_MEMORY_BOMBS["undumpable"], session_id=session_id, run_timeout=10)
+    assert "allocated" not in body["run_result"]["stdout"], body
+    assert body["status"] == "Failed" and body["run_result"]["status"] == "Finished", body
+    assert "memory" in body["run_result"]["stderr"] + body.get("message", ""), body
+    assert_no_sandbox_processes_remain(server)
+
+
 def test_filling_the_workdir_is_capped(server: ServerHandle) -> None:
     code = ("chunk = b'z' * (1 << 20)\nwritten = 0\ntry:\n    with open('big.bin', 'wb') as f:\n"
             "        for _ in range(4096):\n            f.write(chunk); written += 1\nexcept OSError as e:\n"

@@ -283,14 +283,16 @@ def _become_init() -> None:
     OOM killer to pick it, the kernel would end every process below it, its forks' among them: it
     goes back to the zygote's oom_score_adj (0), and the interpreter and all it starts keep 1000, so
     a full memory cgroup takes any of them first, however small.  It is not dumpable: the
-    interpreter, of the same uid, cannot trace it.  The interpreter returns."""
-    linux.set_oom_score_adj(0)  # before the interpreter exists: no code of the session's sees it dumpable
+    interpreter, of the same uid, cannot trace it; the interpreter is as dumpable as a run is (without
+    a uid change, its watchdog of the same uid must read its memory).  The interpreter returns."""
+    dumpable = linux.dumpable()
+    linux.set_oom_score_adj(0, dumpable=False)  # before the interpreter exists: no code of the session's sees it
     try:
         pid = os.fork()
     except BlockingIOError:  # no user code has run: capacity, not a fault (session.py)
         _unstarted(PROCESS_LIMIT, 1)
     if pid == 0:
-        linux.set_oom_score_adj(OOM_SCORE_ADJ)
+        linux.set_oom_score_adj(OOM_SCORE_ADJ, dumpable)
         os.setsid()  # its own process group: an interrupt goes to it and what it runs
         return
     os.closerange(0, 1 << 16)

@@ -525,6 +525,7 @@ def run_cell(payload):
     request = json.loads(payload)
     context = _context(request["context"])
     main = _execute(context, request["code"], request["envs"])
+    ipython_shell.current.display.extend(ipython_shell.figures_display())
     ipython_shell.current.display.append({NOTE: {"count": context["count"], "main": main}})
 
 

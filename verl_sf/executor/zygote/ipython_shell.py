@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import io
 import json
 import os
 import re
@@ -34,6 +35,24 @@ INSTALL_COMMAND = re.compile(r"^\s*(?:sudo\s+)?(?:\S*/)?(?:pip3?(?:\.\d+)?|pytho
 PREPARE_CELL = "_prepare = [i for i in range(3)]\nprint(end='')\ndel _prepare\n[0]"
 """What a forked child runs before its job: what most cells do (a name bound, a comprehension, a
 print of nothing, a value shown), so that their copy-on-write faults are paid off the request's path."""
+
+
+def figures_display() -> list[dict[str, object]]:
+    """Open matplotlib figures, as inline PNGs (what a Jupyter kernel shows after a cell), then closed:
+    after a cell run, and after an E2B execution (before its note, which must come last)."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return []
+    shown: list[dict[str, object]] = []
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        buffer = io.BytesIO()
+        with contextlib.suppress(Exception):
+            figure.savefig(buffer, format="png")
+            shown.append({"image/png": base64.b64encode(buffer.getvalue()).decode(),
+                          "text/plain": repr(figure)})
+    pyplot.close("all")
+    return shown
 
 
 class Outputs:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, Optional, Protocol, Union
 
 from . import procfs
@@ -29,6 +29,7 @@ from .messages import (
     SessionOpenHead,
     StageResult,
     ZygoteConfig,
+    kept_displays,
 )
 from .run_groups import DEMOTED, KILLED, Groups, RunGroups
 from .wire import READ_CHUNK, Lines, bulk_of, loads, readable_of
@@ -39,6 +40,7 @@ TICK = 0.2  # seconds between CPU-wait samples of long runs (and memory samples,
 FILES_ENTRIES = 50_000  # names in a job's directory on the landlock rung: each costs every count
 COUNT_SHARE = 0.05  # of the zygote's time one job's files counts may take
 MAX_DISPLAYS = 20_000  # display bundles a run (a session's call) sends the server: tens of ms of its parsing
+HIDDEN_SAMPLES = 3  # memory samples in a row a process may hide from (a fork not yet at its exec is undumpable)
 WAITS_READ = 32  # processes whose wait a sample reads, where a cgroup counts the job's CPU
 MEMORY_KILLS: dict[MemoryScope, str] = {
     "own": "killed for exceeding its memory limit",
@@ -106,6 +108,7 @@ class Job:
         self.watch_memory = bool(self.limits["memory"]) and not zygote.cfg["cgroups"]
         self.memory_killed = False
         self.memory_checked = 0.0
+        self.hidden: dict[int, int] = {}  # its processes whose memory was hidden: in how many samples in a row
         # Without a pids cgroup or a uid of its own (RLIMIT_NPROC counts a uid's every process), the
         # zygote counts a job's processes every tick and ends it past its cap.
         own_uid = bool(zygote.cfg["run_uids"] and zygote.cfg["run_uids"][1])
@@ -273,16 +276,18 @@ class Job:
                 self.status = signal.SIGKILL  # a wait status: killed by SIGKILL
                 self.on_exit(zygote)  # answer (the client's deadline is near); collected when it goes
             return
-        try:
-            over_memory = self.watch_memory and self.alive and self._over_memory(now)
-        except procfs.Unmeasured:
-            self.kill_for_cap(zygote, "its memory cannot be measured against its limit: a process of it made "
-                                      "itself undumpable (prctl PR_SET_DUMPABLE 0, or a program it cannot read)")
-            return
-        if over_memory:
-            self.memory_killed = True
-            self.kill(zygote, MEMORY_KILLS["own"])
-            return
+        if self.watch_memory and self.alive and now - self.memory_checked >= TICK / 2:
+            self.memory_checked = now  # sampled at most once a tick (on_time runs after every event of the zygote)
+            memory = procfs.tree_memory(self.pid, self.fork_inits, self.own_processes())
+            self.hidden = {pid: self.hidden.get(pid, 0) + 1 for pid in memory.hidden}
+            if max(self.hidden.values(), default=0) >= HIDDEN_SAMPLES:
+                self.kill_for_cap(zygote, "its memory cannot be measured against its limit: a process of it made "
+                                          "itself undumpable (prctl PR_SET_DUMPABLE 0, or a program it cannot read)")
+                return
+            if memory.used > self.limits["memory"]:
+                self.memory_killed = True
+                self.kill(zygote, MEMORY_KILLS["own"])
+                return
         if self.watch_processes and self.alive and self._over_processes(now):
             self.kill_for_cap(zygote, f"more than {self.limits['nproc']} processes")
             return
@@ -370,12 +375,9 @@ class Job:
         self.processes_checked = now
         return sum(1 for _ in procfs.tree(self.pid, self.limits["nproc"] + 1, self.fork_inits)) > self.limits["nproc"]
 
-    def _over_memory(self, now: float) -> bool:
-        """Sampled at most once a tick (on_time runs after every event of the zygote)."""
-        if now - self.memory_checked < TICK / 2:
-            return False
-        self.memory_checked = now
-        return procfs.tree_memory(self.pid, self.fork_inits) > self.limits["memory"]
+    def own_processes(self) -> Collection[int]:
+        """Its processes that run no user code (undumpable by design: what runs below cannot trace them)."""
+        return ()
 
     # -- endings ---------------------------------------------------------------------------------
     def kill(self, zygote: JobHost, reason: str) -> None:
@@ -470,13 +472,15 @@ class Job:
 
     def keep(self, record: dict[str, Any]) -> None:
         """A record for the reply.  A cell's displays past MAX_DISPLAYS in the job are left out, with a
-        note (an E2B execution's own note kept): each costs the server a few tokens to parse, and cells
-        under the cap one by one (`wire.bulk_of`) add up."""
+        note (an E2B execution's result and own note kept): each costs the server a few tokens to
+        parse, and cells under the cap one by one (`wire.bulk_of`) add up."""
         shown = record.get("display") if record.get("kind") == "cell" else None
         if isinstance(shown, list):
             room = max(0, MAX_DISPLAYS - self.displays)
             if len(shown) > room:
-                kept = shown[:room] + [bundle for bundle in shown[room:] if isinstance(bundle, dict) and NOTE in bundle]
+                noted = shown[-1].get(NOTE) if shown and isinstance(shown[-1], dict) else None
+                main = noted.get("main") if isinstance(noted, dict) else None
+                kept = kept_displays(shown, room, main if type(main) is int else None)
                 record["display"], record["truncated"] = kept, True
                 record["stderr"] = str(record.get("stderr", "")) + DISPLAYS_LEFT_OUT.format(
                     count=len(shown) - len(kept), why=f"more than {MAX_DISPLAYS:,} displays in one run")

@@ -4,9 +4,7 @@ it, errors as the kernel reports them.  All cells together share the run's per-s
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import io
 import os
 import signal
 import sys
@@ -14,26 +12,9 @@ from types import FrameType
 from typing import Any, Optional
 
 from . import ipython_shell
-from .messages import DISPLAYS_LEFT_OUT, NOTE, TRUNCATION_MARKER, CellRecord
+from .messages import DISPLAYS_LEFT_OUT, TRUNCATION_MARKER, CellRecord, kept_displays
 from .python_runner import finish, make_stdio, user_traceback
 from .wire import bulk_of, dumps, report
-
-
-def _figures_display() -> list[dict[str, object]]:
-    """Open matplotlib figures, as inline PNGs (what a Jupyter kernel shows after a cell), then closed."""
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is None:
-        return []
-    shown: list[dict[str, object]] = []
-    for number in pyplot.get_fignums():
-        figure = pyplot.figure(number)
-        buffer = io.BytesIO()
-        with contextlib.suppress(Exception):
-            figure.savefig(buffer, format="png")
-            shown.append({"image/png": base64.b64encode(buffer.getvalue()).decode(),
-                          "text/plain": repr(figure)})
-    pyplot.close("all")
-    return shown
 
 
 def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespace: dict[str, Any],
@@ -66,8 +47,9 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
         try:
             if shell is None:
                 raise ModuleNotFoundError(missing)
+            shell.displayhook.main_index = None
             shell.run_cell(source, store_history=True)
-            outputs.display.extend(_figures_display())
+            outputs.display.extend(ipython_shell.figures_display())
         except BaseException as exc:  # noqa: B036 - a time-out outside the cell's own code lands here
             if not outputs.error:
                 outputs.error.append({"ename": type(exc).__name__, "evalue": str(exc),
@@ -94,8 +76,11 @@ def run_cells(cells: list[str], cell_timeout: float, output_limit: int, namespac
         record: CellRecord = {"kind": "cell", "stdout": texts[0], "stderr": texts[1], "display": outputs.display,
                               "error": outputs.error, "truncated": cut}
         bulk = bulk_of(dumps(record).decode()) if outputs.display else ""
-        if bulk:  # the zygote would drop the whole record unread, and the cell with it (an E2B note stays)
-            record["display"], record["truncated"] = [shown for shown in outputs.display if NOTE in shown], True
+        if bulk:  # the zygote would drop the whole record unread, and the cell with it
+            main = shell.displayhook.main_index if shell is not None else None
+            record["display"], record["truncated"] = kept_displays(outputs.display, 0, main), True
+            if bulk_of(dumps(record).decode()):  # the result itself is the bulk
+                record["display"] = kept_displays(outputs.display, 0, None)
             record["stderr"] += DISPLAYS_LEFT_OUT.format(count=len(outputs.display) - len(record["display"]), why=bulk)
         report(record)
     os.dup2(saved[0], 1)

@@ -24,6 +24,7 @@ NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLO
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME = 1024, 2048, 1 << 18, 1 << 21
 PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 4, 15, 24, 38, 22
+PR_GET_DUMPABLE = 3
 PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 36, 1
 CLONE_PARENT, CLONE_CHILD_SETTID = 0x8000, 0x01000000
 # clone(2), not clone3 (a container's default profile answers ENOSYS to it): its number, and whether
@@ -213,16 +214,22 @@ def sibling_fork(new_pid_namespace: bool) -> Callable[[], int]:
     return fork
 
 
-def set_oom_score_adj(value: int) -> None:
+def set_oom_score_adj(value: int, dumpable: bool) -> None:
     """This process's oom_score_adj.  Its /proc files are writable by it while it is dumpable, which
-    a uid change made it not: it is for this write only (see child.py where it is called).  Refused
-    only below a floor a privileged writer set (oom_score_adj_min, which no child of ours sets)."""
+    a uid change made it not: it is dumpable for this write, then as `dumpable` says (see child.py
+    where it is called).  Refused only below a floor a privileged writer set (oom_score_adj_min,
+    which no child of ours sets)."""
     check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
     try:
         with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adjust:
             adjust.write(str(value))
     finally:
-        check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+        check(libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0), "PR_SET_DUMPABLE")
+
+
+def dumpable() -> bool:
+    """Whether this process is dumpable (a uid change made it not)."""
+    return bool(libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1)
 
 
 def die_with_parent() -> None:

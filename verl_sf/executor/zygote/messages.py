@@ -9,7 +9,7 @@ line, tagged with its request's id.  Children report on their fd 3 with `Record`
 
 from __future__ import annotations
 
-from typing import Literal, Optional, TypedDict, Union
+from typing import Any, Literal, Optional, TypedDict, Union
 
 RunMode = Literal["python", "exec", "jupyter", "session_python", "session_bash"]
 SessionLanguage = Literal["python", "bash"]
@@ -320,3 +320,20 @@ or come past the displays a run may send (`job.MAX_DISPLAYS`)."""
 NOTE = "application/vnd.verl-sf.execution+json"
 """The MIME type of the bundle an E2B execution's cell shows last (guest.py): the execution's count, and
 which bundle before it, if any, is its result."""
+
+
+def kept_displays(shown: list[Any], first: int, main: Optional[int]) -> list[Any]:
+    """What a cell keeps of its displays when those past the `first` are left out: those, its result
+    (the bundle at index `main`, Jupyter's execute_result: what a client reads as the cell's value),
+    and an E2B execution's note, last as it must be, its index of the result made to match."""
+    kept = shown[:first]
+    note = shown[-1] if shown and isinstance(shown[-1], dict) and NOTE in shown[-1] else None
+    result = None
+    if main is not None and 0 <= main < len(shown) - (note is not None):
+        if main >= first:
+            kept.append(shown[main])
+        result = min(main, len(kept) - 1)
+    if note is not None:
+        noted = note[NOTE] if isinstance(note[NOTE], dict) else {}
+        kept.append({NOTE: {**noted, "main": result}})
+    return kept

@@ -204,25 +204,29 @@ def ended(pid: int) -> bool:
     return True
 
 
-class Unmeasured(Exception):
-    """A process of the job whose memory the zygote may not read: it made itself undumpable
-    (`PR_SET_DUMPABLE` 0, or it runs a program it cannot read), and the zygote shares its uid
-    without `CAP_SYS_PTRACE` (the landlock rung as an ordinary account)."""
+class Memory(NamedTuple):
+    used: int  # bytes
+    hidden: list[int]  # processes whose memory the zygote may not read (not in `used`)
 
 
-def tree_memory(pid: int, skip: Collection[int] = ()) -> int:
+def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ()) -> Memory:
     """Bytes of anonymous and shared memory the job's processes hold, each page split between the
     processes that map it (PSS), so pages still shared with the warm interpreter barely count;
     plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low).
-    Unmeasured when a process hides its memory: uncounted, it would have no cap at all."""
+    A process that made itself undumpable (`PR_SET_DUMPABLE` 0, or it runs a program it cannot read)
+    closes them to a zygote of its uid without `CAP_SYS_PTRACE` (the landlock rung as an ordinary
+    account): it is `hidden`, but for the job's `own` (they run no user code, undumpable by design)."""
     total = 0
     memfds = {}
+    hidden = []
     for current in tree(pid, skip=skip):
         try:
             try:
                 rollup = read(f"/proc/{current}/smaps_rollup")
             except PermissionError:
-                raise Unmeasured(current) from None
+                if current not in own:
+                    hidden.append(current)
+                continue
             for line in rollup.splitlines():
                 if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
                     total += int(line.split()[1]) << 10
@@ -233,7 +237,7 @@ def tree_memory(pid: int, skip: Collection[int] = ()) -> int:
                         memfds[(info.st_dev, info.st_ino)] = info.st_blocks * 512
         except (OSError, ValueError, IndexError):
             continue
-    return total + sum(memfds.values())
+    return Memory(total + sum(memfds.values()), hidden)
 
 
 COUNT_TRIES = 3  # walks of a files count a run's moves may restart

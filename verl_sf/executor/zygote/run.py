@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Collection
 from typing import Any, Optional
 
 from . import exits, procfs
@@ -53,6 +54,9 @@ class Run(Job):
             if self.program_done is not None and self.alive and not self.exited:
                 self.cpu_used = self.program_done
                 self.end_now(zygote, 0)  # the program's own status is in the record (on_exit)
+
+    def own_processes(self) -> Collection[int]:
+        return (self.pid,) if self.head["exec"] else ()  # an exec run's PID 1 only waits for its program
 
     def kill_processes(self, zygote: JobHost) -> None:
         self.end_now(zygote, signal.SIGKILL)  # kills it all, answering with a SIGKILLed process's wait status

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Collection
 from typing import Any, Optional
 
 from . import linux, procfs, root
@@ -151,6 +152,12 @@ class SessionJob(Job):
         self.fetch_paths = [p for p in call.get("fetch_files") or () if p and "\0" not in p]
         fields = [call["code"], str(fetch_limit), *self.fetch_paths, ""]
         return BASH_CALL_LINE + b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
+
+    def own_processes(self) -> Collection[int]:
+        """Its PID 1 and root helper; and until its interpreter is ready, all of it (no code of the session's ran)."""
+        if self.interpreter < 0:
+            return [self.pid, *procfs.children(self.pid)]
+        return (self.pid, self.root_helper)
 
     def on_record(self, zygote: JobHost, record: dict[str, Any]) -> None:
         kind = record.get("kind")
