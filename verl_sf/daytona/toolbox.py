@@ -393,7 +393,7 @@ class Toolbox:
                     continue
                 index, _, field = part.name.rpartition(".")
                 if field == "path":
-                    paths[index] = (await part.read()).decode()
+                    paths[index] = (await part_bytes(part)).decode()
                 elif field == "file":
                     data[index] = (await part_bytes(part), part.filename)
         except MALFORMED as exc:
