@@ -392,6 +392,17 @@ def test_commands_foreground(sandbox: Sandbox) -> None:
     assert lines.splitlines() == [f"line-{i}" for i in range(1, 3001)] + ["end"]
 
 
+def test_a_commands_timeout_kills_it_though_the_sdk_left_first(sandbox: Sandbox) -> None:
+    """The SDK closes its stream at `timeout`, just before the server's deadline: the command is
+    killed at it all the same (nothing of it runs on, as with envd)."""
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 3; echo late > /home/user/late.txt", timeout=1)
+    wait_until(lambda: not [p for p in sandbox.commands.list() if "late.txt" in " ".join(p.args)], 5,
+               "the command is killed at its timeout")
+    time.sleep(3)
+    assert not sandbox.files.exists("/home/user/late.txt")
+
+
 def test_commands_background_wait_and_kill(sandbox: Sandbox) -> None:
     handle = sandbox.commands.run("sleep 0.5; echo finished", background=True)
     assert handle.wait().stdout == "finished\n"

@@ -287,16 +287,19 @@ class Envd:
         started = {"cmd": config.cmd, "args": config.args, "envs": config.envs, "cwd": config.cwd,
                    "user": self._user(request)}
         last_write = time.monotonic()
+        pid, ended = None, False
         try:
             async for result in self.sandboxes.command(sandbox, started, self.config.command_poll_s, deadline):
                 if "pid" in result:
-                    await response.write(connect.frame({"event": {"start": {"pid": int(result["pid"])}}}))
+                    pid = int(result["pid"])
+                    await response.write(connect.frame({"event": {"start": {"pid": pid}}}))
                     last_write = time.monotonic()
                 for stream in ("stdout", "stderr"):
                     if result.get(stream):
                         await response.write(connect.frame({"event": {"data": {stream: result[stream]}}}))
                         last_write = time.monotonic()
                 if "end" in result:
+                    ended = True
                     end = result["end"]
                     await response.write(connect.frame({"event": {"end": {
                         "exitCode": end["exit_code"], "exited": True, "status": end["status"]}}}))
@@ -305,8 +308,12 @@ class Envd:
                     await response.write(connect.frame({"event": {"keepalive": {}}}))
                     last_write = time.monotonic()
         except CommandTimedOut:
+            ended = True
             raise ConnectError("deadline_exceeded", f"the command ran past its timeout of {limit:g} s and "
                                                     f"was killed") from None
+        finally:
+            if not ended and pid is not None and deadline is not None:  # its client left (the SDK, at its timeout)
+                self.sandboxes.kill_at(sandbox, pid, deadline)
 
 
     def _user(self, request: web.Request) -> str:

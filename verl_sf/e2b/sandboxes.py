@@ -12,6 +12,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -171,6 +172,8 @@ class Sandboxes:
         """Sandboxes starting (their session on the way), by owner."""
         self._reaper: Optional[asyncio.Task[None]] = None
         self.ready = ReadyBoxes(executor, config, self._start_ready)
+        self._timers: set[asyncio.Task[None]] = set()
+        """Commands to kill at their timeout, whose client left first."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -179,6 +182,8 @@ class Sandboxes:
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        for timer in self._timers:
+            timer.cancel()
         self.ready.close()
         for sandbox in list(self.table.live.values()):
             self.kill(sandbox.id, "the server stopped")
@@ -354,6 +359,18 @@ class Sandboxes:
                 raise CommandTimedOut(f"the command ran past its timeout and was killed (pid {pid})")
             wait = poll_s if deadline is None else max(0.0, min(poll_s, deadline - now))
             result = await self.call(sandbox, "proc_poll", {"pid": pid, "wait": wait})
+
+    def kill_at(self, sandbox: Sandbox, pid: int, deadline: float) -> None:
+        """Kill a command at its `deadline` (monotonic) though no client follows it any more: envd's
+        `timeout` ends the command, and the SDK closes its stream at that very time."""
+        timer = asyncio.create_task(self._kill_at(sandbox, pid, deadline))
+        self._timers.add(timer)
+        timer.add_done_callback(self._timers.discard)
+
+    async def _kill_at(self, sandbox: Sandbox, pid: int, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(GuestError, SandboxGone):  # it ended, or its sandbox did
+            await self.call(sandbox, "proc_signal", {"pid": pid, "number": 9})
 
     async def read_file(self, sandbox: Sandbox, path: str) -> bytes:
         """A file's bytes: inline when small, else through the session's file fetch (its own size cap);
