@@ -303,6 +303,9 @@ def test_files_both_encodings_and_filesystem_calls(sandbox: Sandbox) -> None:
     big = os.urandom(3 << 20)  # past the inline answer: read through the session's file fetch
     sandbox.files.write("/tmp/big.bin", big)
     assert bytes(sandbox.files.read("/tmp/big.bin", format="bytes")) == big
+    sandbox.commands.run("head -c 40M /dev/zero > /tmp/huge.bin")
+    with pytest.raises(SandboxException, match=r"'/tmp/huge.bin' is 41943040 bytes: a read returns at most 33554432"):
+        sandbox.files.read("/tmp/huge.bin")
 
 
 def test_write_files_puts_each_file_at_its_own_path(server: ServerHandle, sandbox: Sandbox) -> None:

@@ -385,10 +385,13 @@ class Sandboxes:
             parse_answer(stdout)
             if result["fetch"] not in files:
                 limit = self.executor.config.fetch_file_limit_bytes
-                raise GuestError("resource_exhausted", f"file '{path}' is larger than {inline_limit} bytes and "
-                                 f"cannot be fetched (over {limit} bytes, or outside /workdir, /tmp, /mnt/data)")
+                if int(result.get("size", 0)) > limit:
+                    raise GuestError("resource_exhausted", f"file '{path}' is {result['size']} bytes: a read "
+                                     f"returns at most {limit} bytes (the server's fetch limit)")
+                raise GuestError("resource_exhausted", f"file '{path}' is larger than {inline_limit} bytes, and "
+                                 "a file that large is read only below the home, /tmp or /mnt/data")
             return await off_loop(len(files[result["fetch"]]), bytes_of, files[result["fetch"]])
-        except (binascii.Error, TypeError, KeyError) as exc:
+        except (binascii.Error, TypeError, ValueError, KeyError) as exc:
             raise GuestError("internal", f"the sandbox's answer is malformed: {exc}") from None
 
     async def call_python(self, sandbox: Sandbox, code: str, timeout_s: float,

@@ -253,10 +253,11 @@ def fs_read(path, inline_limit):
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise GuestError("invalid_argument", f"path '{path}' is not a regular file")
         data = fh.read(inline_limit + 1)
+        size = os.fstat(fd).st_size
     if len(data) <= inline_limit:
         return {"data": base64.b64encode(data).decode()}
     # The session's fetch knows the home by its first name only: a path in it goes relative.
-    return {"fetch": os.path.relpath(real, _home) if real.startswith(_home + "/") else real}
+    return {"fetch": os.path.relpath(real, _home) if real.startswith(_home + "/") else real, "size": size}
 
 
 # ---- processes ---------------------------------------------------------------------------------
