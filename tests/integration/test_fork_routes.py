@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import resource
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
 
-from tests.server_fixtures import SERVER_MODES, SERVER_SECRET, ServerHandle, server_in_mode, start_server, stop_server
+from tests.server_fixtures import (
+    SERVER_MODES,
+    SERVER_SECRET,
+    ServerHandle,
+    ci_account,
+    server_in_mode,
+    start_server,
+    start_server_as_user,
+    stop_server,
+)
 from tests.waiting import wait_until
 from verl_sf.models import MAX_FORK_COUNT
 
@@ -253,7 +264,7 @@ def until_started(url: str, body: dict[str, Any]) -> dict[str, Any]:
     return wait_until(started, 20, "a run started once the sessions were ended", every=0.2)
 
 
-def test_forks_past_the_accounts_process_limit_are_503_and_leave_nothing() -> None:
+def test_forks_past_the_sessions_process_limit_are_503_and_leave_nothing() -> None:
     """As an ordinary account a run's process cap is RLIMIT_NPROC, which a session's forks share: a fork
     that meets it is capacity (503 + Retry-After, naming the limit), never a 500, and all or none."""
     with server_in_mode("non-root", "--slots", "2", "--preload", "", "--max-processes", "24") as handle:
@@ -274,17 +285,40 @@ def test_forks_past_the_accounts_process_limit_are_503_and_leave_nothing() -> No
         answer = requests.post(handle.url + "/run_code", json={"code": "print(7)", "language": "python",
                                                                "session_id": copy}, timeout=60).json()
         assert answer["run_result"]["stdout"] == "7\n", answer
-        # Sessions until the account is at its limit: a program that then cannot be started did not fail.
+
+
+def _tasks_of(uid: int) -> int:
+    """The processes and threads of an account on the machine: what its RLIMIT_NPROC counts."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                count += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return count
+
+
+def test_a_program_the_accounts_process_limit_keeps_from_starting_is_a_sandbox_error() -> None:
+    """Each run counts its processes in a user namespace of its own, and every one of them against the
+    account's RLIMIT_NPROC too (here the server's, lowered): sessions until the account is at it, then a
+    program that cannot be started did not fail (SandboxError naming the limit) and a session cannot
+    start (503 + Retry-After), until sessions end."""
+    uid = ci_account().pw_uid if os.geteuid() == 0 else os.getuid()
+    room = _tasks_of(uid) + 100
+    handle, home = start_server_as_user("--slots", "2", "--preload", "", preexec_fn=lambda: resource.setrlimit(
+        resource.RLIMIT_NPROC, (room, room)))
+    try:
         bash = {"code": "echo hi", "language": "bash", "run_timeout": 5}
-        held = [parent, copy]
-        for _ in range(30):
+        held = []
+        for _ in range(60):
             refused = requests.post(handle.url + "/run_code", json=bash, timeout=60).json()
             if refused["status"] != "Success":
                 break
             more = requests.post(handle.url + "/sessions", json={"language": "python"}, timeout=60)
             assert more.status_code in (201, 503), more.text
             held += [more.json()["session_id"]] if more.status_code == 201 else []
-        assert refused["status"] == "SandboxError" and "process limit" in refused["message"], refused
+        assert refused["status"] == "SandboxError" and "process limit" in refused["message"], (refused["run_result"]["stderr"], refused["run_result"]["stdout"])
         # A run is killed before its reply and reaped after it, and a bash run needs more processes than a
         # session: the account may still have room for a session or two, never for many.
         for _ in range(4):
@@ -294,10 +328,13 @@ def test_forks_past_the_accounts_process_limit_are_503_and_leave_nothing() -> No
             held.append(more.json()["session_id"])
         assert more.status_code == 503 and more.headers["Retry-After"], more.text
         assert "process limit" in more.json()["detail"]
-        for session_id in held[1:]:
+        for session_id in held:
             requests.delete(f"{handle.url}/sessions/{session_id}", timeout=30)
         ran = until_started(handle.url, bash)
         assert ran["status"] == "Success" and ran["run_result"]["stdout"] == "hi\n", ran
+    finally:
+        stop_server(handle.process)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.parametrize("mode", SERVER_MODES)

@@ -80,6 +80,14 @@ def one_slot_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
         yield handle
 
 
+@pytest.fixture(scope="module", params=[mode for mode in [*SERVER_MODES, *CONTAINER_MODES] if mode != "non-root-container"])
+def one_sandbox_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """A single sandbox, so runs at once share it.  Not on the landlock rung as an ordinary account,
+    where every run is the server's uid and RLIMIT_NPROC is all of theirs (docs/security.md)."""
+    with server_in_mode(request.param, "--sandboxes", "1", "--preload", "") as handle:
+        yield handle
+
+
 def test_runs_leave_no_process_behind_and_the_check_sees_live_ones(server: ServerHandle) -> None:
     """The host-side process check used below finds a run's processes while it runs."""
     thread = threading.Thread(target=run_code, args=(server, "import time; time.sleep(3)"), daemon=True)
@@ -248,6 +256,24 @@ def test_fork_bomb_is_contained(server: ServerHandle) -> None:
         assert forked < 300  # the per-run process cap (256) stopped it
     assert_no_sandbox_processes_remain(server)
     assert_alive(server)
+
+
+def test_a_fork_bomb_at_its_cap_leaves_other_runs_their_forks(one_sandbox_server: ServerHandle) -> None:
+    """A bomb that keeps its processes at its cap for its whole time-out takes nothing of another run's
+    (a pids cgroup per run; or, as an ordinary account, a user namespace per run that RLIMIT_NPROC counts
+    apart: the sandbox's one uid made every run of it share the bomb's 256)."""
+    bomb = ("import os, time\nstarted = time.time()\nwhile time.time() - started < 6:\n    try:\n"
+            "        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n"
+            "    except OSError:\n        time.sleep(0.001)\n")
+    victim = ("import subprocess, time\ntime.sleep(1.5)\nfailed = 0\nfor _ in range(40):\n    try:\n"
+              "        subprocess.run(['true'])\n    except OSError:\n        failed += 1\nprint('failed', failed)\n")
+    with ThreadPoolExecutor(2) as pool:
+        bombing = pool.submit(run_code, one_sandbox_server, bomb, run_timeout=8)
+        time.sleep(0.5)
+        body = run_code(one_sandbox_server, victim, run_timeout=20)
+        bombing.result()
+    assert body["run_result"]["stdout"] == "failed 0\n", body
+    assert_no_sandbox_processes_remain(one_sandbox_server)
 
 
 def test_setsid_double_fork_daemon_does_not_survive(server: ServerHandle) -> None:

@@ -182,7 +182,8 @@ class Namespaces(Rung):
     offers_root = True
 
     def limits(self, cgroups: bool) -> dict[str, str]:
-        return {**super().limits(cgroups), "network": "a network namespace per run (its own loopback)"}
+        own = {} if cgroups else {"processes": "RLIMIT_NPROC in a user namespace of each run's own (counted apart)"}
+        return {**super().limits(cgroups), **own, "network": "a network namespace per run (its own loopback)"}
 
 
 class Landlock(Rung):

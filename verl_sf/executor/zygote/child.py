@@ -205,6 +205,9 @@ class Child:
         uid keeps uid 0 of the namespace, so they are cleared by hand); then no_new_privs and the
         seccomp filter, which an exec keeps."""
         if self.cfg["single_uid"]:  # its namespace denies setgroups (and it has no groups to drop)
+            if not self.groups:  # no pids cgroup: RLIMIT_NPROC, made the run's own rather than its sandbox's
+                linux.user_namespace(0, 0)
+                linux.shrink_capabilities()  # the new namespace gave a full bounding set
             linux.set_capabilities(keep_effective=False)
         else:
             os.setgroups([])
@@ -244,7 +247,8 @@ class Child:
         if not self.groups and job.get("memory"):
             limits[resource.RLIMIT_DATA] = job["memory"]  # the best cap without a memory cgroup
         for which, value in limits.items():
-            resource.setrlimit(which, (value, value))
+            hard = resource.getrlimit(which)[1]  # the account's own may be lower: a run gets no more than it
+            resource.setrlimit(which, (value, value) if hard == resource.RLIM_INFINITY else (min(value, hard),) * 2)
 
     def _exec_stages(self, job: RunBody) -> tuple[int, float]:
         """The compile stage, if any, with its output captured apart; then the program.  Returns the

@@ -73,10 +73,7 @@ def _serve(channel: socket.socket, uid: int, gid: int, seccomp: Filter) -> NoRet
         os.setresuid(uid, uid, uid)  # clears every capability of the sandbox's namespace
         # The uid change made it undumpable, which leaves its /proc files to root: its maps go there.
         linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
-    linux.check(linux.libc.unshare(linux.CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1\n"), ("gid_map", f"0 {gid} 1\n")):
-        with open(f"/proc/self/{name}", "w") as control:
-            control.write(text)
+    linux.user_namespace(uid, gid)
     linux.check(linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     linux.no_new_privs()
     seccomp.load()
