@@ -301,6 +301,10 @@ HIDDEN_MEMORY_BOMBS = {
     # So is one that runs a program it cannot read (its own copy of the interpreter, mode 0111).
     "unreadable_program": "import os, shutil, sys\nshutil.copy(sys.executable, 'python')\nos.chmod('python', 0o111)\n"
                           f"os.execv('python', ['python', '-c', {SHARED_MEMORY_BOMB!r}])\n",
+    # A leader that ended its own thread reads as gone in /proc while its other threads hold its memory.
+    "exited_leader": "import ctypes, os, threading\nif os.fork() == 0:\n"
+                     f"    threading.Thread(target=exec, args=({SHARED_MEMORY_BOMB!r},)).start()\n"
+                     "    ctypes.CDLL(None).pthread_exit(None)\nraise SystemExit(os.waitstatus_to_exitcode(os.wait()[1]))\n",
 }
 
 
@@ -332,6 +336,18 @@ def test_a_session_memory_bomb_that_hides_from_the_watchdog_ends_the_session(ser
     assert body["status"] == "Failed" and body["run_result"]["status"] == "Finished", body
     assert "memory" in body["run_result"]["stderr"] + body.get("message", ""), body
     assert_no_sandbox_processes_remain(server)
+
+
+def test_a_sysv_shared_memory_segment_does_not_outlive_its_run(server: ServerHandle) -> None:
+    """SysV IPC objects live in an IPC namespace: the run's own, gone with it; on the landlock rung,
+    which has none, they would be the host's and outlive the run, so SysV IPC is refused there."""
+    size = 1_234_567 + secrets.randbelow(1000)  # a size no other segment on the host has
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"print(libc.shmget(0, {size}, 0o1600) >= 0, ctypes.get_errno())\n")
+    out = run_code(server, code)["run_result"]["stdout"]
+    assert out == "False 1\n" if landlock(server) else out.startswith("True "), out  # refused: EPERM
+    segments = Path("/proc/sysvipc/shm").read_text().split("\n")[1:]
+    assert not [line for line in segments if str(size) in line.split()], segments
 
 
 def test_filling_the_workdir_is_capped(server: ServerHandle) -> None:

@@ -28,7 +28,7 @@ from typing import ClassVar, Optional
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import IsolationMode
-from verl_sf.executor.system_view import SECCOMP_DENIED
+from verl_sf.executor.system_view import SECCOMP_DENIED, SECCOMP_DENIED_SYSV_IPC
 from verl_sf.executor.zygote.linux import LANDLOCK_SCOPED_SIGNALS_ABI, landlock_abi
 
 # Runs in a fresh interpreter: a user namespace, then a mount in a mount namespace of its own, as
@@ -191,7 +191,8 @@ class Landlock(Rung):
     landlocked = True
 
     def seccomp_denied(self) -> list[str]:
-        return [*SECCOMP_DENIED, "socket"]  # no network namespace: no socket at all (socketpair still works)
+        # No network namespace: no socket at all (socketpair still works); no IPC namespace: no SysV IPC.
+        return [*SECCOMP_DENIED, *SECCOMP_DENIED_SYSV_IPC, "socket"]
 
     def run_uids(self, base: int) -> tuple[int, int]:
         return (base + RUN_UIDS_OFFSET, RUN_UIDS) if can_change_uids() else (0, 0)

@@ -44,6 +44,14 @@ SECCOMP_DENIED: tuple[str, ...] = (
     "sched_setaffinity",
 )
 
+# SysV IPC, refused where a run has no IPC namespace of its own (the landlock rung): its objects are
+# the host's, outlive the run (a red team's 300 MB segment stayed after its run was killed) and are
+# any other run's to open by key.  POSIX shared memory and semaphores (/dev/shm) are not these.
+SECCOMP_DENIED_SYSV_IPC: tuple[str, ...] = (
+    "shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
+    "msgget", "msgsnd", "msgrcv", "msgctl",
+)
+
 # Calls a run may make on itself only.  The kernel lets a process change the resource limits, nice,
 # scheduling policy and I/O priority of every process of its uid it can see: a session those of its
 # forks and snapshots (their PID namespaces are nested below its own), a run on the landlock rung as

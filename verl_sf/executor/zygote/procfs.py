@@ -222,7 +222,7 @@ def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ())
     for current in tree(pid, skip=skip):
         try:
             try:
-                rollup = read(f"/proc/{current}/smaps_rollup")
+                rollup, where = _rollup(current)
             except PermissionError:
                 if current not in own:
                     hidden.append(current)
@@ -230,14 +230,26 @@ def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ())
             for line in rollup.splitlines():
                 if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
                     total += int(line.split()[1]) << 10
-            for fd in os.listdir(f"/proc/{current}/fd"):
+            for fd in os.listdir(f"{where}/fd"):
                 with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{current}/fd/{fd}").startswith("/memfd:"):
-                        info = os.stat(f"/proc/{current}/fd/{fd}")
+                    if os.readlink(f"{where}/fd/{fd}").startswith("/memfd:"):
+                        info = os.stat(f"{where}/fd/{fd}")
                         memfds[(info.st_dev, info.st_ino)] = info.st_blocks * 512
         except (OSError, ValueError, IndexError):
             continue
     return Memory(total + sum(memfds.values()), hidden)
+
+
+def _rollup(pid: int) -> tuple[bytes, str]:
+    """`pid`'s smaps_rollup, and the /proc directory it was read through: a leader that ended its own
+    thread (SYS_exit) reads as gone while its other threads run on with all of its memory."""
+    try:
+        return read(f"/proc/{pid}/smaps_rollup"), f"/proc/{pid}"
+    except ProcessLookupError:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                return read(f"/proc/{pid}/task/{task}/smaps_rollup"), f"/proc/{pid}/task/{task}"
+        raise
 
 
 COUNT_TRIES = 3  # walks of a files count a run's moves may restart
