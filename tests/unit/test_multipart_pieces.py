@@ -9,6 +9,7 @@ import random
 from aiohttp import BodyPartReader, MultipartReader, MultipartWriter, StreamReader
 from multidict import CIMultiDict
 
+from tests.loop_turns import Turns, counted_turns
 from verl_sf.e2b.envd import part_bytes
 from verl_sf.off_loop import PIECE_CHARS
 
@@ -56,28 +57,23 @@ async def _body(contents: list[bytes]) -> tuple[bytes, str]:
     return bytes(sink.data), writer.headers["Content-Type"]
 
 
-class _Turns:
-    """How many turns the event loop has taken, and how many bytes were read from the body in each."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.read: dict[int, int] = {}
-
-
 class _CountingStream(StreamReader):
-    turns = _Turns()
+    """A body fed whole up front, that records the bytes read from it in each turn of the loop."""
+
+    def __init__(self, body: bytes, turns: Turns):
+        super().__init__(_Protocol(), limit=len(body) + 1, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+        self.feed_data(body)
+        self.feed_eof()
+        self.turns = turns
 
     async def read(self, n: int = -1) -> bytes:
         data = await super().read(n)
-        self.turns.read[self.turns.count] = self.turns.read.get(self.turns.count, 0) + len(data)
+        self.turns.record(len(data))
         return data
 
 
-def _reader(body: bytes, content_type: str) -> MultipartReader:
-    stream = _CountingStream(_Protocol(), limit=len(body) + 1, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
-    stream.feed_data(body)
-    stream.feed_eof()
-    return MultipartReader(CIMultiDict({"Content-Type": content_type}), stream)
+def _reader(body: bytes, content_type: str, turns: Turns) -> MultipartReader:
+    return MultipartReader(CIMultiDict({"Content-Type": content_type}), _CountingStream(body, turns))
 
 
 async def _parts(reader: MultipartReader, read: object) -> list[bytes]:
@@ -92,22 +88,11 @@ def test_a_part_read_in_pieces_is_what_part_read_gives_and_lets_the_loop_turn() 
     async def check() -> None:
         contents = _contents(random.Random(3))
         body, content_type = await _body(contents)
-        turns = _CountingStream.turns
-        reading = True
-
-        async def count_turns() -> None:
-            while reading:
-                turns.count += 1
-                await asyncio.sleep(0)
-
-        counter = asyncio.create_task(count_turns())
-        await asyncio.sleep(0)
-        pieces = await _parts(_reader(body, content_type), part_bytes)
-        reading = False
-        await counter
+        async with counted_turns() as turns:
+            pieces = await _parts(_reader(body, content_type, turns), part_bytes)
         assert pieces == contents
         assert max(turns.read.values()) <= 2 * PIECE_CHARS  # a piece and the look-ahead for the boundary
-        whole = await _parts(_reader(body, content_type), BodyPartReader.read)
+        whole = await _parts(_reader(body, content_type, Turns()), BodyPartReader.read)
         assert [bytes(part) for part in whole] == contents
 
     asyncio.run(check())
@@ -120,9 +105,8 @@ def test_thousands_of_small_parts_are_read_about_once_each() -> None:
     async def check() -> None:
         contents = [b"x" * 10 for _ in range(3000)]
         body, content_type = await _body(contents)
-        turns = _CountingStream.turns
-        turns.read.clear()
-        assert await _parts(_reader(body, content_type), part_bytes) == contents
+        turns = Turns()
+        assert await _parts(_reader(body, content_type, turns), part_bytes) == contents
         assert sum(turns.read.values()) < len(body) + len(contents) * (32 << 10)  # aiohttp's own reads are 8 KiB
 
     asyncio.run(check())

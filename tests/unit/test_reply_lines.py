@@ -8,45 +8,32 @@ import random
 
 import pytest
 
+from tests.loop_turns import Turns, counted_turns
 from verl_sf.executor.reply_lines import LineTooLong, ReplyLines
 from verl_sf.off_loop import PIECE_CHARS
 
 
 class _CountingStream(asyncio.StreamReader):
-    """A stream fed whole up front, that counts the bytes read from it in each turn of the loop."""
+    """A stream fed whole up front, that records the bytes read from it in each turn of the loop."""
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, turns: Turns):
         super().__init__(limit=len(data) + 1)
         self.feed_data(data)
         self.feed_eof()
-        self.turn = 0
-        self.read_in_turn: dict[int, int] = {}
+        self.turns = turns
 
     async def read(self, n: int = -1) -> bytes:
         data = await super().read(n)
-        self.read_in_turn[self.turn] = self.read_in_turn.get(self.turn, 0) + len(data)
+        self.turns.record(len(data))
         return data
 
 
-async def _all_lines(data: bytes, limit: int) -> tuple[list[bytes], _CountingStream]:
-    stream = _CountingStream(data)
-    reading = True
-
-    async def count_turns() -> None:
-        while reading:
-            stream.turn += 1
-            await asyncio.sleep(0)
-
-    counter = asyncio.create_task(count_turns())
-    await asyncio.sleep(0)
-    lines, reader = [], ReplyLines(stream, limit)
-    try:
+async def _all_lines(data: bytes, limit: int) -> tuple[list[bytes], Turns]:
+    async with counted_turns() as turns:
+        lines, reader = [], ReplyLines(_CountingStream(data, turns), limit)
         while line := await reader.next():
             lines.append(line)
-    finally:
-        reading = False
-        await counter
-    return lines, stream
+    return lines, turns
 
 
 def test_lines_are_what_readline_gives_and_a_long_one_is_read_a_piece_per_turn() -> None:
@@ -55,9 +42,9 @@ def test_lines_are_what_readline_gives_and_a_long_one_is_read_a_piece_per_turn()
     rng.shuffle(sizes)
     lines = [rng.randbytes(size).replace(b"\n", b"n") + b"\n" for size in sizes]
     data = b"".join(lines) + b"no newline at the end"
-    read, stream = asyncio.run(_all_lines(data, 1 << 30))
+    read, turns = asyncio.run(_all_lines(data, 1 << 30))
     assert read == [*lines, b"no newline at the end"]
-    assert max(stream.read_in_turn.values()) <= 2 * PIECE_CHARS
+    assert max(turns.read.values()) <= 2 * PIECE_CHARS
 
 
 def test_a_line_past_the_limit_is_an_error_not_a_buffer_without_end() -> None:
