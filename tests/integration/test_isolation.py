@@ -340,14 +340,35 @@ def test_a_session_memory_bomb_that_hides_from_the_watchdog_ends_the_session(ser
 
 def test_a_sysv_shared_memory_segment_does_not_outlive_its_run(server: ServerHandle) -> None:
     """SysV IPC objects live in an IPC namespace: the run's own, gone with it; on the landlock rung,
-    which has none, they would be the host's and outlive the run, so SysV IPC is refused there."""
+    which has none, they would be the host's and outlive the run, so SysV IPC is refused there (and
+    wherever there is no memory cgroup: the next test)."""
     size = 1_234_567 + secrets.randbelow(1000)  # a size no other segment on the host has
     code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             f"print(libc.shmget(0, {size}, 0o1600) >= 0, ctypes.get_errno())\n")
     out = run_code(server, code)["run_result"]["stdout"]
-    assert out == "False 1\n" if landlock(server) else out.startswith("True "), out  # refused: EPERM
+    refused = "sysv_ipc" in requests.get(server.url + "/health", timeout=10).json()["limits"]
+    assert refused or not landlock(server)
+    assert out == "False 1\n" if refused else out.startswith("True "), out  # refused: EPERM
     segments = Path("/proc/sysvipc/shm").read_text().split("\n")[1:]
     assert not [line for line in segments if str(size) in line.split()], segments
+
+
+def test_detached_sysv_segments_count_against_the_memory_cap(server: ServerHandle) -> None:
+    """Twenty 60 MB segments, each written then detached: mapped by no process, they are beyond the
+    watchdog, so without a memory cgroup SysV IPC is refused (and /health says so); with one, they
+    are charged to the run, which is killed at its cap."""
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+            "held = 0\nfor _ in range(20):\n    segment = libc.shmget(0, 60 << 20, 0o1600)\n"
+            "    if segment < 0:\n        print('refused', ctypes.get_errno()); break\n"
+            "    address = libc.shmat(segment, None, 0)\n    ctypes.memset(address, 1, 60 << 20)\n"
+            "    libc.shmdt(ctypes.c_void_p(address)); held += 60\nprint('held', held)\n")
+    body = run_code(server, code, memory_limit_MB=128, run_timeout=20)
+    result = body["run_result"]
+    refused = result["stdout"] == "refused 1\nheld 0\n"  # EPERM
+    assert refused or "memory limit of 128 MB exceeded" in result["stderr"], body
+    limits = requests.get(server.url + "/health", timeout=10).json()["limits"]
+    assert refused == ("sysv_ipc" in limits), limits
+    assert_alive(server)
 
 
 def test_filling_the_workdir_is_capped(server: ServerHandle) -> None:

@@ -154,9 +154,12 @@ class Rung:
     offers_root: ClassVar[bool] = False  # E2B's user="root": uid 0 of a user namespace of the sandbox's own
     reason: str  # why it was chosen
 
-    def seccomp_denied(self) -> list[str]:
-        """The system calls the runs' filter refuses (system_view.py)."""
-        return list(SECCOMP_DENIED) if self.confined else []
+    def seccomp_denied(self, memory_cgroup: bool) -> list[str]:
+        """The system calls the runs' filter refuses (system_view.py).  Without a memory cgroup, SysV IPC
+        too: a detached segment is in no process's memory, so the watchdog could not count it."""
+        if not self.confined:
+            return []
+        return [*SECCOMP_DENIED, *(() if memory_cgroup else SECCOMP_DENIED_SYSV_IPC)]
 
     def run_uids(self, base: int) -> tuple[int, int]:
         """(first, count) of the host uids runs get one of each; count 0: they keep the server's (or
@@ -172,7 +175,8 @@ class Rung:
         return {"memory": "cgroup per run" if cgroups else
                           "RLIMIT_DATA per process and a watchdog that kills a run past its cap (no writable cgroup)",
                 "processes": "pids cgroup per run" if cgroups else "RLIMIT_NPROC, shared by runs of one uid",
-                "seccomp": "on"}
+                "seccomp": "on",
+                **({} if cgroups else {"sysv_ipc": "refused: a detached segment is beyond the watchdog"})}
 
 
 class Namespaces(Rung):
@@ -190,7 +194,7 @@ class Landlock(Rung):
     name = "landlock"
     landlocked = True
 
-    def seccomp_denied(self) -> list[str]:
+    def seccomp_denied(self, memory_cgroup: bool) -> list[str]:
         # No network namespace: no socket at all (socketpair still works); no IPC namespace: no SysV IPC.
         return [*SECCOMP_DENIED, *SECCOMP_DENIED_SYSV_IPC, "socket"]
 
@@ -202,6 +206,7 @@ class Landlock(Rung):
         status["landlock"] = (f"ABI {landlock_abi()}: filesystem allow-list, no TCP, scoped signals and abstract "
                               "unix sockets")
         status["network"] = "none: socket() refused (socketpair works)"
+        status["sysv_ipc"] = "refused: no IPC namespace (segments would be the host's)"
         if not can_change_uids() and not cgroups:
             status["processes"] = "counted per run by the zygote's watchdog (the uid is shared)"
         return status

@@ -46,7 +46,9 @@ SECCOMP_DENIED: tuple[str, ...] = (
 
 # SysV IPC, refused where a run has no IPC namespace of its own (the landlock rung): its objects are
 # the host's, outlive the run (a red team's 300 MB segment stayed after its run was killed) and are
-# any other run's to open by key.  POSIX shared memory and semaphores (/dev/shm) are not these.
+# any other run's to open by key.  Refused too wherever there is no memory cgroup: a detached segment
+# is mapped by no process, so the watchdog cannot count it (1.2 GB held against a 128 MB cap).
+# POSIX shared memory and semaphores (/dev/shm, a size-capped tmpfs) are not these.
 SECCOMP_DENIED_SYSV_IPC: tuple[str, ...] = (
     "shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
     "msgget", "msgsnd", "msgrcv", "msgctl",
