@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Collection, Iterable
 from typing import Any, Optional, Protocol, Union
@@ -32,6 +33,7 @@ from .messages import (
     kept_displays,
 )
 from .run_groups import DEMOTED, KILLED, Groups, RunGroups
+from .socket_memory import SocketProbe
 from .wire import READ_CHUNK, Lines, bulk_of, loads, readable_of
 
 KILL_WAIT = 5.0  # seconds a killed job's PID 1 has to be gone before a reply leaves without it
@@ -109,6 +111,7 @@ class Job:
         self.memory_killed = False
         self.memory_checked = 0.0
         self.hidden: dict[int, int] = {}  # its processes whose memory was hidden: in how many samples in a row
+        self.sockets: Optional[tuple[int, Optional[SocketProbe]]] = None  # (network namespace inode, probe)
         # Without a pids cgroup or a uid of its own (RLIMIT_NPROC counts a uid's every process), the
         # zygote counts a job's processes every tick and ends it past its cap.
         own_uid = bool(zygote.cfg["run_uids"] and zygote.cfg["run_uids"][1])
@@ -284,7 +287,7 @@ class Job:
                 self.kill_for_cap(zygote, "its memory cannot be measured against its limit: a process of it made "
                                           "itself undumpable (prctl PR_SET_DUMPABLE 0, or a program it cannot read)")
                 return
-            if memory.used > self.limits["memory"]:
+            if memory.used + self.socket_bytes(memory.readable, memory.sockets) > self.limits["memory"]:
                 self.memory_killed = True
                 self.kill(zygote, MEMORY_KILLS["own"])
                 return
@@ -374,6 +377,41 @@ class Job:
             return False
         self.processes_checked = now
         return sum(1 for _ in procfs.tree(self.pid, self.limits["nproc"] + 1, self.fork_inits)) > self.limits["nproc"]
+
+    def socket_bytes(self, member: int, held: Collection[int]) -> int:
+        """What its sockets queue (socket_memory.py), through a probe of the network namespace that
+        `member`, a process of it, is in (not always PID 1's: a session's is undumpable, its /proc
+        closed to a zygote without CAP_SYS_PTRACE; and a ready child may not have made its own yet)."""
+        try:
+            inode = os.stat(f"/proc/{member}/ns/net").st_ino
+        except OSError:
+            return 0  # gone, or none of it readable (ended for that after HIDDEN_SAMPLES)
+        try:
+            if self.sockets is None or self.sockets[0] != inode:
+                self.close_probe()
+                self.sockets = (inode, self._probe(member, inode))
+            probe = self.sockets[1]
+            return probe.queued(held, member) if probe is not None else 0
+        except OSError as exc:  # never the zygote's end: the job goes on, its sockets uncounted, said once
+            print(f"verl-sf: cannot count the sockets of job {self.id}: {exc}", file=sys.stderr)
+            self.close_probe()
+            self.sockets = (inode, None)
+            return 0
+
+    @staticmethod
+    def _probe(member: int, inode: int) -> SocketProbe:
+        if inode == os.stat("/proc/self/ns/net").st_ino:
+            return SocketProbe(None)
+        network = os.open(f"/proc/{member}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return SocketProbe(network)
+        finally:
+            os.close(network)
+
+    def close_probe(self) -> None:
+        if self.sockets is not None and self.sockets[1] is not None:
+            self.sockets[1].close()
+        self.sockets = None
 
     def own_processes(self) -> Collection[int]:
         """Its processes that run no user code (undumpable by design: what runs below cannot trace them)."""

@@ -207,18 +207,23 @@ def ended(pid: int) -> bool:
 class Memory(NamedTuple):
     used: int  # bytes
     hidden: list[int]  # processes whose memory the zygote may not read (not in `used`)
+    sockets: set[int]  # inodes of the sockets the processes hold
+    readable: int  # one of the processes whose /proc files the zygote may read (its namespaces'), or -1
 
 
 def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ()) -> Memory:
     """Bytes of anonymous and shared memory the job's processes hold, each page split between the
     processes that map it (PSS), so pages still shared with the warm interpreter barely count;
-    plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low).
+    plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low), and
+    the inodes of the sockets they hold (socket_memory.py counts what those queue).
     A process that made itself undumpable (`PR_SET_DUMPABLE` 0, or it runs a program it cannot read)
     closes them to a zygote of its uid without `CAP_SYS_PTRACE` (the landlock rung as an ordinary
     account): it is `hidden`, but for the job's `own` (they run no user code, undumpable by design)."""
     total = 0
     memfds = {}
     hidden = []
+    sockets = set()
+    readable = -1
     for current in tree(pid, skip=skip):
         try:
             try:
@@ -227,17 +232,21 @@ def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ())
                 if current not in own:
                     hidden.append(current)
                 continue
+            readable = current if readable < 0 else readable
             for line in rollup.splitlines():
                 if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
                     total += int(line.split()[1]) << 10
             for fd in os.listdir(f"{where}/fd"):
                 with contextlib.suppress(OSError):
-                    if os.readlink(f"{where}/fd/{fd}").startswith("/memfd:"):
+                    target = os.readlink(f"{where}/fd/{fd}")
+                    if target.startswith("/memfd:"):
                         info = os.stat(f"{where}/fd/{fd}")
                         memfds[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+                    elif target.startswith("socket:["):
+                        sockets.add(int(target[8:-1]))
         except (OSError, ValueError, IndexError):
             continue
-    return Memory(total + sum(memfds.values()), hidden)
+    return Memory(total + sum(memfds.values()), hidden, sockets, readable)
 
 
 def _rollup(pid: int) -> tuple[bytes, str]:

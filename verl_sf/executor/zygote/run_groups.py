@@ -19,6 +19,9 @@ Groups = dict[str, Group]  # controller -> group
 # A job's cpu.shares: in its first slice (the kernel's default); past it (the least); being killed
 # (the most: its processes, SIGKILL pending, take a CPU first to end rather than wait behind every job).
 FRESH, DEMOTED, KILLED = "1024", "2", "262144"
+# cgroup v1's cap on a group's TCP buffers, apart from its memory (400 loopback connections otherwise
+# held 2.2 GB against a 128 MB cap, and with it the machine's whole tcp_mem).
+TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
 # Where a group counts its processes' CPU, by controller: (file, key, seconds per unit).  v1: cpuacct's
 # own hierarchy, or cpu's where the two share one; v2: every group's cpu.stat.
 CPU_COUNTERS = {"cpuacct": ("cpuacct.usage", "", 1e-9), "cpu": ("cpuacct.usage", "", 1e-9),
@@ -67,7 +70,7 @@ class RunGroups:
             for base, name in set(groups.values()):
                 with contextlib.suppress(OSError):
                     os.rmdir(name, dir_fd=base)
-                for controller in ("memory.max", "memory.limit_in_bytes", "pids.max", "cpu.shares"):
+                for controller in ("memory.max", "memory.limit_in_bytes", TCP_LIMIT, "pids.max", "cpu.shares"):
                     self.written.pop(((base, name), controller), None)
                 shares = self.shares.pop((base, name), -1)
                 if shares >= 0:
@@ -87,6 +90,8 @@ class RunGroups:
         if memory and limits["memory"] and "memory" in groups:
             self._write_limit(groups["memory"], "memory.max" if self.v2 else "memory.limit_in_bytes",
                               str(limits["memory"]))
+            if not self.v2:  # v1 charges TCP buffers only to a group with a TCP cap (v2 with the rest)
+                self._write_limit(groups["memory"], TCP_LIMIT, str(limits["memory"]))
         if "pids" in groups:
             self._write_limit(groups["pids"], "pids.max", str(limits["nproc"] + 8))
         self.weigh(groups, FRESH)  # a reused group, or a session's next call, starts in its first slice

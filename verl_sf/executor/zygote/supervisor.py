@@ -426,6 +426,7 @@ class Zygote:
         """Once PID 1 is collected the kernel has ended every process of the job: its cgroups
         are empty and go back to the pool (the limits are rewritten by the next job)."""
         os.close(job.pidfd)
+        job.close_probe()
         # A fork stays a zombie of its parent's until that one waits: its cgroup is not reused.
         self.groups.release(job.groups, job.memory_exceeded or bool(job.failure) or job.adopted)
         network = self.networks.pop(job.pid, -1)
