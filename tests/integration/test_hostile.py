@@ -455,6 +455,20 @@ def test_memory_bomb_is_killed_and_reported(server: ServerHandle, bomb: str) -> 
         assert result["return_code"] == -9
 
 
+def test_empty_files_are_bounded_by_each_tmpfs(server: ServerHandle) -> None:
+    """Empty files take no blocks of a tmpfs, but each is a kilobyte of the kernel's memory: 500,000
+    took 500 MB against a 128 MB cap without a memory cgroup. A tmpfs now holds as many entries as
+    it has pages: ENOSPC past them. (The landlock rung counts a run's entries: test_rungs.py.)"""
+    code = ("import os\nmade = 0\ntry:\n    for d in range(60):\n        os.mkdir(f'd{d}')\n"
+            "        for i in range(5000):\n            os.close(os.open(f'd{d}/{i}', os.O_CREAT | os.O_WRONLY, 0o600))\n"
+            "            made += 1\nexcept OSError as e:\n    print('stopped', e.errno)\nprint('files', made)\n")
+    body = run_code(server, code, memory_limit_MB=128, run_timeout=30)
+    result = body["run_result"]
+    if "memory limit of 128 MB exceeded" not in result["stderr"]:  # a memory cgroup may charge them first
+        assert result["stdout"].startswith("stopped 28\n"), body  # ENOSPC
+        assert 60_000 <= int(result["stdout"].split()[-1]) <= 66_000, body  # the workdir's 256 MB in pages
+
+
 def test_health_says_how_each_limit_is_enforced(server: ServerHandle) -> None:
     health = requests.get(server.url + "/health", timeout=10).json()
     assert health["isolation"] == "namespaces" and health["limits"]["seccomp"] == "on"

@@ -64,7 +64,7 @@ class Blueprint(NamedTuple):
     @property
     def tmpfs_targets(self) -> list[str]:
         """Where a run's or session's own tmpfs are mounted: its files."""
-        return [*(mount.target for mount in self.mounts), "/dev/shm"]
+        return [mount.target for mount in self.mounts]
 
     @property
     def isolated(self) -> bool:
@@ -195,9 +195,6 @@ class Child:
         for directory in self.cfg["premade"]:
             os.mkdir(directory, 0o755)
             os.chown(directory, owner, owner)
-        # POSIX shared memory and semaphores (multiprocessing's locks) live here: private to the run too.
-        shm_options = f"size={self.cfg['sizes'][self.cfg['tmpdir']]},mode=1777".encode()
-        linux.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, shm_options)
         linux.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=0620")
 
     def _drop_privileges(self) -> None:

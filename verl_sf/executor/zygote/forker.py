@@ -475,9 +475,7 @@ def _mounts(blueprint: Blueprint, fifos: list[str]) -> None:
     cfg = blueprint.cfg
     os.chdir("/")
     linux.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    shm_options = f"size={cfg['sizes'][cfg['tmpdir']]},mode=1777".encode()
-    targets = [(mount.target, mount.options, mount.keep) for mount in blueprint.mounts]
-    for target, options, keep in [*targets, ("/dev/shm", shm_options, [])]:
+    for target, options, keep in blueprint.mounts:
         old = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
         kept = [os.open(f"{target}/{entry}", os.O_PATH | os.O_CLOEXEC) for entry in keep]
         linux.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
