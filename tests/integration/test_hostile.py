@@ -14,9 +14,11 @@ says about itself.  What each mode enforces (docs/security.md):
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -318,6 +320,8 @@ SYSCALLS = {  # x86-64 numbers: name -> (number, arguments)
     # Red team, 2026-11-29: a run pinned to one CPU beside runs of its own pinned there was credited
     # its wait and answered as starved, a sandbox error, while the other CPU sat idle.
     "sched_setaffinity": (203, (0, 8, 0)),
+    # Red team, 2026-12-07: the host's AIO count is one for every process; two calls of one run took it.
+    "io_setup": (206, (32768, 0)),
 }
 
 
@@ -342,6 +346,16 @@ def test_vsock_sockets_are_refused(server: ServerHandle) -> None:
     code = ("import socket\ntry:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n    print('OPENED')\n"
             "except OSError as e:\n    print(e.errno)\n")
     assert run_code(server, code)["run_result"]["stdout"] == f"{EPERM}\n"
+
+
+def test_netlink_sockets_but_route_are_refused(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: a run's own NETLINK_USERSOCK sockets sent one another queues no memory
+    cgroup charges (870 MB against a 128 MB cap, root or not). NETLINK_ROUTE, which if_nameindex and
+    getifaddrs read, stays."""
+    code = ("import socket\nfor protocol in (2, 4, 15, 16):  # USERSOCK, SOCK_DIAG, KOBJECT_UEVENT, GENERIC\n"
+            "    try:\n        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)\n        print('OPENED', protocol)\n"
+            "    except OSError as e:\n        print(e.errno)\nprint(sorted(name for _, name in socket.if_nameindex()))\n")
+    assert run_code(server, code)["run_result"]["stdout"] == f"{EPERM}\n" * 4 + "['lo']\n"
 
 
 def test_clone3_answers_enosys(server: ServerHandle) -> None:
@@ -453,6 +467,48 @@ def test_memory_bomb_is_killed_and_reported(server: ServerHandle, bomb: str) -> 
     assert "memory limit of 256 MB exceeded" in result["stderr"]
     if not server.as_root:
         assert result["return_code"] == -9
+
+
+EPOLL_WATCHES = r"""
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstdio>
+int main() {
+  int report[2]; pipe(report);
+  for (int c = 0; c < 24; c++) if (fork() == 0) {  // 24 x 500 x 500 watches: past the uid's 4% of memory
+    int ev = eventfd(0, 0), fds[500], err = 0;
+    for (int i = 0; i < 500; i++) fds[i] = dup(ev);
+    for (int e = 0; e < 500 && !err; e++) {
+      int ep = epoll_create1(0);
+      for (int i = 0; i < 500; i++) { epoll_event x = {EPOLLIN, {0}}; if (epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &x)) { err = errno; break; } }
+    }
+    write(report[1], &err, sizeof err); sleep(3); _exit(0);
+  }
+  int full = 0, err;
+  for (int c = 0; c < 24; c++) { read(report[0], &err, sizeof err); full += err == ENOSPC; }
+  printf("exhausted %d\n", full > 0);
+  fflush(stdout); sleep(2);  // held while the test connects
+}
+"""
+
+
+def test_a_run_that_exhausts_its_uids_epoll_watches_leaves_the_server_up(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: the kernel counts epoll watches per uid, and an ordinary account's runs
+    are its uid. A run that took them all made libuv (uvloop's loop) abort the server on its next
+    epoll_ctl. Such a server runs asyncio's loop, which refuses that one connection. Until the run's
+    processes have finished exiting, after its reply, the sandbox beside it cannot watch a new run
+    (answered as a sandbox error); then it serves again."""
+    attack: dict[str, Any] = {}
+    attacker = threading.Thread(target=lambda: attack.update(c_program(server, EPOLL_WATCHES, memory_limit_MB=2048)))
+    attacker.start()
+    while attacker.is_alive():  # new connections while the watches are gone: each one refused, never the server
+        with contextlib.suppress(requests.RequestException):
+            requests.get(server.url + "/v1/ping", timeout=5)
+        time.sleep(0.1)
+    assert attack["run_result"]["stdout"] == "exhausted 1\n", attack
+    wait_until(lambda: run_code(server, "print('alive')")["status"] == "Success", 30, "the sandbox serves again")
 
 
 def test_empty_files_are_bounded_by_each_tmpfs(server: ServerHandle) -> None:

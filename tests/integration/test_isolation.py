@@ -419,6 +419,18 @@ def test_socket_buffers_count_against_the_memory_cap(server: ServerHandle, fille
     assert_alive(server)
 
 
+def test_page_tables_count_against_the_memory_cap(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: one byte read every 2 MiB of a sparse read-only mapping maps the shared
+    zero page (no resident memory, no RLIMIT_DATA) and costs a 4 KiB page table each: 1 GB held
+    against a 128 MB cap without a memory cgroup. The watchdog counts page tables (a cgroup charges them)."""
+    code = ("import mmap, time\ntables = 64 * 1024  # 256 MB of them\n"
+            "view = mmap.mmap(-1, tables << 21, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)\n"
+            "total = sum(view[i << 21] for i in range(tables))\nprint('mapped', flush=True)\ntime.sleep(2)\n")
+    body = run_code(server, code, memory_limit_MB=128, run_timeout=20)
+    assert "memory limit of 128 MB exceeded" in body["run_result"]["stderr"], body
+    assert_alive(server)
+
+
 def test_an_idle_sessions_socket_buffers_end_it_past_its_cap(server: ServerHandle) -> None:
     """A call that returns at once, leaving a thread to fill 160 MB of socket buffers and keep them:
     the idle session is ended for its memory (on the landlock rung the watchdog reaches the

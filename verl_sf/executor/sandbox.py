@@ -242,7 +242,7 @@ class SandboxLauncher:
             "cpu_counter": cgroup.cpu_counter if cgroup else "",
             "group_prefix": cgroup.prefix if cgroup else "",
             "seccomp": self.rung.seccomp_denied(memory_cgroup=bool(cgroup and "memory" in cgroup.dirs)),
-            "seccomp_socket_families": list(SECCOMP_DENIED_SOCKET_FAMILIES) if self.isolated else [],
+            "seccomp_socket_families": [list(pair) for pair in SECCOMP_DENIED_SOCKET_FAMILIES] if self.isolated else [],
             "seccomp_self_only": {call: [[list(pair) for pair in refusal] for refusal in refusals]
                                   for call, refusals in SECCOMP_SELF_ONLY.items()},
             "libseccomp": libseccomp_path() or "" if self.rung.confined else "",

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -239,9 +240,15 @@ async def serve(config: ServerConfig, ready: Optional[Callable[[str], None]] = N
 def run(config: ServerConfig, ready: Optional[Callable[[str], None]] = None,
         app_hook: Optional[Callable[[web.Application], None]] = None) -> None:
     """`serve` on uvloop's event loop: its transports and loop cost the server less CPU per request
-    than asyncio's own (docs/performance.md).  The server adopts what a dead zygote's runs leave."""
+    than asyncio's own (docs/performance.md).  But libuv aborts the process when epoll_ctl fails, and
+    the kernel's epoll-watch count is per uid: as an ordinary account, whose runs are its uid, one run
+    exhausting it killed the server; asyncio's loop refuses the one connection instead.  The server
+    adopts what a dead zygote's runs leave."""
     adopt_orphans()
-    uvloop.run(serve(config, ready, app_hook))
+    if os.geteuid() == 0:  # runs are other uids
+        uvloop.run(serve(config, ready, app_hook))
+    else:
+        asyncio.run(serve(config, ready, app_hook))
 
 
 def _protect_from_oom_killer() -> None:

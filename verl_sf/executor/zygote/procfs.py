@@ -214,8 +214,8 @@ class Memory(NamedTuple):
 def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ()) -> Memory:
     """Bytes of anonymous and shared memory the job's processes hold, each page split between the
     processes that map it (PSS), so pages still shared with the warm interpreter barely count;
-    plus the memfds they hold open, mapped or not (a mapped one counts twice: the cap errs low), and
-    the inodes of the sockets they hold (socket_memory.py counts what those queue).
+    plus their page tables, the memfds they hold open, mapped or not (a mapped one counts twice: the
+    cap errs low), and the inodes of the sockets they hold (socket_memory.py counts what those queue).
     A process that made itself undumpable (`PR_SET_DUMPABLE` 0, or it runs a program it cannot read)
     closes them to a zygote of its uid without `CAP_SYS_PTRACE` (the landlock rung as an ordinary
     account): it is `hidden`, but for the job's `own` (they run no user code, undumpable by design)."""
@@ -236,6 +236,7 @@ def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ())
             for line in rollup.splitlines():
                 if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
                     total += int(line.split()[1]) << 10
+            total += _page_tables(where)
             for fd in os.listdir(f"{where}/fd"):
                 with contextlib.suppress(OSError):
                     target = os.readlink(f"{where}/fd/{fd}")
@@ -247,6 +248,16 @@ def tree_memory(pid: int, skip: Collection[int] = (), own: Collection[int] = ())
         except (OSError, ValueError, IndexError):
             continue
     return Memory(total + sum(memfds.values()), hidden, sockets, readable)
+
+
+def _page_tables(where: str) -> int:
+    """Bytes of the process's page tables, which no mapping's count shows: one byte read every 2 MiB
+    of a sparse read-only mapping makes a page of them (1 GB held against a 128 MB cap before)."""
+    with open(f"{where}/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"VmPTE:"):
+                return int(line.split()[1]) << 10
+    return 0
 
 
 def _rollup(pid: int) -> tuple[bytes, str]:
