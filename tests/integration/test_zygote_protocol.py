@@ -34,7 +34,7 @@ class Zygote:
             "premade": [],
             "sizes": {}, "keep": {}, "uid": os.getuid(), "gid": os.getgid(),
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "preload": [], "ipython": False, "fetch_limit": 1 << 20,
-            "cgroups": {}, "cgroup_v2": False, "cpu_counter": "", "group_prefix": "", "seccomp": [], "seccomp_socket_families": [], "seccomp_self_only": {}, "libseccomp": "",
+            "cgroups": {}, "cgroup_v2": False, "cpu_counter": "", "group_prefix": "", "seccomp": [], "seccomp_sockets": [], "seccomp_self_only": {}, "libseccomp": "",
             "demote_after": 0.1,
         }
         config_fd = os.memfd_create("zygote-config")

@@ -35,7 +35,7 @@ from verl_sf.executor.gpus import GpuView
 from verl_sf.executor.languages import STANDARD_DIRS, Toolchains
 from verl_sf.executor.rungs import Rung, landlock_abi, libseccomp_path
 from verl_sf.executor.state_dir import StateDir
-from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED_SOCKET_FAMILIES, SECCOMP_SELF_ONLY
+from verl_sf.executor.system_view import ETC_ENTRIES, SECCOMP_DENIED_SOCKETS, SECCOMP_SELF_ONLY
 from verl_sf.executor.zygote.linux import CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC
 from verl_sf.executor.zygote.linux import libc as _libc
 from verl_sf.executor.zygote.messages import LandlockConfig, ZygoteConfig
@@ -242,7 +242,7 @@ class SandboxLauncher:
             "cpu_counter": cgroup.cpu_counter if cgroup else "",
             "group_prefix": cgroup.prefix if cgroup else "",
             "seccomp": self.rung.seccomp_denied(memory_cgroup=bool(cgroup and "memory" in cgroup.dirs)),
-            "seccomp_socket_families": [list(pair) for pair in SECCOMP_DENIED_SOCKET_FAMILIES] if self.isolated else [],
+            "seccomp_sockets": [list(pair) for pair in SECCOMP_DENIED_SOCKETS] if self.isolated else [],
             "seccomp_self_only": {call: [[list(pair) for pair in refusal] for refusal in refusals]
                                   for call, refusals in SECCOMP_SELF_ONLY.items()},
             "libseccomp": libseccomp_path() or "" if self.rung.confined else "",

@@ -32,6 +32,9 @@ SECCOMP_DENIED: tuple[str, ...] = (
     "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "userfaultfd", "perf_event_open",
     # native AIO: its count (fs.aio-max-nr) is the whole host's, which one run's two io_setup calls took
     "io_setup",
+    # user pages in a pipe, no process's any more: 4 KiB of a huge page spliced in keeps all 2 MiB
+    # (700 MB held against a 128 MB cap without a memory cgroup)
+    "vmsplice",
     "keyctl", "add_key", "request_key", "open_by_handle_at", "name_to_handle_at",
     # the kernel itself and the machine
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
@@ -71,9 +74,13 @@ SECCOMP_SELF_ONLY: dict[str, tuple[tuple[tuple[int, int], ...], ...]] = {
     "ioprio_set": (((0, 1),), ((1, 0),)),  # IOPRIO_WHO_PROCESS, and who: itself
 }
 
-# Socket address families a run may not open (socket() refused with EPERM), each with the one protocol
-# it may still open, or -1: AF_VSOCK (40) not at all, as Docker's default profile refuses it: network
-# namespaces do not confine it and it reaches the hypervisor or host. AF_NETLINK (16) for NETLINK_ROUTE
-# (0) only, which getifaddrs and if_nameindex read: a run's own NETLINK_USERSOCK sockets can send one
-# another queues of 8 MB each that no memory cgroup charges (870 MB held against a 128 MB cap).
-SECCOMP_DENIED_SOCKET_FAMILIES: tuple[tuple[int, int], ...] = ((40, -1), (16, 0))
+# Sockets a run may not open (socket() refused with EPERM): (address family, protocol, or -1 for
+# every one). AF_VSOCK (40), as Docker's default profile refuses it: network namespaces do not
+# confine it and it reaches the hypervisor or host. AF_NETLINK (16), whose queues no memory cgroup
+# charges: a run's own NETLINK_USERSOCK sockets queued 870 MB to one another, and NETLINK_ROUTE's
+# error acknowledgements (each echoing its request) 800 MB, against a 128 MB cap (red team,
+# 2026-12-07); a run's namespace has nothing to enumerate but its loopback (/proc/net/dev shows it).
+# MPTCP (262) over AF_INET (2) and AF_INET6 (10): its queues are neither TCP's nor in sock_diag's
+# TCP and UDP dumps (858 MB without a memory cgroup).
+ANY_PROTOCOL = -1
+SECCOMP_DENIED_SOCKETS: tuple[tuple[int, int], ...] = ((40, ANY_PROTOCOL), (16, ANY_PROTOCOL), (2, 262), (10, 262))

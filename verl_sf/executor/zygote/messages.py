@@ -45,7 +45,7 @@ class ZygoteConfig(TypedDict):
     cpu_counter: str  # the controller whose run groups count a run's CPU whole (run_groups.CPU_COUNTERS); "": none
     group_prefix: str  # of the run groups' names: a delegated directory may hold every sandbox's (cpu)
     seccomp: list[str]  # syscalls refused with EPERM (plus namespace flags of clone, and clone3)
-    seccomp_socket_families: list[list[int]]  # socket() refused with EPERM: [family, its one protocol allowed or -1]
+    seccomp_sockets: list[list[int]]  # socket() refused with EPERM: [family, protocol or -1 for every one]
     seccomp_self_only: dict[str, list[list[list[int]]]]  # {call: refusals, each [argument, value] pairs all unmet}
     libseccomp: str
     demote_after: float  # a run's first slice: sampled past it in wall time, demoted past it in CPU time

@@ -125,9 +125,9 @@ def compile_filter(config: ZygoteConfig) -> bytes:
         for number in range(FIRST_UNKNOWN_SYSCALL, FIRST_UNKNOWN_SYSCALL + UNKNOWN_SYSCALLS_REFUSED):
             if number not in refused:
                 rule(enosys, number)
-        for family, allowed in config["seccomp_socket_families"]:
-            others = [_ArgCmp(2, SCMP_CMP_NE, allowed, 0)] if allowed >= 0 else []
-            rule(eperm, number_of("socket"), _ArgCmp(0, SCMP_CMP_EQ, family, 0), *others)
+        for family, protocol in config["seccomp_sockets"]:
+            only = [_ArgCmp(2, SCMP_CMP_EQ, protocol, 0)] if protocol >= 0 else []
+            rule(eperm, number_of("socket"), _ArgCmp(0, SCMP_CMP_EQ, family, 0), *only)
         for name, refusals in config["seccomp_self_only"].items():  # another process: EPERM
             for pairs in refusals:
                 rule(eperm, number_of(name), *(_ArgCmp(index, SCMP_CMP_NE, value, 0) for index, value in pairs))
