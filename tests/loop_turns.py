@@ -20,6 +20,23 @@ class Turns:
         self.read[self.count] = self.read.get(self.count, 0) + size
 
 
+class CountedReads:
+    """Mixed into a stream class (asyncio's or aiohttp's StreamReader): fed whole up front (`fill`),
+    it records the bytes each `read` gives in the turn it is made."""
+
+    turns: Turns
+
+    def fill(self, data: bytes, turns: Turns) -> None:
+        self.feed_data(data)  # type: ignore[attr-defined]
+        self.feed_eof()  # type: ignore[attr-defined]
+        self.turns = turns
+
+    async def read(self, n: int = -1) -> bytes:
+        data: bytes = await super().read(n)  # type: ignore[misc]
+        self.turns.record(len(data))
+        return data
+
+
 @contextlib.asynccontextmanager
 async def counted_turns() -> AsyncIterator[Turns]:
     turns = Turns()

@@ -9,7 +9,7 @@ import random
 from aiohttp import BodyPartReader, MultipartReader, MultipartWriter, StreamReader
 from multidict import CIMultiDict
 
-from tests.loop_turns import Turns, counted_turns
+from tests.loop_turns import CountedReads, Turns, counted_turns
 from verl_sf.e2b.envd import part_bytes
 from verl_sf.off_loop import PIECE_CHARS
 
@@ -57,19 +57,12 @@ async def _body(contents: list[bytes]) -> tuple[bytes, str]:
     return bytes(sink.data), writer.headers["Content-Type"]
 
 
-class _CountingStream(StreamReader):
+class _CountingStream(CountedReads, StreamReader):
     """A body fed whole up front, that records the bytes read from it in each turn of the loop."""
 
     def __init__(self, body: bytes, turns: Turns):
         super().__init__(_Protocol(), limit=len(body) + 1, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
-        self.feed_data(body)
-        self.feed_eof()
-        self.turns = turns
-
-    async def read(self, n: int = -1) -> bytes:
-        data = await super().read(n)
-        self.turns.record(len(data))
-        return data
+        self.fill(body, turns)
 
 
 def _reader(body: bytes, content_type: str, turns: Turns) -> MultipartReader:

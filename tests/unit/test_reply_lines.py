@@ -8,24 +8,17 @@ import random
 
 import pytest
 
-from tests.loop_turns import Turns, counted_turns
+from tests.loop_turns import CountedReads, Turns, counted_turns
 from verl_sf.executor.reply_lines import LineTooLong, ReplyLines
 from verl_sf.off_loop import PIECE_CHARS
 
 
-class _CountingStream(asyncio.StreamReader):
+class _CountingStream(CountedReads, asyncio.StreamReader):
     """A stream fed whole up front, that records the bytes read from it in each turn of the loop."""
 
     def __init__(self, data: bytes, turns: Turns):
         super().__init__(limit=len(data) + 1)
-        self.feed_data(data)
-        self.feed_eof()
-        self.turns = turns
-
-    async def read(self, n: int = -1) -> bytes:
-        data = await super().read(n)
-        self.turns.record(len(data))
-        return data
+        self.fill(data, turns)
 
 
 async def _all_lines(data: bytes, limit: int) -> tuple[list[bytes], Turns]:
