@@ -41,6 +41,10 @@ class RunGroups:
         counter = config["cpu_counter"]
         self.counter = (counter, *CPU_COUNTERS[counter]) if counter in self.bases else None
         self.used_before: dict[Group, int] = {}  # a reused group's counter when it was released
+        # v1 charges TCP buffers only to a group with a TCP cap (v2 with the rest); the file is deprecated,
+        # and a kernel without it must still run jobs.
+        memory = self.bases.get("memory")
+        self.tcp_cap = not self.v2 and memory is not None and os.access(TCP_LIMIT, os.F_OK, dir_fd=memory)
         if self.v2:
             for base in set(self.bases.values()):  # before any fork: every child then starts in the leaf too
                 with contextlib.suppress(FileExistsError):
@@ -90,7 +94,7 @@ class RunGroups:
         if memory and limits["memory"] and "memory" in groups:
             self._write_limit(groups["memory"], "memory.max" if self.v2 else "memory.limit_in_bytes",
                               str(limits["memory"]))
-            if not self.v2:  # v1 charges TCP buffers only to a group with a TCP cap (v2 with the rest)
+            if self.tcp_cap:
                 self._write_limit(groups["memory"], TCP_LIMIT, str(limits["memory"]))
         if "pids" in groups:
             self._write_limit(groups["pids"], "pids.max", str(limits["nproc"] + 8))
