@@ -14,6 +14,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.server_fixtures import (
     SERVER_MODES,
     SERVER_SECRET,
     ServerHandle,
+    ci_account,
     run_code,
     server_in_mode,
     start_server,
@@ -460,6 +462,114 @@ def test_filling_the_workdir_is_capped(server: ServerHandle) -> None:
     assert "MB 4096" not in out
     assert body["run_result"]["return_code"] != 0 or "stopped" in out
     assert_alive(server)
+
+
+def server_uid(server: ServerHandle) -> int:
+    if server.as_root:
+        return 0
+    return ci_account().pw_uid if os.geteuid() == 0 else os.geteuid()
+
+
+@pytest.fixture
+def owned_files(server: ServerHandle) -> Iterator[list[Path]]:
+    """Files the server's own account owns, where every rung's runs could name them: one in a
+    world-traversable directory under /tmp, one under /usr (which the landlock rung lets runs read)."""
+    uid = server_uid(server)
+    made = [Path(tempfile.mkdtemp(prefix="verl-sf-metadata-", dir=base)) for base in ("/tmp", "/usr/local/lib")]
+    files = []
+    for directory, mode in zip(made, (0o600, 0o644), strict=True):
+        directory.chmod(0o755)
+        path = directory / "owned"
+        path.write_text("x")
+        path.chmod(mode)
+        os.chown(path, uid, -1)
+        os.utime(path, (1_000_000, 1_000_000))
+        files.append(path)
+    yield files
+    for directory in made:
+        shutil.rmtree(directory)
+
+
+def test_a_run_changes_the_metadata_of_no_file_outside_its_directory(server: ServerHandle,
+                                                                   owned_files: list[Path]) -> None:
+    """Landlock governs opening files, not chmod, utimes, chown or xattrs: on the landlock rung as an
+    ordinary account a run is the server's uid, and made the account's files world-writable and its
+    zygote's directory unusable (every later run failed to start) until the zygote made these changes
+    for it, beneath its own directory only."""
+    private, readable = (str(path) for path in owned_files)
+    code = f"""import os
+def attempt(name, action):
+    try:
+        action()
+        print(name, 'changed')
+    except OSError as e:
+        print(name, 'refused', e.errno)
+os.symlink({private!r}, 'link')
+attempt('chmod', lambda: os.chmod({private!r}, 0o777))
+attempt('chmod through a symlink', lambda: os.chmod('link', 0o777))
+attempt('chmod relative', lambda: os.chmod(os.path.relpath({private!r}), 0o777))
+attempt('chmod of the parent', lambda: os.chmod('..', 0o500))
+attempt('utime', lambda: os.utime({private!r}, (5, 5)))
+attempt('utime through a symlink', lambda: os.utime('link', (5, 5)))
+attempt('chown', lambda: os.chown({private!r}, os.getuid(), os.getgid()))
+attempt('setxattr', lambda: os.setxattr({private!r}, 'user.planted', b'1'))
+try:
+    fd = os.open({readable!r}, os.O_RDONLY)
+except OSError as e:
+    print('open refused', e.errno)
+else:
+    attempt('fchmod', lambda: os.fchmod(fd, 0o777))
+    attempt('futimens', lambda: os.utime(fd, (5, 5)))
+"""
+    out = run_code(server, code)["run_result"]["stdout"]
+    assert " changed" not in out, out
+    for path, mode in zip(owned_files, (0o600, 0o644), strict=True):
+        info = path.stat()
+        assert (oct(info.st_mode & 0o7777), info.st_mtime) == (oct(mode), 1_000_000), path
+        assert os.listxattr(path) == [], path
+    assert_alive(server)  # the zygote's directory, had its mode changed, would fail every later run
+
+
+def test_a_run_changes_the_metadata_of_its_own_files(server: ServerHandle) -> None:
+    """What a run does to its own files works on every rung: `chmod +x` then run it, `touch -d`,
+    shutil.copy2 (mode and times), fchmod and futimens, through a path with `..` in it."""
+    code = r"""import os, shutil, subprocess
+os.mkdir('sub')
+with open('tool.sh', 'w') as f:
+    f.write('#!/bin/sh\necho ran\n')
+print(subprocess.run('chmod +x tool.sh && ./tool.sh && touch -d 2001-01-01 tool.sh', shell=True,
+                     capture_output=True, text=True).stdout.strip())
+shutil.copy2('tool.sh', 'copy.sh')
+info = os.stat('copy.sh')
+print(oct(info.st_mode & 0o777), int(info.st_mtime))
+os.chmod('sub/../copy.sh', 0o700)
+os.chmod(os.path.abspath('sub'), 0o750)
+fd = os.open('copy.sh', os.O_RDONLY)
+os.fchmod(fd, 0o640)
+os.utime(fd, (7, 7))
+print(oct(os.stat('copy.sh').st_mode & 0o777), os.stat('copy.sh').st_mtime, oct(os.stat('sub').st_mode & 0o777))
+"""
+    out = run_code(server, code)["run_result"]
+    assert out["stdout"].splitlines() == ["ran", "0o755 978307200", "0o640 7.0 0o750"], out
+
+
+def test_a_run_that_cannot_be_set_up_is_a_sandbox_error() -> None:
+    """A run whose child fails before any code of the run's (here: the zygote's directory refuses the
+    run's own, as a full or read-only disk would) is the sandbox's failure, never the code's exit 126."""
+    with server_in_mode("non-root-container") as server:
+        cwd = run_code(server, "import os; print(os.getcwd())")["run_result"]["stdout"].strip()
+        zygote_dir = Path(cwd).parent
+        zygote_dir.chmod(0o500)
+        try:
+            bodies = [run_code(server, "print('ran')") for _ in range(40)]
+        finally:
+            zygote_dir.chmod(0o755)
+        statuses = {body["status"] for body in bodies}
+        assert statuses <= {"Success", "SandboxError"}, bodies  # started ahead, or a sandbox error
+        failed = [body for body in bodies if body["status"] == "SandboxError"]
+        assert failed and "could not be set up" in failed[0]["message"], bodies
+        assert all(body["run_result"] is None for body in failed), failed
+        wait_until(lambda: run_code(server, "print('ran')")["status"] == "Success", 10, "runs start again")
 
 
 def test_thousands_of_threads_are_refused(server: ServerHandle) -> None:

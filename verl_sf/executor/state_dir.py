@@ -25,7 +25,8 @@ class StateDir:
     def __init__(self) -> None:
         sweep_stale()
         self.path = tempfile.mkdtemp(prefix=PREFIX)
-        os.chmod(self.path, 0o755)
+        if os.geteuid() == 0:  # runs have uids of their own to reach it with; an account's runs are its uid
+            os.chmod(self.path, 0o755)  # (0700: a file a run leaves setuid there is no other user's to run)
         unnamed = os.path.join(self.path, LOCK + ".new")
         self._lock_fd = os.open(unnamed, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

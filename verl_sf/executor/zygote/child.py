@@ -33,7 +33,7 @@ from .paths import UnwritableFile, fetch, write_files
 from .python_runner import main_namespace, run_python
 from .run_groups import Groups, write
 from .seccomp import Filter
-from .wire import READ_CHUNK, loads, report
+from .wire import READ_CHUNK, SETUP_FAILED, SETUP_FAILED_TEXT, loads, report
 
 OOM_SCORE_ADJ = 1000  # every process of a run or session, but a session's PID 1 (_become_init)
 READY_NAME = b"verl-sf-ready"  # what `ps` shows for a child waiting for its job
@@ -70,6 +70,11 @@ class Blueprint(NamedTuple):
     def isolated(self) -> bool:
         return self.cfg["isolated"]
 
+    @property
+    def metadata_confined(self) -> bool:
+        """The landlock rung with runs of our own uid: their metadata changes go through the zygote (metadata.py)."""
+        return self.cfg["landlock"] is not None and not (self.cfg["run_uids"] or [0, 0])[1]
+
 
 class Child:
     def __init__(self, blueprint: Blueprint, groups: Groups, sequence: int, network: int = -1, rooted: bool = False):
@@ -78,11 +83,13 @@ class Child:
         self.network = network  # an emptied network namespace of an earlier run to join, or -1: make one
         self.cfg = blueprint.cfg
         self.groups = groups
+        self.job_fd = -1  # the job socket until user code runs: where a set-up failure is told (setup_failed)
         self.workdir = self.cfg["workdir"]
         first, count = self.cfg["run_uids"] or (0, 0)
         self.run_uid: Optional[int] = first + sequence % count if count else None  # the landlock rung as root
 
     def setup(self, job_r: int, out_w: int, err_w: int, meta_w: int) -> NoReturn:
+        self.job_fd = job_r
         linux.set_name(READY_NAME)
         if self.blueprint.isolated:
             self._mounts()
@@ -107,6 +114,7 @@ class Child:
         moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_r, out_w, err_w, meta_w)]  # above every target
         for fd, target in zip(moved, (JOB_FD, 1, 2, 3), strict=True):
             os.dup2(fd, target)
+        self.job_fd = JOB_FD
         os.closerange(4, JOB_FD)
         os.closerange(JOB_FD + 1, 1 << 16)
         oom = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
@@ -138,6 +146,7 @@ class Child:
         self._limit(job)
         mode = job.get("mode")
         if mode in ("session_python", "session_bash"):
+            self.job_fd = -1  # the session's own channel from here on
             _become_init()
         if mode == "session_python":
             os.close(stdin_fd)
@@ -159,6 +168,7 @@ class Child:
         if job.get("hold_exit"):  # PID 1 runs the code: its exit_group is the verdict, held for the zygote
             exits.hand_over(JOB_FD)
         os.close(JOB_FD)
+        self.job_fd = -1
         children_cpu = None
         if mode == "exec":
             code, children_cpu = self._exec_stages(job)
@@ -304,6 +314,14 @@ def _become_init() -> None:
             os._exit(0)
         except InterruptedError:
             continue
+
+
+def setup_failed(job_fd: int, error: BaseException) -> None:
+    """Tell the zygote, on the job socket that no user code ever holds, that this child failed before any
+    code of the run's: a sandbox failure, never the code's (`SETUP_FAILED`, then why)."""
+    if job_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.write(job_fd, SETUP_FAILED + f"{type(error).__name__}: {error}"[:SETUP_FAILED_TEXT].encode())
 
 
 def _unstarted(error: str, status: int) -> NoReturn:

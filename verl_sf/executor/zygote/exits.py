@@ -26,6 +26,7 @@ import struct
 from typing import Optional
 
 from .linux import libc
+from .wire import READ_CHUNK
 
 # Per architecture: seccomp(2)'s number, exit_group's, and the audit architecture a filter checks.
 SYSCALLS = {"x86_64": (317, 231, 0xC000003E), "aarch64": (277, 94, 0xC00000B7)}
@@ -84,18 +85,19 @@ def hand_over(channel: int) -> None:
         os.close(listener)
 
 
-def receive(channel: int) -> int:
-    """In the zygote: the listener a run's child sent on its job socket; -1 if it closed it without."""
+def receive(channel: int) -> tuple[int, bytes]:
+    """In the zygote: the listener a run's child sent on its job socket (-1 if it closed it without),
+    and what came with it (a child that failed to set up says so instead: wire.setup_failure)."""
     receiver = socket.socket(fileno=channel)
     try:
-        _, fds, _, _ = socket.recv_fds(receiver, 1, 1)
+        data, fds, _, _ = socket.recv_fds(receiver, READ_CHUNK, 1)
     except OSError:
-        return -1
+        return -1, b""
     finally:
         receiver.detach()
     for fd in fds:
         os.set_inheritable(fd, False)  # recv_fds drops MSG_CMSG_CLOEXEC
-    return fds[0] if fds else -1
+    return (fds[0] if fds else -1), data
 
 
 def take(listener: int) -> Optional[tuple[int, int, int]]:

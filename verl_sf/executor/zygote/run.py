@@ -15,7 +15,7 @@ from typing import Any, Optional
 from . import exits, procfs
 from .job import Job, JobHost
 from .messages import RunHead, RunReply, StageResult
-from .wire import readable, unsent
+from .wire import pending, readable, setup_failure, unsent
 
 
 class Run(Job):
@@ -41,7 +41,8 @@ class Run(Job):
 
     def on_event(self, zygote: JobHost, fd: int) -> None:
         if fd == self.job_w:
-            self.listener = exits.receive(fd)  # nothing else comes on it: it is done with either way
+            self.listener, said = exits.receive(fd)  # nothing else comes on it: it is done with either way
+            self.failure = self.failure or setup_failure(said)
             self.close_job_socket(zygote)
             if self.listener >= 0:
                 zygote.watch(self, (self.listener,))
@@ -54,6 +55,11 @@ class Run(Job):
             if self.program_done is not None and self.alive and not self.exited:
                 self.cpu_used = self.program_done
                 self.end_now(zygote, 0)  # the program's own status is in the record (on_exit)
+
+    def close_job_socket(self, zygote: JobHost) -> None:
+        if self.job_w >= 0 and not self.failure:  # a child that failed to set up said so there
+            self.failure = setup_failure(pending(self.job_w))
+        super().close_job_socket(zygote)
 
     def own_processes(self) -> Collection[int]:
         return (self.pid,) if self.head["exec"] else ()  # an exec run's PID 1 only waits for its program
@@ -102,6 +108,7 @@ class Run(Job):
     def on_exit(self, zygote: JobHost) -> None:
         if self.id not in zygote.runs:
             return
+        self.close_job_socket(zygote)
         if self.failure:
             zygote.reply({"kind": "failed", "id": self.id, "error": self.failure})
             zygote.retire(self)

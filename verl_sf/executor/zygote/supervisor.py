@@ -23,6 +23,7 @@ from . import fork_request, linux, procfs, trees
 from .child import Blueprint, Mount
 from .job import Job, Watcher
 from .messages import Head, Reply, ZygoteConfig
+from .metadata import MetadataCalls, directories_of
 from .python_runner import install_stdio, stdio_for_runs
 from .run import Run
 from .run_groups import Groups, RunGroups
@@ -106,6 +107,9 @@ class Zygote:
         self.poller = select.epoll()
         self.poller.register(self.req_fd, select.EPOLLIN)
         self.poller.register(self.template.socket.fileno(), select.EPOLLIN)
+        if self.template.metadata >= 0:
+            calls = MetadataCalls(self.template.metadata, lambda: directories_of(self.jobs()))
+            self.watch(calls, (self.template.metadata,))
         self.ordered: collections.deque[tuple[bool, Ends, int]] = collections.deque()  # rooted, ends, network
         # Jobs that came when no child was ready, with the time their client stops waiting: the loop
         # never waits for the template (under a fork bomb its fork can take minutes), so kills go on.

@@ -15,8 +15,8 @@ import socket
 import traceback
 from typing import NoReturn, TypedDict
 
-from . import linux
-from .child import Blueprint, Child
+from . import linux, metadata
+from .child import Blueprint, Child, setup_failed
 from .run_groups import Groups
 from .wire import dumps, loads
 
@@ -50,6 +50,8 @@ class Template:
                 self.socket.close()
                 for fd in closed:
                     os.close(fd)
+                if blueprint.metadata_confined:  # before any child: every run and session inherits it
+                    metadata.send(theirs, metadata.install())
                 _serve(theirs, blueprint)
             except BrokenPipeError:
                 pass  # the zygote went first, its server stopping: no one is left to answer
@@ -57,6 +59,7 @@ class Template:
                 os.write(2, f"verl-sf: the zygote's template failed: {traceback.format_exc()}".encode())
             os._exit(1)
         theirs.close()
+        self.metadata = metadata.receive(self.socket) if blueprint.metadata_confined else -1
 
     def order(self, order: Order, fds: list[int]) -> None:
         socket.send_fds(self.socket, [dumps(order)], fds)
@@ -102,6 +105,7 @@ def _serve(channel: socket.socket, blueprint: Blueprint) -> NoReturn:
 
 
 def _child(message: bytes, fds: list[int], blueprint: Blueprint, channel: socket.socket) -> NoReturn:
+    child = None
     try:
         channel.close()
         blueprint.reseed()
@@ -110,8 +114,9 @@ def _child(message: bytes, fds: list[int], blueprint: Blueprint, channel: socket
         groups: Groups = {controller: (base, name) for controller, (base, name) in order["groups"].items()}
         child = Child(blueprint, groups, order["sequence"], network[0] if order["network"] else -1, order["rooted"])
         child.setup(job_r, out_w, err_w, meta_w)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.write(2, f"verl-sf: run setup failed: {traceback.format_exc()}".encode())
+            setup_failed(child.job_fd if child else fds[0], exc)
         finally:
             os._exit(126)

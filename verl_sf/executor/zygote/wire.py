@@ -15,6 +15,8 @@ from typing import Any
 SIOCOUTQ = 0x5411  # <linux/sockios.h>, the same number as TIOCOUTQ on every architecture we run on
 
 READ_CHUNK = 1 << 16
+SETUP_FAILED = b"F"  # a child's word on its job socket: it failed before any code of the run's (then why)
+SETUP_FAILED_TEXT = 1000  # characters of why at most
 
 # json.loads/dumps' Python layers touch pages that a process forked a moment ago must copy.
 _scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -99,6 +101,22 @@ def readable_of(fds: Iterable[int]) -> list[int]:
     for fd in fds:
         probe.register(fd, select.POLLIN)
     return [fd for fd, _ in probe.poll(0)]
+
+
+def setup_failure(data: bytes) -> str:
+    """What a child said on its job socket (`data`, read there) if it failed to set up; "" otherwise."""
+    if not data.startswith(SETUP_FAILED):
+        return ""
+    why = data[len(SETUP_FAILED):SETUP_FAILED_TEXT + len(SETUP_FAILED)].decode(errors="replace")
+    return f"verl-sf: the run's sandbox could not be set up: {why}"
+
+
+def pending(fd: int) -> bytes:
+    """What a non-blocking descriptor holds to read now; b"" if nothing."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except OSError:  # EAGAIN, or the peer is gone
+        return b""
 
 
 def unsent(fd: int) -> int:

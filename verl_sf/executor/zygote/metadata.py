@@ -1,0 +1,317 @@
+"""Files' modes and times, changed by a run only beneath its own directory, where runs are the
+server's uid (the landlock rung as an ordinary account).
+
+Landlock governs opening, making, linking and removing files, not `chmod`, `chown`, `utimensat`
+or extended attributes: a run of the server's own uid could change the metadata of every file that
+uid owns, anywhere (a red-team run made the account's files world-writable and chmodded its
+zygote's directory so that every later run failed to start).  So there the template adds a filter
+before it forks any child, which every process of every run and session inherits:
+
+- changes of owner and of extended attributes are refused (EPERM): an ordinary account can give a
+  file to no one else, and neither is what a run's own files need;
+- `chmod`, `fchmod`, `fchmodat(2)` and `utimensat` are handed to the zygote, which makes the change
+  itself, on the file as resolved strictly beneath the calling run's directory (openat2 with
+  RESOLVE_BENEATH: no `..`, absolute symlink or magic link out of it), or answers EPERM; a
+  descriptor's file (fchmod, futimens) must have been opened beneath it;
+- the legacy `utime`, `utimes` and `futimesat` are refused (libc's own calls use `utimensat`).
+
+The zygote acts with the run's rights (the same uid), on its own copy of the path (read once from
+the run's memory, so no other thread of the run can change it under the check), and never follows
+a path of the run's out of its directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import socket
+import stat
+import struct
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
+
+from .exits import (
+    NOTIFICATION,
+    RESPONSE,
+    SECCOMP_FILTER_FLAG_NEW_LISTENER,
+    SECCOMP_IOCTL_NOTIF_RECV,
+    SECCOMP_IOCTL_NOTIF_SEND,
+    SECCOMP_RET_ALLOW,
+    SECCOMP_RET_USER_NOTIF,
+    SECCOMP_SET_MODE_FILTER,
+    SYSCALLS,
+)
+from .linux import AT_FDCWD, RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, SYS_OPENAT2, OpenHow, libc, no_new_privs
+from .wire import readable
+
+SECCOMP_IOCTL_NOTIF_ID_VALID = 0x40082102  # _IOW('!', 2, __u64)
+SECCOMP_RET_ERRNO = 0x00050000
+BPF_LD_ABS_W, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+X32_SYSCALL_BIT = 0x40000000
+SYS_PIDFD_GETFD = 438
+AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH = 0x100, 0x1000
+PATH_MAX = 4096
+BATCH = 16  # calls answered per wake-up: a run calling chmod in a loop cannot hold up the zygote's other work
+
+# Per architecture: the calls handed to the zygote, by name, and those refused outright.
+HANDED = {
+    "x86_64": {90: "chmod", 91: "fchmod", 268: "fchmodat", 452: "fchmodat2", 280: "utimensat"},
+    "aarch64": {52: "fchmod", 53: "fchmodat", 452: "fchmodat2", 88: "utimensat"},
+}
+REFUSED = {
+    # chown fchown lchown fchownat utime utimes futimesat; setxattr lsetxattr fsetxattr removexattr
+    # lremovexattr fremovexattr setxattrat removexattrat
+    "x86_64": (92, 93, 94, 260, 132, 235, 261, 188, 189, 190, 197, 198, 199, 463, 466),
+    "aarch64": (55, 54, 5, 6, 7, 14, 15, 16, 463, 466),
+}
+
+
+def _program(machine: str) -> Optional[bytes]:
+    known = SYSCALLS.get(machine)
+    if known is None:
+        return None
+    handed, refused = sorted(HANDED[machine]), REFUSED[machine]
+    checks = len(handed) + len(refused)
+    # [arch?] [nr] [x32?] checks... then ALLOW, NOTIFY, EPERM
+    allow = 4 + checks
+    instructions = [(BPF_LD_ABS_W, 0, 0, 4), (BPF_JEQ_K, 0, allow - 2, known[2]), (BPF_LD_ABS_W, 0, 0, 0),
+                    (BPF_JGE_K, allow + 2 - 4, 0, X32_SYSCALL_BIT)]
+    for number in handed:
+        instructions.append((BPF_JEQ_K, allow + 1 - len(instructions) - 1, 0, number))
+    for number in refused:
+        instructions.append((BPF_JEQ_K, allow + 2 - len(instructions) - 1, 0, number))
+    instructions += [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW), (BPF_RET_K, 0, 0, SECCOMP_RET_USER_NOTIF),
+                     (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in instructions)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def install() -> int:
+    """In the template, before it forks any child: the filter, and its listener for the zygote."""
+    machine = os.uname().machine
+    program = _program(machine)
+    if program is None:
+        raise OSError(errno.ENOSYS, f"no metadata filter for {machine}: runs would change the server's files")
+    no_new_privs()
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_char_p))
+    listener: int = libc.syscall(SYSCALLS[machine][0], SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                                 ctypes.byref(fprog))
+    if listener < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"the metadata filter: {os.strerror(err)}")
+    return listener
+
+
+def send(channel: socket.socket, listener: int) -> None:
+    socket.send_fds(channel, [b"metadata"], [listener])
+    os.close(listener)
+
+
+def receive(channel: socket.socket) -> int:
+    _, fds, _, _ = socket.recv_fds(channel, 64, 1)
+    if not fds:
+        raise OSError(errno.EPROTO, "the template sent no metadata listener")
+    os.set_inheritable(fds[0], False)
+    return fds[0]
+
+
+class Refused(Exception):
+    def __init__(self, number: int):
+        super().__init__(os.strerror(number))
+        self.errno = number
+
+
+class MetadataCalls:
+    """The zygote's side: each call handed over, made beneath its run's directory or refused.
+    `directories()` names each job's PID 1 and its directory."""
+
+    def __init__(self, listener: int, directories: Callable[[], dict[int, str]]):
+        self.listener = listener
+        self.directories = directories
+        self.zygote_pid = os.getpid()
+        self.names = HANDED.get(os.uname().machine, {})
+
+    def on_event(self, zygote: Any, fd: int) -> None:
+        for _ in range(BATCH):
+            buffer = bytearray(NOTIFICATION.size)
+            try:
+                fcntl.ioctl(fd, SECCOMP_IOCTL_NOTIF_RECV, buffer, True)
+            except OSError:
+                return  # the caller died meanwhile
+            notice_id, pid, _, number, _, _, *args = NOTIFICATION.unpack(buffer)
+            try:
+                self._answer(notice_id, pid, self.names.get(number, ""), args)
+                error = 0
+            except Refused as exc:
+                error = exc.errno
+            except OSError as exc:
+                error = exc.errno or errno.EPERM
+            with contextlib.suppress(OSError):  # ENOENT: the caller was killed meanwhile
+                fcntl.ioctl(fd, SECCOMP_IOCTL_NOTIF_SEND, bytearray(RESPONSE.pack(notice_id, 0, -error, 0)), True)
+            if not readable(fd):
+                return
+
+    def _answer(self, notice_id: int, pid: int, name: str, args: list[int]) -> None:
+        root = self._directory(pid)
+        dirfd = ctypes.c_int32(args[0] & 0xFFFFFFFF).value
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
+            self._check(notice_id)  # the pid is still the caller's: its memory is the caller's
+            if name == "chmod":
+                target, mode, flags = self._path(pid, root, AT_FDCWD, _string(memory, args[0]), 0), args[1], 0
+            elif name == "fchmod":
+                target, mode, flags = self._descriptor(pid, root, dirfd), args[1], 0
+            elif name in ("fchmodat", "fchmodat2"):
+                flags = args[3] if name == "fchmodat2" else 0
+                target, mode = self._at(pid, root, dirfd, memory, args[1], flags), args[2]
+            elif name == "utimensat":
+                flags = args[3]
+                target = (self._descriptor(pid, root, dirfd) if not args[1] else
+                          self._at(pid, root, dirfd, memory, args[1], flags))
+                times = _read(memory, args[2], 32) if args[2] else None
+            else:
+                raise Refused(errno.EPERM)
+        try:
+            self._check(notice_id)
+            if flags & AT_SYMLINK_NOFOLLOW and stat.S_ISLNK(os.fstat(target).st_mode):
+                raise Refused(errno.EOPNOTSUPP)  # not a symlink's own mode or times: a rare call, left out
+            path = b"/proc/self/fd/%d" % target  # the file itself: an O_PATH descriptor takes no fchmod
+            if name == "utimensat":
+                times_buffer = ctypes.create_string_buffer(times, 32) if times else None
+                if libc.utimensat(AT_FDCWD, path, times_buffer, 0) != 0:
+                    raise Refused(ctypes.get_errno())
+            else:
+                os.chmod(path, mode & 0o7777)
+        finally:
+            os.close(target)
+
+    def _check(self, notice_id: int) -> None:
+        try:
+            fcntl.ioctl(self.listener, SECCOMP_IOCTL_NOTIF_ID_VALID, struct.pack("=Q", notice_id))
+        except OSError:
+            raise Refused(errno.ESRCH) from None
+
+    def _directory(self, pid: int) -> str:
+        """The directory of the run (or session) `pid` is a process of: its ancestors up to a job's PID 1,
+        a child of ours; EPERM where there is none (an orphan handed to us)."""
+        directories = self.directories()
+        for _ in range(4096):
+            if pid in directories:
+                return directories[pid]
+            parent = _parent(pid)
+            if parent in (0, 1, self.zygote_pid):
+                break
+            pid = parent
+        raise Refused(errno.EPERM)
+
+    def _at(self, pid: int, root: str, dirfd: int, memory: Any, address: int, flags: int) -> int:
+        path = _string(memory, address)
+        if not path and flags & AT_EMPTY_PATH:
+            return self._descriptor(pid, root, dirfd)
+        return self._path(pid, root, dirfd, path, flags)
+
+    def _path(self, pid: int, root: str, dirfd: int, path: str, flags: int) -> int:
+        if not path:
+            raise Refused(errno.ENOENT)
+        if not path.startswith("/"):
+            base = os.readlink(f"/proc/{pid}/cwd" if dirfd == AT_FDCWD else f"/proc/{pid}/fd/{dirfd}")
+            path = f"{base}/{path}"
+        rest = _beneath(root, path)
+        directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            how = OpenHow(os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if flags & AT_SYMLINK_NOFOLLOW else 0), 0,
+                          RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+            fd: int = libc.syscall(SYS_OPENAT2, directory, rest.encode(errors="surrogateescape"),
+                                   ctypes.byref(how), ctypes.sizeof(how))
+        finally:
+            os.close(directory)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise Refused(errno.EPERM if err in (errno.EXDEV, errno.ELOOP) else err)  # out of its directory
+        return fd
+
+    def _descriptor(self, pid: int, root: str, number: int) -> int:
+        pidfd = os.pidfd_open(_process(pid))  # the caller may be a thread: its process holds the table
+        try:
+            fd: int = libc.syscall(SYS_PIDFD_GETFD, pidfd, number, 0)
+        finally:
+            os.close(pidfd)
+        if fd < 0:
+            raise Refused(ctypes.get_errno())
+        try:
+            _beneath(root, os.readlink(f"/proc/self/fd/{fd}"))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def directories_of(jobs: Iterable[Any]) -> dict[int, str]:
+    """Each job's PID 1 and its directory; a fork's is its source session's."""
+    found = {}
+    for job in jobs:
+        source = job
+        while not source.files_dir and getattr(source, "parent", None) is not None:
+            source = source.parent
+        if job.pid > 0 and source.files_dir:
+            found[job.pid] = source.files_dir
+    return found
+
+
+def _beneath(root: str, path: str) -> str:
+    """`path` relative to `root`, or EPERM if it is not beneath it."""
+    if path != root and not path.startswith(root + "/"):
+        raise Refused(errno.EPERM)
+    return path[len(root):].lstrip("/") or "."
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as status:
+            return int(status.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _process(tid: int) -> int:
+    with open(f"/proc/{tid}/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"Tgid:"):
+                return int(line.split()[1])
+    raise Refused(errno.ESRCH)
+
+
+def _read(memory: Any, address: int, size: int) -> bytes:
+    try:
+        data: bytes = os.pread(memory.fileno(), size, address)
+    except OSError:
+        raise Refused(errno.EFAULT) from None
+    if len(data) < size:
+        raise Refused(errno.EFAULT)
+    return data
+
+
+def _string(memory: Any, address: int) -> str:
+    """A NUL-terminated path from the caller's memory, read a page at a time (the next may be unmapped)."""
+    if not address:
+        raise Refused(errno.EFAULT)
+    data = b""
+    while len(data) < PATH_MAX:
+        step = 4096 - (address + len(data)) % 4096
+        try:
+            chunk = os.pread(memory.fileno(), step, address + len(data))
+        except OSError:
+            raise Refused(errno.EFAULT) from None
+        if not chunk:
+            raise Refused(errno.EFAULT)
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return (data + chunk[:end]).decode(errors="surrogateescape")
+        data += chunk
+    raise Refused(errno.ENAMETOOLONG)
