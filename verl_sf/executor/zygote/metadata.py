@@ -10,9 +10,9 @@ before it forks any child, which every process of every run and session inherits
 - changes of owner and of extended attributes are refused (EPERM): an ordinary account can give a
   file to no one else, and neither is what a run's own files need;
 - `chmod`, `fchmod`, `fchmodat(2)` and `utimensat` are handed to the zygote, which makes the change
-  itself, on the file as resolved strictly beneath the calling run's directory (openat2 with
-  RESOLVE_BENEATH: no `..`, absolute symlink or magic link out of it), or answers EPERM; a
-  descriptor's file (fchmod, futimens) must have been opened beneath it;
+  itself on the file, if its directory is the calling run's or below it and its last component
+  leads nowhere else (openat2 with RESOLVE_BENEATH from there), or answers EPERM; a descriptor's
+  file (fchmod, futimens) must have been opened beneath it;
 - the legacy `utime`, `utimes` and `futimesat` are refused (libc's own calls use `utimensat`).
 
 The zygote acts with the run's rights (the same uid), on its own copy of the path (read once from
@@ -30,6 +30,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
@@ -54,7 +55,8 @@ X32_SYSCALL_BIT = 0x40000000
 SYS_PIDFD_GETFD = 438
 AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH = 0x100, 0x1000
 PATH_MAX = 4096
-BATCH = 16  # calls answered per wake-up: a run calling chmod in a loop cannot hold up the zygote's other work
+MAX_DEPTH = 4096  # directories a changed file may be below its run's: each is a step of the check
+TURN = 0.002  # seconds of calls answered per wake-up: a run calling chmod in a loop holds up no other work
 
 # Per architecture: the calls handed to the zygote, by name, and those refused outright.
 HANDED = {
@@ -139,7 +141,8 @@ class MetadataCalls:
         self.names = HANDED.get(os.uname().machine, {})
 
     def on_event(self, zygote: Any, fd: int) -> None:
-        for _ in range(BATCH):
+        until = time.monotonic() + TURN
+        while True:
             buffer = bytearray(NOTIFICATION.size)
             try:
                 fcntl.ioctl(fd, SECCOMP_IOCTL_NOTIF_RECV, buffer, True)
@@ -155,7 +158,7 @@ class MetadataCalls:
                 error = exc.errno or errno.EPERM
             with contextlib.suppress(OSError):  # ENOENT: the caller was killed meanwhile
                 fcntl.ioctl(fd, SECCOMP_IOCTL_NOTIF_SEND, bytearray(RESPONSE.pack(notice_id, 0, -error, 0)), True)
-            if not readable(fd):
+            if time.monotonic() > until or not readable(fd):
                 return
 
     def _answer(self, notice_id: int, pid: int, name: str, args: list[int]) -> None:
@@ -217,24 +220,27 @@ class MetadataCalls:
         return self._path(pid, root, dirfd, path, flags)
 
     def _path(self, pid: int, root: str, dirfd: int, path: str, flags: int) -> int:
+        """An O_PATH descriptor of `path` as the caller names it, if its directory is beneath `root`
+        and its last component does not lead out of that directory."""
         if not path:
             raise Refused(errno.ENOENT)
-        if not path.startswith("/"):
-            base = os.readlink(f"/proc/{pid}/cwd" if dirfd == AT_FDCWD else f"/proc/{pid}/fd/{dirfd}")
-            path = f"{base}/{path}"
-        rest = _beneath(root, path)
-        directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        start = "/" if path.startswith("/") else f"/proc/{pid}/cwd" if dirfd == AT_FDCWD else f"/proc/{pid}/fd/{dirfd}"
+        head, _, last = path.rstrip("/").rpartition("/")
+        if last in ("", ".", ".."):
+            head, last = path, ""  # the directory itself
+        base = os.open(start, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the caller's own, through /proc
         try:
-            how = OpenHow(os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if flags & AT_SYMLINK_NOFOLLOW else 0), 0,
-                          RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
-            fd: int = libc.syscall(SYS_OPENAT2, directory, rest.encode(errors="surrogateescape"),
-                                   ctypes.byref(how), ctypes.sizeof(how))
+            directory = _open(base, head or ".", os.O_DIRECTORY, RESOLVE_NO_MAGICLINKS)
+        finally:
+            os.close(base)
+        try:
+            _inside(directory, os.stat(root))
+            if not last:
+                return os.dup(directory)
+            nofollow = os.O_NOFOLLOW if flags & AT_SYMLINK_NOFOLLOW else 0
+            return _open(directory, last, nofollow, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
         finally:
             os.close(directory)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise Refused(errno.EPERM if err in (errno.EXDEV, errno.ELOOP) else err)  # out of its directory
-        return fd
 
     def _descriptor(self, pid: int, root: str, number: int) -> int:
         pidfd = os.pidfd_open(_process(pid))  # the caller may be a thread: its process holds the table
@@ -245,7 +251,7 @@ class MetadataCalls:
         if fd < 0:
             raise Refused(ctypes.get_errno())
         try:
-            _beneath(root, os.readlink(f"/proc/self/fd/{fd}"))
+            _within(root, os.readlink(f"/proc/self/fd/{fd}"))
         except BaseException:
             os.close(fd)
             raise
@@ -264,11 +270,40 @@ def directories_of(jobs: Iterable[Any]) -> dict[int, str]:
     return found
 
 
-def _beneath(root: str, path: str) -> str:
-    """`path` relative to `root`, or EPERM if it is not beneath it."""
+def _open(directory: int, path: str, flags: int, resolve: int) -> int:
+    how = OpenHow(os.O_PATH | os.O_CLOEXEC | flags, 0, resolve)
+    fd: int = libc.syscall(SYS_OPENAT2, directory, path.encode(errors="surrogateescape"), ctypes.byref(how),
+                           ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise Refused(errno.EPERM if err == errno.EXDEV else err)  # a `..` or symlink out of the directory
+    return fd
+
+
+def _inside(directory: int, root: os.stat_result) -> None:
+    """EPERM unless `directory` is `root` or below it: its `..` chain, walked up, meets it (a run can
+    move nothing of its own out of its directory, nor anything into it: Landlock)."""
+    current = os.dup(directory)
+    try:
+        for _ in range(MAX_DEPTH):
+            here = os.fstat(current)
+            if (here.st_dev, here.st_ino) == (root.st_dev, root.st_ino):
+                return
+            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
+            os.close(current)
+            current = parent
+            above = os.fstat(current)
+            if (above.st_dev, above.st_ino) == (here.st_dev, here.st_ino):
+                break  # the top
+    finally:
+        os.close(current)
+    raise Refused(errno.EPERM)
+
+
+def _within(root: str, path: str) -> None:
+    """EPERM unless `path` is `root` or beneath it."""
     if path != root and not path.startswith(root + "/"):
         raise Refused(errno.EPERM)
-    return path[len(root):].lstrip("/") or "."
 
 
 def _parent(pid: int) -> int:
