@@ -513,6 +513,11 @@ attempt('utime', lambda: os.utime({private!r}, (5, 5)))
 attempt('utime through a symlink', lambda: os.utime('link', (5, 5)))
 attempt('chown', lambda: os.chown({private!r}, os.getuid(), os.getgid()))
 attempt('setxattr', lambda: os.setxattr({private!r}, 'user.planted', b'1'))
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for number in (90, 268, 280):  # chmod, fchmodat, utimensat of a path past any file offset (red team)
+    args = (ctypes.c_void_p(1 << 63), 0o641) if number == 90 else (-100, ctypes.c_void_p(1 << 63), 0o641, 0)
+    print('pointer', number, libc.syscall(number, *args), ctypes.get_errno())
 try:
     fd = os.open({readable!r}, os.O_RDONLY)
 except OSError as e:
@@ -521,8 +526,11 @@ else:
     attempt('fchmod', lambda: os.fchmod(fd, 0o777))
     attempt('futimens', lambda: os.utime(fd, (5, 5)))
 """
-    out = run_code(server, code)["run_result"]["stdout"]
-    assert " changed" not in out, out
+    body = run_code(server, code)
+    out = body["run_result"]["stdout"]
+    assert body["status"] == "Success" and " changed" not in out, body  # a bad pointer ended the zygote
+    assert [line for line in out.splitlines() if line.startswith("pointer")] == [
+        "pointer 90 -1 14", "pointer 268 -1 14", "pointer 280 -1 14"], out  # EFAULT, as the kernel says
     for path, mode in zip(owned_files, (0o600, 0o644), strict=True):
         info = path.stat()
         assert (oct(info.st_mode & 0o7777), info.st_mtime) == (oct(mode), 1_000_000), path
@@ -532,13 +540,16 @@ else:
 
 def test_a_run_changes_the_metadata_of_its_own_files(server: ServerHandle) -> None:
     """What a run does to its own files works on every rung: `chmod +x` then run it, `touch -d`,
-    shutil.copy2 (mode and times), fchmod and futimens, through a path with `..` in it."""
-    code = r"""import os, shutil, subprocess
+    `cp -p`, `install -m`, shutil.copy2 and copytree with a symlink (modes and times, a symlink's
+    own), fchmod and futimens, through a path with `..` in it, and from a thread (red team,
+    2026-12-07: a thread's chmod was refused, `cp -p` failed on its ACL, copytree on the symlink)."""
+    code = r"""import os, shutil, subprocess, threading
 os.mkdir('sub')
 with open('tool.sh', 'w') as f:
     f.write('#!/bin/sh\necho ran\n')
-print(subprocess.run('chmod +x tool.sh && ./tool.sh && touch -d 2001-01-01 tool.sh', shell=True,
-                     capture_output=True, text=True).stdout.strip())
+print(subprocess.run('chmod +x tool.sh && ./tool.sh && touch -d 2001-01-01 tool.sh && cp -p tool.sh kept.sh '
+                     '&& install -m 700 tool.sh installed.sh && stat -c "%a %Y" kept.sh installed.sh', shell=True,
+                     capture_output=True, text=True).stdout.split())
 shutil.copy2('tool.sh', 'copy.sh')
 info = os.stat('copy.sh')
 print(oct(info.st_mode & 0o777), int(info.st_mtime))
@@ -548,9 +559,18 @@ fd = os.open('copy.sh', os.O_RDONLY)
 os.fchmod(fd, 0o640)
 os.utime(fd, (7, 7))
 print(oct(os.stat('copy.sh').st_mode & 0o777), os.stat('copy.sh').st_mtime, oct(os.stat('sub').st_mode & 0o777))
+worker = threading.Thread(target=lambda: (os.chmod('copy.sh', 0o604), os.utime('copy.sh', (9, 9))))
+worker.start()
+worker.join()
+print(oct(os.stat('copy.sh').st_mode & 0o777), os.stat('copy.sh').st_mtime)
+os.symlink('copy.sh', 'sub/link')
+shutil.copytree('sub', 'tree', symlinks=True)
+print(os.readlink('tree/link'))
 """
-    out = run_code(server, code)["run_result"]
-    assert out["stdout"].splitlines() == ["ran", "0o755 978307200", "0o640 7.0 0o750"], out
+    body = run_code(server, code)
+    lines = body["run_result"]["stdout"].splitlines()
+    assert lines[0].startswith("['ran', '755', '978307200', '700', "), body
+    assert lines[1:] == ["0o755 978307200", "0o640 7.0 0o750", "0o604 9.0", "copy.sh"], body
 
 
 def test_a_run_that_cannot_be_set_up_is_a_sandbox_error() -> None:

@@ -28,7 +28,6 @@ import errno
 import fcntl
 import os
 import socket
-import stat
 import struct
 import time
 from collections.abc import Callable, Iterable
@@ -63,11 +62,14 @@ HANDED = {
     "x86_64": {90: "chmod", 91: "fchmod", 268: "fchmodat", 452: "fchmodat2", 280: "utimensat"},
     "aarch64": {52: "fchmod", 53: "fchmodat", 452: "fchmodat2", 88: "utimensat"},
 }
-REFUSED = {
-    # chown fchown lchown fchownat utime utimes futimesat; setxattr lsetxattr fsetxattr removexattr
-    # lremovexattr fremovexattr setxattrat removexattrat
-    "x86_64": (92, 93, 94, 260, 132, 235, 261, 188, 189, 190, 197, 198, 199, 463, 466),
-    "aarch64": (55, 54, 5, 6, 7, 14, 15, 16, 463, 466),
+REFUSED = {  # EPERM: chown fchown lchown fchownat, and the legacy utime utimes futimesat
+    "x86_64": (92, 93, 94, 260, 132, 235, 261),
+    "aarch64": (55, 54),
+}
+UNSUPPORTED = {  # EOPNOTSUPP, which `cp -p` takes for a file system without ACLs: setxattr lsetxattr
+    # fsetxattr removexattr lremovexattr fremovexattr setxattrat removexattrat
+    "x86_64": (188, 189, 190, 197, 198, 199, 463, 466),
+    "aarch64": (5, 6, 7, 14, 15, 16, 463, 466),
 }
 
 
@@ -75,18 +77,17 @@ def _program(machine: str) -> Optional[bytes]:
     known = SYSCALLS.get(machine)
     if known is None:
         return None
-    handed, refused = sorted(HANDED[machine]), REFUSED[machine]
-    checks = len(handed) + len(refused)
-    # [arch?] [nr] [x32?] checks... then ALLOW, NOTIFY, EPERM
-    allow = 4 + checks
+    groups = [(sorted(HANDED[machine]), 1), (REFUSED[machine], 2), (UNSUPPORTED[machine], 3)]
+    # [arch?] [nr] [x32?] checks... then ALLOW, NOTIFY, EPERM, EOPNOTSUPP
+    allow = 4 + sum(len(numbers) for numbers, _ in groups)
     instructions = [(BPF_LD_ABS_W, 0, 0, 4), (BPF_JEQ_K, 0, allow - 2, known[2]), (BPF_LD_ABS_W, 0, 0, 0),
                     (BPF_JGE_K, allow + 2 - 4, 0, X32_SYSCALL_BIT)]
-    for number in handed:
-        instructions.append((BPF_JEQ_K, allow + 1 - len(instructions) - 1, 0, number))
-    for number in refused:
-        instructions.append((BPF_JEQ_K, allow + 2 - len(instructions) - 1, 0, number))
+    for numbers, outcome in groups:
+        for number in numbers:
+            instructions.append((BPF_JEQ_K, allow + outcome - len(instructions) - 1, 0, number))
     instructions += [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW), (BPF_RET_K, 0, 0, SECCOMP_RET_USER_NOTIF),
-                     (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)]
+                     (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
+                     (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EOPNOTSUPP)]
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in instructions)
 
 
@@ -156,6 +157,8 @@ class MetadataCalls:
                 error = exc.errno
             except OSError as exc:
                 error = exc.errno or errno.EPERM
+            except Exception:  # a call's arguments this code did not foresee: refused, never the zygote's end
+                error = errno.EPERM
             with contextlib.suppress(OSError):  # ENOENT: the caller was killed meanwhile
                 fcntl.ioctl(fd, SECCOMP_IOCTL_NOTIF_SEND, bytearray(RESPONSE.pack(notice_id, 0, -error, 0)), True)
             if time.monotonic() > until or not readable(fd):
@@ -164,33 +167,36 @@ class MetadataCalls:
     def _answer(self, notice_id: int, pid: int, name: str, args: list[int]) -> None:
         root = self._directory(pid)
         dirfd = ctypes.c_int32(args[0] & 0xFFFFFFFF).value
+        times: Optional[bytes] = None
         with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
             self._check(notice_id)  # the pid is still the caller's: its memory is the caller's
             if name == "chmod":
-                target, mode, flags = self._path(pid, root, AT_FDCWD, _string(memory, args[0]), 0), args[1], 0
+                (target, last), mode, flags = self._path(pid, root, AT_FDCWD, _string(memory, args[0]), 0), args[1], 0
             elif name == "fchmod":
-                target, mode, flags = self._descriptor(pid, root, dirfd), args[1], 0
+                (target, last), mode, flags = (self._descriptor(pid, root, dirfd, plain=True), ""), args[1], 0
             elif name in ("fchmodat", "fchmodat2"):
                 flags = args[3] if name == "fchmodat2" else 0
-                target, mode = self._at(pid, root, dirfd, memory, args[1], flags), args[2]
+                (target, last), mode = self._at(pid, root, dirfd, memory, args[1], flags), args[2]
             elif name == "utimensat":
-                flags = args[3]
-                target = (self._descriptor(pid, root, dirfd) if not args[1] else
-                          self._at(pid, root, dirfd, memory, args[1], flags))
+                flags, mode = args[3], 0
+                (target, last) = ((self._descriptor(pid, root, dirfd, plain=True), "") if not args[1] else
+                                  self._at(pid, root, dirfd, memory, args[1], flags))
                 times = _read(memory, args[2], 32) if args[2] else None
             else:
                 raise Refused(errno.EPERM)
         try:
             self._check(notice_id)
-            if flags & AT_SYMLINK_NOFOLLOW and stat.S_ISLNK(os.fstat(target).st_mode):
-                raise Refused(errno.EOPNOTSUPP)  # not a symlink's own mode or times: a rare call, left out
-            path = b"/proc/self/fd/%d" % target  # the file itself: an O_PATH descriptor takes no fchmod
+            # `last`: an entry of the checked directory `target`, changed itself (AT_SYMLINK_NOFOLLOW),
+            # whatever the run swaps in there meanwhile; else `target` is the file.
+            at, path, nofollow = (target, last.encode(errors="surrogateescape"), AT_SYMLINK_NOFOLLOW) if last else \
+                (AT_FDCWD, b"/proc/self/fd/%d" % target, 0)  # the file itself: an O_PATH descriptor takes no fchmod
             if name == "utimensat":
                 times_buffer = ctypes.create_string_buffer(times, 32) if times else None
-                if libc.utimensat(AT_FDCWD, path, times_buffer, 0) != 0:
-                    raise Refused(ctypes.get_errno())
-            else:
-                os.chmod(path, mode & 0o7777)
+                done = libc.utimensat(at, path, times_buffer, nofollow)
+            else:  # libc's fchmodat: a symlink's own mode is EOPNOTSUPP, as the kernel says
+                done = libc.fchmodat(at, path, mode & 0o7777, nofollow)
+            if done != 0:
+                raise Refused(ctypes.get_errno())
         finally:
             os.close(target)
 
@@ -204,6 +210,7 @@ class MetadataCalls:
         """The directory of the run (or session) `pid` is a process of: its ancestors up to a job's PID 1,
         a child of ours; EPERM where there is none (an orphan handed to us)."""
         directories = self.directories()
+        pid = _process(pid)  # a thread's parent is its process's
         for _ in range(4096):
             if pid in directories:
                 return directories[pid]
@@ -213,22 +220,30 @@ class MetadataCalls:
             pid = parent
         raise Refused(errno.EPERM)
 
-    def _at(self, pid: int, root: str, dirfd: int, memory: Any, address: int, flags: int) -> int:
+    def _at(self, pid: int, root: str, dirfd: int, memory: Any, address: int, flags: int) -> tuple[int, str]:
+        if flags & ~(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH):
+            raise Refused(errno.EINVAL)
         path = _string(memory, address)
         if not path and flags & AT_EMPTY_PATH:
-            return self._descriptor(pid, root, dirfd)
+            return self._descriptor(pid, root, dirfd, plain=False), ""
         return self._path(pid, root, dirfd, path, flags)
 
-    def _path(self, pid: int, root: str, dirfd: int, path: str, flags: int) -> int:
-        """An O_PATH descriptor of `path` as the caller names it, if its directory is beneath `root`
-        and its last component does not lead out of that directory."""
+    def _path(self, pid: int, root: str, dirfd: int, path: str, flags: int) -> tuple[int, str]:
+        """`path` as the caller names it, if its directory is beneath `root`: an O_PATH descriptor of the
+        file and "" (its last component may not lead out of that directory), or, not to follow it, one of
+        the directory and that last component."""
         if not path:
             raise Refused(errno.ENOENT)
+        if not path.startswith("/") and dirfd != AT_FDCWD and dirfd < 0:
+            raise Refused(errno.EBADF)
         start = "/" if path.startswith("/") else f"/proc/{pid}/cwd" if dirfd == AT_FDCWD else f"/proc/{pid}/fd/{dirfd}"
         head, _, last = path.rstrip("/").rpartition("/")
         if last in ("", ".", ".."):
             head, last = path, ""  # the directory itself
-        base = os.open(start, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the caller's own, through /proc
+        try:
+            base = os.open(start, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the caller's own, through /proc
+        except FileNotFoundError:
+            raise Refused(errno.EBADF) from None  # no such descriptor
         try:
             directory = _open(base, head or ".", os.O_DIRECTORY, RESOLVE_NO_MAGICLINKS)
         finally:
@@ -236,13 +251,16 @@ class MetadataCalls:
         try:
             _inside(directory, os.stat(root))
             if not last:
-                return os.dup(directory)
-            nofollow = os.O_NOFOLLOW if flags & AT_SYMLINK_NOFOLLOW else 0
-            return _open(directory, last, nofollow, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+                return os.dup(directory), ""
+            if flags & AT_SYMLINK_NOFOLLOW:
+                return os.dup(directory), last
+            return _open(directory, last, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), ""
         finally:
             os.close(directory)
 
-    def _descriptor(self, pid: int, root: str, number: int) -> int:
+    def _descriptor(self, pid: int, root: str, number: int, plain: bool) -> int:
+        """The caller's descriptor `number`, if its file was opened beneath `root`; `plain`: not an O_PATH
+        one (fchmod and futimens take none)."""
         pidfd = os.pidfd_open(_process(pid))  # the caller may be a thread: its process holds the table
         try:
             fd: int = libc.syscall(SYS_PIDFD_GETFD, pidfd, number, 0)
@@ -251,6 +269,8 @@ class MetadataCalls:
         if fd < 0:
             raise Refused(ctypes.get_errno())
         try:
+            if plain and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+                raise Refused(errno.EBADF)
             _within(root, os.readlink(f"/proc/self/fd/{fd}"))
         except BaseException:
             os.close(fd)
@@ -325,7 +345,7 @@ def _process(tid: int) -> int:
 def _read(memory: Any, address: int, size: int) -> bytes:
     try:
         data: bytes = os.pread(memory.fileno(), size, address)
-    except OSError:
+    except (OSError, OverflowError):  # past the address space, or past a file offset (2**63)
         raise Refused(errno.EFAULT) from None
     if len(data) < size:
         raise Refused(errno.EFAULT)
@@ -341,7 +361,7 @@ def _string(memory: Any, address: int) -> str:
         step = 4096 - (address + len(data)) % 4096
         try:
             chunk = os.pread(memory.fileno(), step, address + len(data))
-        except OSError:
+        except (OSError, OverflowError):
             raise Refused(errno.EFAULT) from None
         if not chunk:
             raise Refused(errno.EFAULT)
