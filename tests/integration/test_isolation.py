@@ -573,6 +573,15 @@ print(os.readlink('tree/link'))
     assert lines[1:] == ["0o755 978307200", "0o640 7.0 0o750", "0o604 9.0", "copy.sh"], body
 
 
+def test_git_commits_in_a_run(server: ServerHandle) -> None:
+    """Model code versions its work with git (red team, 2026-12-07: on the landlock rung git stopped at
+    the host's unreadable /etc/gitconfig); its lock files are chmodded on the way."""
+    body = run_code(server, "git init -q repo && cd repo && echo x > f && git add f && "
+                            "git -c user.name=t -c user.email=t@t commit -qm one && git log --format=%s",
+                    language="bash")
+    assert body["run_result"]["stdout"] == "one\n", body
+
+
 def test_a_run_that_cannot_be_set_up_is_a_sandbox_error() -> None:
     """A run whose child fails before any code of the run's (here: the zygote's directory refuses the
     run's own, as a full or read-only disk would) is the sandbox's failure, never the code's exit 126."""

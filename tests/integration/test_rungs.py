@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -349,6 +350,20 @@ def test_a_tree_deeper_than_any_path_is_removed_and_fails_no_run_beside_it(serve
     assert os.path.basename(top).startswith("run-"), top
     wait_until(lambda: not os.path.lexists(top), timeout=20, what=f"{top} removed")
     assert health(server)["warm_interpreters"]["stdlib"] == 1
+
+
+def test_a_dead_zygotes_run_directories_are_removed_by_the_next(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: a zygote that died (then: killed by one bad `chmod`) left its runs' and
+    sessions' directories on the host's disk, files and all, and a loop of such deaths filled it.
+    The sandbox's next zygote removes them before it takes a job."""
+    sid = requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60).json()["session_id"]
+    home = run_code(server, "import os\nopen('kept', 'wb').write(b'x' * (1 << 20))\nprint(os.getcwd())",
+                    session_id=sid)["run_result"]["stdout"].strip()
+    assert os.path.basename(home).startswith("run-") and os.path.exists(f"{home}/kept"), home
+    for pid in zygotes(server.process.pid):
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: run_code(server, "print('again')")["run_result"] is not None, 30, "a new zygote")
+    assert not os.path.lexists(home), os.listdir(home)
 
 
 FALLOCATE = ("import os\nfor i in range(3):\n    fd = os.open(f'big{i}', os.O_CREAT | os.O_WRONLY, 0o600)\n"

@@ -17,6 +17,7 @@ ETC_ENTRIES: tuple[str, ...] = (
     "mime.types", "protocols", "services", "host.conf", "gai.conf",
     "java-17-openjdk",  # the JDK's conf/ links here
     "perl",  # Debian's perl reads its site config here
+    "gitconfig",  # git reads it first, and stops where it exists but cannot be read (the landlock rung)
     "fonts",  # fontconfig (matplotlib looks for fonts with fc-list)
 )
 

@@ -72,6 +72,10 @@ class Zygote:
         if self.isolated:  # POSIX shared memory and semaphores (multiprocessing's locks) live here: the run's own too
             mounts.append(Mount("/dev/shm", _tmpfs_options(config["sizes"][config["tmpdir"]], True, owner), []))
         os.makedirs(config["workdir"], exist_ok=True)
+        if not self.isolated:  # what the runs of this sandbox's last zygote left, had it died (killed, crashed)
+            for entry in os.listdir(config["workdir"]):
+                if entry.startswith("run-"):
+                    _remove_run_directory(f"{config['workdir']}/{entry}")
         if self.isolated:
             linux.shrink_capabilities()
         else:
@@ -442,11 +446,14 @@ class Zygote:
             else:
                 os.close(network)
         if not self.isolated:
-            directory = f"{self.cfg['workdir']}/run-{job.pid}"
-            try:
-                trees.remove_tree(directory)
-            except OSError as exc:  # left behind, and said so; the runs beside it go on
-                os.write(2, f"verl-sf: {directory} could not be removed: {exc}\n".encode())
+            _remove_run_directory(f"{self.cfg['workdir']}/run-{job.pid}")
+
+
+def _remove_run_directory(directory: str) -> None:
+    try:
+        trees.remove_tree(directory)
+    except OSError as exc:  # left behind, and said so; the runs beside it go on
+        os.write(2, f"verl-sf: {directory} could not be removed: {exc}\n".encode())
 
 
 def _tmpfs_options(size: int, sticky: bool, owner: int) -> bytes:
