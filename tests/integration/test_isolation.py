@@ -9,6 +9,7 @@ says of that rung.
 
 from __future__ import annotations
 
+import ast
 import os
 import secrets
 import shutil
@@ -511,6 +512,8 @@ attempt('chmod relative', lambda: os.chmod(os.path.relpath({private!r}), 0o777))
 attempt('chmod of the parent', lambda: os.chmod('..', 0o500))
 attempt('utime', lambda: os.utime({private!r}, (5, 5)))
 attempt('utime through a symlink', lambda: os.utime('link', (5, 5)))
+os.symlink(os.path.dirname({private!r}), 'folder')
+attempt('utime of a symlink named as a directory', lambda: os.utime('folder/', (5, 5), follow_symlinks=False))
 attempt('chown', lambda: os.chown({private!r}, os.getuid(), os.getgid()))
 attempt('setxattr', lambda: os.setxattr({private!r}, 'user.planted', b'1'))
 import ctypes
@@ -548,8 +551,9 @@ os.mkdir('sub')
 with open('tool.sh', 'w') as f:
     f.write('#!/bin/sh\necho ran\n')
 print(subprocess.run('chmod +x tool.sh && ./tool.sh && touch -d 2001-01-01 tool.sh && cp -p tool.sh kept.sh '
-                     '&& install -m 700 tool.sh installed.sh && stat -c "%a %Y" kept.sh installed.sh', shell=True,
-                     capture_output=True, text=True).stdout.split())
+                     '&& install -m 700 tool.sh installed.sh && mkdir -p src/d && chmod 750 src/d && tar cf x.tar src '
+                     '&& mkdir out && tar xpf x.tar -C out && stat -c "%a %Y" kept.sh installed.sh out/src/d',
+                     shell=True, capture_output=True, text=True).stdout.split())
 shutil.copy2('tool.sh', 'copy.sh')
 info = os.stat('copy.sh')
 print(oct(info.st_mode & 0o777), int(info.st_mtime))
@@ -566,11 +570,15 @@ print(oct(os.stat('copy.sh').st_mode & 0o777), os.stat('copy.sh').st_mtime)
 os.symlink('copy.sh', 'sub/link')
 shutil.copytree('sub', 'tree', symlinks=True)
 print(os.readlink('tree/link'))
+here = os.open('.', os.O_RDONLY | os.O_DIRECTORY)
+os.chmod('sub', 0o711, dir_fd=here, follow_symlinks=False)  # glibc: through /proc/self/fd, without fchmodat2
+print(oct(os.stat('sub').st_mode & 0o777))
 """
     body = run_code(server, code)
     lines = body["run_result"]["stdout"].splitlines()
-    assert lines[0].startswith("['ran', '755', '978307200', '700', "), body
-    assert lines[1:] == ["0o755 978307200", "0o640 7.0 0o750", "0o604 9.0", "copy.sh"], body
+    shell = ast.literal_eval(lines[0])  # ran, then kept.sh's, installed.sh's and the untarred d's mode and mtime
+    assert shell[:4] == ["ran", "755", "978307200", "700"] and shell[5] == "750", body
+    assert lines[1:] == ["0o755 978307200", "0o640 7.0 0o750", "0o604 9.0", "copy.sh", "0o711"], body
 
 
 def test_git_commits_in_a_run(server: ServerHandle) -> None:

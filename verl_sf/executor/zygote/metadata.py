@@ -27,6 +27,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import socket
 import struct
 import time
@@ -54,7 +55,9 @@ X32_SYSCALL_BIT = 0x40000000
 SYS_PIDFD_GETFD = 438
 AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH = 0x100, 0x1000
 PATH_MAX = 4096
-MAX_DEPTH = 4096  # directories a changed file may be below its run's: each is a step of the check
+MAX_DEPTH = 1 << 16  # levels a changed file's directory may be below a named one (a run's whole tree fits)
+JUMP = 1024  # `..` steps in one open: "../" 1,024 times is 3 KiB, under PATH_MAX
+OWN_DESCRIPTOR = re.compile(r"/(?:proc/(?:self|thread-self)|dev)/fd/([0-9]{1,9})")
 TURN = 0.002  # seconds of calls answered per wake-up: a run calling chmod in a loop holds up no other work
 
 # Per architecture: the calls handed to the zygote, by name, and those refused outright.
@@ -234,12 +237,17 @@ class MetadataCalls:
         the directory and that last component."""
         if not path:
             raise Refused(errno.ENOENT)
+        own = OWN_DESCRIPTOR.fullmatch(path)
+        if own:  # the caller's descriptor (glibc's fchmodat without fchmodat2): /proc/self here would be ours
+            return self._descriptor(pid, root, int(own[1]), plain=False), ""
         if not path.startswith("/") and dirfd != AT_FDCWD and dirfd < 0:
             raise Refused(errno.EBADF)
         start = "/" if path.startswith("/") else f"/proc/{pid}/cwd" if dirfd == AT_FDCWD else f"/proc/{pid}/fd/{dirfd}"
         head, _, last = path.rstrip("/").rpartition("/")
         if last in ("", ".", ".."):
             head, last = path, ""  # the directory itself
+        elif path.endswith("/"):  # a directory, followed to whatever it names, as the kernel does
+            flags = flags & ~AT_SYMLINK_NOFOLLOW
         try:
             base = os.open(start, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the caller's own, through /proc
         except FileNotFoundError:
@@ -249,12 +257,13 @@ class MetadataCalls:
         finally:
             os.close(base)
         try:
-            _inside(directory, os.stat(root))
+            _inside(directory, root)
             if not last:
                 return os.dup(directory), ""
             if flags & AT_SYMLINK_NOFOLLOW:
                 return os.dup(directory), last
-            return _open(directory, last, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), ""
+            kind = os.O_DIRECTORY if path.endswith("/") else 0
+            return _open(directory, last, kind, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), ""
         finally:
             os.close(directory)
 
@@ -300,24 +309,88 @@ def _open(directory: int, path: str, flags: int, resolve: int) -> int:
     return fd
 
 
-def _inside(directory: int, root: os.stat_result) -> None:
-    """EPERM unless `directory` is `root` or below it: its `..` chain, walked up, meets it (a run can
-    move nothing of its own out of its directory, nor anything into it: Landlock)."""
-    current = os.dup(directory)
+def _inside(directory: int, root: str) -> None:
+    """EPERM unless `directory` is `root` or below it (a run can move nothing of its own out of its
+    directory, nor anything into it: Landlock).  Its path says so, or, in a tree deeper than a path can
+    be, the path of an ancestor that has one, and where the root would be on the way up to it."""
+    path, climbed = _path_of(directory), 0
+    if path is None:
+        path, climbed = _named_ancestor(directory)
+    if path == root or path.startswith(root + "/"):
+        return None
+    if not climbed:
+        raise Refused(errno.EPERM)
+    # Else the root is beneath that ancestor, `below` levels down, or nowhere above the directory.
+    below = root.count("/") - path.rstrip("/").count("/")
+    if not root.startswith(path.rstrip("/") + "/") or below > climbed:
+        raise Refused(errno.EPERM)
+    candidate = _up(directory, climbed - below)
     try:
-        for _ in range(MAX_DEPTH):
-            here = os.fstat(current)
-            if (here.st_dev, here.st_ino) == (root.st_dev, root.st_ino):
-                return
-            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
-            os.close(current)
-            current = parent
-            above = os.fstat(current)
-            if (above.st_dev, above.st_ino) == (here.st_dev, here.st_ino):
-                break  # the top
+        here, top = os.fstat(candidate), os.stat(root)
     finally:
-        os.close(current)
+        os.close(candidate)
+    if (here.st_dev, here.st_ino) != (top.st_dev, top.st_ino):
+        raise Refused(errno.EPERM)
+    return None
+
+
+def _named_ancestor(directory: int) -> tuple[str, int]:
+    """The path of an ancestor of `directory` that has one, and how many levels up it is.  Past the top
+    every climb lands on `/`: a climb that does is searched back, and a level below the top has a path
+    (each level shortens a path by 256 bytes at most)."""
+    low = 0  # a level with no path: never past the top
+    while True:
+        high = low + JUMP
+        if high > MAX_DEPTH:
+            raise Refused(errno.EPERM)
+        path = _path_at(directory, high)
+        if path is None:
+            low = high
+        elif path != "/":
+            return path, high
+        else:
+            break
+    while high - low > 1:
+        middle = (low + high) // 2
+        path = _path_at(directory, middle)
+        if path is None:
+            low = middle
+        elif path != "/":
+            return path, middle
+        else:
+            high = middle
     raise Refused(errno.EPERM)
+
+
+def _path_at(directory: int, levels: int) -> Optional[str]:
+    ancestor = _up(directory, levels)
+    try:
+        return _path_of(ancestor)
+    finally:
+        os.close(ancestor)
+
+
+def _path_of(directory: int) -> Optional[str]:
+    """Where a descriptor's file is; None past what a path can say."""
+    try:
+        return os.readlink(f"/proc/self/fd/{directory}")
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            return None
+        raise
+
+
+def _up(directory: int, levels: int) -> int:
+    """The directory `levels` above `directory` (past the top, the top)."""
+    current = os.dup(directory)
+    while levels > 0:
+        step = min(levels, JUMP)
+        try:
+            higher = os.open("/".join([".."] * step), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
+        finally:
+            os.close(current)
+        current, levels = higher, levels - step
+    return current
 
 
 def _within(root: str, path: str) -> None:
