@@ -9,7 +9,9 @@ says of that rung.
 
 from __future__ import annotations
 
+import array
 import ast
+import fcntl
 import os
 import secrets
 import shutil
@@ -471,6 +473,17 @@ def server_uid(server: ServerHandle) -> int:
     return ci_account().pw_uid if os.geteuid() == 0 else os.geteuid()
 
 
+def inode_flags(path: Path) -> int:
+    """What `lsattr` shows (FS_IOC_GETFLAGS); -1 on a file system without them."""
+    flags = array.array("i", [0])
+    try:
+        with open(path, "rb") as file:
+            fcntl.ioctl(file.fileno(), 0x80086601, flags, True)
+    except OSError:
+        return -1
+    return flags[0]
+
+
 @pytest.fixture
 def owned_files(server: ServerHandle) -> Iterator[list[Path]]:
     """Files the server's own account owns, where every rung's runs could name them: one in a
@@ -528,10 +541,14 @@ except OSError as e:
 else:
     attempt('fchmod', lambda: os.fchmod(fd, 0o777))
     attempt('futimens', lambda: os.utime(fd, (5, 5)))
+    import array, fcntl
+    attempt('chattr +S', lambda: fcntl.ioctl(fd, 0x40086602, array.array('i', [0x8]), True))  # FS_IOC_SETFLAGS
 """
+    flags = [inode_flags(path) for path in owned_files]
     body = run_code(server, code)
     out = body["run_result"]["stdout"]
     assert body["status"] == "Success" and " changed" not in out, body  # a bad pointer ended the zygote
+    assert [inode_flags(path) for path in owned_files] == flags
     assert [line for line in out.splitlines() if line.startswith("pointer")] == [
         "pointer 90 -1 14", "pointer 268 -1 14", "pointer 280 -1 14"], out  # EFAULT, as the kernel says
     for path, mode in zip(owned_files, (0o600, 0o644), strict=True):

@@ -13,7 +13,8 @@ before it forks any child, which every process of every run and session inherits
   itself on the file, if its directory is the calling run's or below it and its last component
   leads nowhere else (openat2 with RESOLVE_BENEATH from there), or answers EPERM; a descriptor's
   file (fchmod, futimens) must have been opened beneath it;
-- the legacy `utime`, `utimes` and `futimesat` are refused (libc's own calls use `utimensat`).
+- the legacy `utime`, `utimes` and `futimesat` are refused (libc's own calls use `utimensat`), and so
+  are the ioctls that set an inode's flags (`chattr`) on a descriptor the run may hold only to read.
 
 The zygote acts with the run's rights (the same uid), on its own copy of the path (read once from
 the run's memory, so no other thread of the run can change it under the check), and never follows
@@ -76,18 +77,29 @@ UNSUPPORTED = {  # EOPNOTSUPP, which `cp -p` takes for a file system without ACL
 }
 
 
+IOCTL = {"x86_64": 16, "aarch64": 29}
+# EPERM: an inode's flags (chattr: +S made the account's files synchronous) and its fsxattr, by ioctl on a
+# descriptor opened only to read. FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR.
+FLAG_IOCTLS = (0x40086602, 0x40046602, 0x401C5820)
+IOCTL_COMMAND = 24  # seccomp_data.args[1], its low 32 bits (the kernel takes the command as unsigned int)
+
+
 def _program(machine: str) -> Optional[bytes]:
     known = SYSCALLS.get(machine)
     if known is None:
         return None
     groups = [(sorted(HANDED[machine]), 1), (REFUSED[machine], 2), (UNSUPPORTED[machine], 3)]
-    # [arch?] [nr] [x32?] checks... then ALLOW, NOTIFY, EPERM, EOPNOTSUPP
-    allow = 4 + sum(len(numbers) for numbers, _ in groups)
+    # [arch?] [nr] [x32?] checks... [ioctl?] [command] commands... then ALLOW, NOTIFY, EPERM, EOPNOTSUPP
+    allow = 4 + sum(len(numbers) for numbers, _ in groups) + 2 + len(FLAG_IOCTLS)
     instructions = [(BPF_LD_ABS_W, 0, 0, 4), (BPF_JEQ_K, 0, allow - 2, known[2]), (BPF_LD_ABS_W, 0, 0, 0),
                     (BPF_JGE_K, allow + 2 - 4, 0, X32_SYSCALL_BIT)]
     for numbers, outcome in groups:
         for number in numbers:
             instructions.append((BPF_JEQ_K, allow + outcome - len(instructions) - 1, 0, number))
+    instructions.append((BPF_JEQ_K, 0, allow - len(instructions) - 1, IOCTL[machine]))
+    instructions.append((BPF_LD_ABS_W, 0, 0, IOCTL_COMMAND))
+    for command in FLAG_IOCTLS:
+        instructions.append((BPF_JEQ_K, allow + 2 - len(instructions) - 1, 0, command))
     instructions += [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW), (BPF_RET_K, 0, 0, SECCOMP_RET_USER_NOTIF),
                      (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
                      (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EOPNOTSUPP)]
