@@ -616,8 +616,14 @@ def test_a_run_that_cannot_be_set_up_is_a_sandbox_error() -> None:
         zygote_dir.chmod(0o500)
         try:
             bodies = [run_code(server, "print('ran')") for _ in range(40)]
+            opened = [requests.post(server.url + "/sessions", json={"language": "python"}, timeout=60)
+                      for _ in range(10)]
         finally:
             zygote_dir.chmod(0o755)
+        refused = [answer.json() for answer in opened if not answer.ok]
+        assert refused and {answer.status_code for answer in opened if not answer.ok} == {500}, refused
+        assert all(body["code"] == "sandbox_failure" and "could not be set up" in body["detail"]
+                   for body in refused), refused
         statuses = {body["status"] for body in bodies}
         assert statuses <= {"Success", "SandboxError"}, bodies  # started ahead, or a sandbox error
         failed = [body for body in bodies if body["status"] == "SandboxError"]

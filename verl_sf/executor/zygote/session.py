@@ -20,7 +20,7 @@ from .interrupts import Interrupt
 from .job import Job, JobHost, seconds_of, status_of
 from .messages import CallReply, Limits, SessionCallBody, SessionCallHead, SessionOpenHead, StageResult
 from .run_groups import DEMOTED, Groups
-from .wire import loads
+from .wire import loads, pending, setup_failure
 
 IDLE_SESSION_TICK = 1.0  # seconds between an idle session's memory samples (no memory cgroup) or files' counts
 BASH_CALL_LINE = BASH_CALL.encode() + b"\n"
@@ -344,6 +344,7 @@ class SessionJob(Job):
         self.note_memory(zygote, ended)
         reason = self.unstarted or self.failure or self.end_reason or "its interpreter exited"
         if self.interpreter < 0 and self.call is None:  # it never started: what its set-up said is why
+            reason = (setup_failure(pending(self.job_w)) if self.job_w >= 0 else "") or reason
             self.drain(zygote)
             said = self.buffers.get(self.err_r, b"").decode("utf-8", "replace").strip()
             if said:
