@@ -148,6 +148,26 @@ def test_no_network(server: ServerHandle) -> None:
     assert "refused 1" in out
 
 
+def test_no_message_queue_or_inotify_watch_of_the_hosts(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: with no IPC namespace a run's POSIX message queues were the host's (it made
+    all 256 of them, which outlived it and failed every other non-root user's mq_open, and removed the
+    account's own), and an inotify watch named the files of other runs and of the account's private
+    directories, which Landlock keeps a run from listing.  Both are refused, and /health says so."""
+    code = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for name, call in (('mq_open', lambda: libc.mq_open(b'/verl-sf-probe', 0o100 | 2, 0o600, None)),
+                   ('mq_unlink', lambda: libc.mq_unlink(b'/verl-sf-probe')),
+                   ('inotify_add_watch', lambda: libc.inotify_add_watch(libc.inotify_init1(0), b'..', 0x100))):
+    print(name, call(), ctypes.get_errno())
+"""
+    out = refused(server, code)
+    # glibc's mq_unlink turns EPERM into EACCES; unrefused, the unknown queue was ENOENT.
+    assert out.splitlines() in (["mq_open -1 1", unlinked, "inotify_add_watch -1 1"]
+                                for unlinked in ("mq_unlink -1 1", "mq_unlink -1 13")), out
+    limits = health(server)["limits"]
+    assert limits["posix_mqueue"].startswith("refused") and limits["inotify"].startswith("refused"), limits
+
+
 def test_no_server_environment_or_files(server: ServerHandle) -> None:
     server_pid = server.process.pid
     checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

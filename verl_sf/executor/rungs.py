@@ -28,7 +28,7 @@ from typing import ClassVar, Optional
 
 from verl_sf.errors import VerlSfError
 from verl_sf.executor.config import IsolationMode
-from verl_sf.executor.system_view import SECCOMP_DENIED, SECCOMP_DENIED_SYSV_IPC
+from verl_sf.executor.system_view import SECCOMP_DENIED, SECCOMP_DENIED_SYSV_IPC, SECCOMP_DENIED_WITHOUT_NAMESPACES
 from verl_sf.executor.zygote.linux import LANDLOCK_SCOPED_SIGNALS_ABI, landlock_abi
 
 # Runs in a fresh interpreter: a user namespace, then a mount in a mount namespace of its own, as
@@ -196,7 +196,7 @@ class Landlock(Rung):
 
     def seccomp_denied(self, memory_cgroup: bool) -> list[str]:
         # No network namespace: no socket at all (socketpair still works); no IPC namespace: no SysV IPC.
-        return [*SECCOMP_DENIED, *SECCOMP_DENIED_SYSV_IPC, "socket"]
+        return [*SECCOMP_DENIED, *SECCOMP_DENIED_SYSV_IPC, *SECCOMP_DENIED_WITHOUT_NAMESPACES, "socket"]
 
     def run_uids(self, base: int) -> tuple[int, int]:
         return (base + RUN_UIDS_OFFSET, RUN_UIDS) if can_change_uids() else (0, 0)
@@ -207,6 +207,8 @@ class Landlock(Rung):
                               "unix sockets")
         status["network"] = "none: socket() refused (socketpair works)"
         status["sysv_ipc"] = "refused: no IPC namespace (segments would be the host's)"
+        status["posix_mqueue"] = "refused: no IPC namespace (queues would be the host's)"
+        status["inotify"] = "refused: a watch names files Landlock keeps a run from listing"
         if not can_change_uids() and not cgroups:
             status["processes"] = "counted per run by the zygote's watchdog (the uid is shared)"
         return status

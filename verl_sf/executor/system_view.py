@@ -60,6 +60,17 @@ SECCOMP_DENIED_SYSV_IPC: tuple[str, ...] = (
     "msgget", "msgsnd", "msgrcv", "msgctl",
 )
 
+# Refused where a run has no IPC namespace and no mount namespace of its own (the landlock rung), as
+# Landlock does not govern them.  POSIX message queues are then the host's: Landlock refuses opening
+# one, not making or removing it, and a red team made the host's 256 (`fs.mqueue.queues_max`), which
+# outlived the run and failed every other non-root user's `mq_open`, and removed the account's own.
+# An inotify watch names the files of any directory the uid may read, Landlock's listing refusal
+# notwithstanding: another run's files as they were made, the account's private directories.
+SECCOMP_DENIED_WITHOUT_NAMESPACES: tuple[str, ...] = (
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "inotify_add_watch",
+)
+
 # Calls a run may make on itself only.  The kernel lets a process change the resource limits, nice,
 # scheduling policy and I/O priority of every process of its uid it can see: a session those of its
 # forks and snapshots (their PID namespaces are nested below its own), a run on the landlock rung as
