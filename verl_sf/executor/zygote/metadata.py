@@ -158,6 +158,7 @@ class MetadataCalls:
 
     def on_event(self, zygote: Any, fd: int) -> None:
         until = time.monotonic() + TURN
+        directories = self.directories()  # once a wake-up: no job starts or ends meanwhile
         while True:
             buffer = bytearray(NOTIFICATION.size)
             try:
@@ -166,7 +167,7 @@ class MetadataCalls:
                 return  # the caller died meanwhile
             notice_id, pid, _, number, _, _, *args = NOTIFICATION.unpack(buffer)
             try:
-                self._answer(notice_id, pid, self.names.get(number, ""), args)
+                self._answer(notice_id, self._directory(pid, directories), pid, self.names.get(number, ""), args)
                 error = 0
             except Refused as exc:
                 error = exc.errno
@@ -179,8 +180,7 @@ class MetadataCalls:
             if time.monotonic() > until or not readable(fd):
                 return
 
-    def _answer(self, notice_id: int, pid: int, name: str, args: list[int]) -> None:
-        root = self._directory(pid)
+    def _answer(self, notice_id: int, root: str, pid: int, name: str, args: list[int]) -> None:
         dirfd = ctypes.c_int32(args[0] & 0xFFFFFFFF).value
         times: Optional[bytes] = None
         with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
@@ -221,10 +221,9 @@ class MetadataCalls:
         except OSError:
             raise Refused(errno.ESRCH) from None
 
-    def _directory(self, pid: int) -> str:
+    def _directory(self, pid: int, directories: dict[int, str]) -> str:
         """The directory of the run (or session) `pid` is a process of: its ancestors up to a job's PID 1,
         a child of ours; EPERM where there is none (an orphan handed to us)."""
-        directories = self.directories()
         pid = _process(pid)  # a thread's parent is its process's
         for _ in range(4096):
             if pid in directories:
@@ -292,7 +291,8 @@ class MetadataCalls:
         try:
             if plain and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
                 raise Refused(errno.EBADF)
-            _within(root, os.readlink(f"/proc/self/fd/{fd}"))
+            if not _beneath(root, os.readlink(f"/proc/self/fd/{fd}")):
+                raise Refused(errno.EPERM)
         except BaseException:
             os.close(fd)
             raise
@@ -328,7 +328,7 @@ def _inside(directory: int, root: str) -> None:
     path, climbed = _path_of(directory), 0
     if path is None:
         path, climbed = _named_ancestor(directory)
-    if path == root or path.startswith(root + "/"):
+    if _beneath(root, path):
         return None
     if not climbed:
         raise Refused(errno.EPERM)
@@ -350,28 +350,18 @@ def _named_ancestor(directory: int) -> tuple[str, int]:
     """The path of an ancestor of `directory` that has one, and how many levels up it is.  Past the top
     every climb lands on `/`: a climb that does is searched back, and a level below the top has a path
     (each level shortens a path by 256 bytes at most)."""
-    low = 0  # a level with no path: never past the top
+    low, high = 0, 0  # a level with no path (never past the top), and one found past it (0: none yet)
     while True:
-        high = low + JUMP
-        if high > MAX_DEPTH:
+        level = (low + high) // 2 if high else low + JUMP
+        if level > MAX_DEPTH or level == low:
             raise Refused(errno.EPERM)
-        path = _path_at(directory, high)
+        path = _path_at(directory, level)
         if path is None:
-            low = high
+            low = level
         elif path != "/":
-            return path, high
+            return path, level
         else:
-            break
-    while high - low > 1:
-        middle = (low + high) // 2
-        path = _path_at(directory, middle)
-        if path is None:
-            low = middle
-        elif path != "/":
-            return path, middle
-        else:
-            high = middle
-    raise Refused(errno.EPERM)
+            high = level
 
 
 def _path_at(directory: int, levels: int) -> Optional[str]:
@@ -405,10 +395,9 @@ def _up(directory: int, levels: int) -> int:
     return current
 
 
-def _within(root: str, path: str) -> None:
-    """EPERM unless `path` is `root` or beneath it."""
-    if path != root and not path.startswith(root + "/"):
-        raise Refused(errno.EPERM)
+def _beneath(root: str, path: str) -> bool:
+    """Whether `path` is `root` or below it."""
+    return path == root or path.startswith(root + "/")
 
 
 def _parent(pid: int) -> int:
