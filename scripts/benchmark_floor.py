@@ -8,7 +8,7 @@ At concurrency 1, wall-clock p50 and p99 of:
   - an empty `/run_code` (`pass`) through a real `verl-sf serve` on each rung;
   - `GET /v1/ping` on the same server (HTTP and the event loop, no sandbox).
 The difference between the empty run and ping plus the fork with namespaces is what the executor,
-the zygote protocol and a run's set-up and teardown add (docs/performance.md, "The floor").
+the zygote protocol and a run's set-up and teardown add (docs/performance.md, "The floor, and why").
 
 Example:
   python scripts/benchmark_floor.py --calls 1000 --output docs/benchmarks/floor.json

@@ -13,6 +13,8 @@ Examples:
   python scripts/benchmark_tool_backends.py --backend subprocess verl-sf
   # a running server, or the official Sandbox Fusion image
   python scripts/benchmark_tool_backends.py --backend sandbox_fusion --url http://127.0.0.1:8080
+  # the same server from another checkout (a baseline: a worktree of an earlier commit), same run
+  python scripts/benchmark_tool_backends.py --backend verl-sf --checkout /tmp/prev
   # verl-sf with the fast path off (any `verl-sf serve` flag passes through)
   python scripts/benchmark_tool_backends.py --backend verl-sf --server-arg=--no-fast-path
   # bursts of slow code (loops beside short runs, sleeps, the medium case) against the naive baseline
@@ -38,6 +40,7 @@ import asyncio
 import os
 import platform
 import signal
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,6 +78,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--url", help="verl-sf: a running server (else the script starts one); "
                                       "sandbox_fusion: the server, e.g. http://127.0.0.1:8080 (/run_code optional)")
     parser.add_argument("--sandbox-fusion-url", help="sandbox_fusion's address when --url names a verl-sf server")
+    parser.add_argument("--checkout", metavar="DIR",
+                        help="verl-sf: start the server from this checkout's verl_sf (a baseline, e.g. a worktree "
+                             "of an earlier commit) rather than the installed one; its commit labels the results")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="extra `verl-sf serve` argument for the server the script starts; repeat, "
                              "e.g. --server-arg=--no-fast-path")
@@ -146,6 +152,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error(f"--client-timeout must be > 0, got {args.client_timeout}")
     if args.server_arg and "verl-sf" not in args.backend:
         parser.error("--server-arg only applies to --backend verl-sf")
+    if args.checkout and ("verl-sf" not in args.backend or args.url):
+        parser.error("--checkout needs --backend verl-sf and a server the script starts (no --url)")
+    if args.checkout and not Path(args.checkout, "verl_sf").is_dir():
+        parser.error(f"--checkout {args.checkout}: no verl_sf package there")
     if args.server_arg and args.url and "sandbox_fusion" not in args.backend:
         parser.error("--server-arg needs a server the script starts; drop --url")
     if "sandbox_fusion" in args.backend and not (args.url or args.sandbox_fusion_url):
@@ -160,6 +170,16 @@ def backend_url(args: argparse.Namespace, name: str) -> Optional[str]:
     if name == "sandbox_fusion":
         return args.sandbox_fusion_url or args.url
     return args.url if name == "verl-sf" else None
+
+
+def commit_of(checkout: str) -> str:
+    """The checkout's short commit (its directory's name where git cannot say)."""
+    try:
+        found = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return Path(checkout).name
+    return found.stdout.strip() or Path(checkout).name
 
 
 def new_output_dir(root: Path, name: str, stamp: str) -> Path:
@@ -237,13 +257,14 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
     """Benchmark one backend; returns its output directory, or None when it was skipped."""
     out_dir = new_output_dir(args.output_root, name, stamp)
     connections = max(max(args.concurrency), bursts.connections_needed(args.bursts, args.burst_scale))
+    checkout = args.checkout if name == "verl-sf" else None
     backend: BenchBackend = make_backend(name, url=backend_url(args, name), server_args=args.server_arg,
-                                         log_dir=out_dir, max_concurrency=connections,
+                                         checkout=checkout, log_dir=out_dir, max_concurrency=connections,
                                          client_timeout=args.client_timeout, docker_image=args.docker_image,
                                          docker_memory=args.docker_memory)
     settings = Settings(args.warmup, args.iterations, args.run_timeout, args.client_timeout,
                         args.memory_limit_mb, args.memory_interval, args.pause_ms / 1000)
-    label = " ".join([name, *args.server_arg])
+    label = " ".join([name, *args.server_arg, *([commit_of(checkout)] if checkout else [])])
     summary: dict[str, Any] = {
         "backend": name, "label": label, "created_at": datetime.now(timezone.utc).isoformat(),
         "host": platform.platform(), "python_version": platform.python_version(), "cpu_count": os.cpu_count(),
@@ -254,7 +275,7 @@ async def run_backend(args: argparse.Namespace, name: str, stamp: str) -> Option
                    "scenarios": args.scenarios, "bursts": args.bursts, "burst_scale": args.burst_scale,
                    "run_timeout": args.run_timeout,
                    "client_timeout": args.client_timeout, "memory_limit_MB": args.memory_limit_mb,
-                   "url": backend_url(args, name), "server_args": args.server_arg},
+                   "url": backend_url(args, name), "server_args": args.server_arg, "checkout": checkout},
         "memory": {"measure": "Pss summed over the process tree, MiB"},
         "results": [],
         "bursts": [],

@@ -257,8 +257,10 @@ class VerlSfServerBackend(BenchBackend):
     name = "verl-sf"
     START_TIMEOUT_S = 180.0
 
-    def __init__(self, server_args: list[str], log_path: Path, client_timeout: float) -> None:
+    def __init__(self, server_args: list[str], log_path: Path, client_timeout: float,
+                 checkout: Optional[str] = None) -> None:
         self.server_args, self.log_path, self.client_timeout = server_args, log_path, client_timeout
+        self.checkout = os.path.abspath(checkout) if checkout else None
         self._proc: Optional[asyncio.subprocess.Process] = None
         self._drain: Optional[asyncio.Task] = None
         self._http: Optional[HttpAdapter] = None
@@ -266,8 +268,12 @@ class VerlSfServerBackend(BenchBackend):
     async def start(self, max_concurrency: int) -> None:
         cmd = [sys.executable, "-m", "verl_sf.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                *self.server_args]
+        env = dict(os.environ)
+        if self.checkout:  # that checkout's verl_sf first, as verl_sf.server.process does
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (self.checkout, env.get("PYTHONPATH"))))
         self._proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            cwd=self.checkout, env=env)
         log = self.log_path.open("w", encoding="utf-8")
         try:
             url = await asyncio.wait_for(self._read_until_listening(log), self.START_TIMEOUT_S)
@@ -396,13 +402,13 @@ class DaytonaBackend(Adapter):
             self._free.put_nowait(session)
 
 
-def make_backend(name: str, *, url: Optional[str], server_args: list[str], log_dir: Path,
+def make_backend(name: str, *, url: Optional[str], server_args: list[str], log_dir: Path, checkout: Optional[str],
                  max_concurrency: int, client_timeout: float, docker_image: str, docker_memory: str) -> BenchBackend:
     """Build the adapter for one `--backend` value (already validated and de-aliased)."""
     if name == "verl-sf":
         if url:
             return HttpAdapter(name, url, max_concurrency, client_timeout)
-        return VerlSfServerBackend(server_args, log_dir / "server.log", client_timeout)
+        return VerlSfServerBackend(server_args, log_dir / "server.log", client_timeout, checkout)
     if name == "sandbox_fusion":
         if not url:
             raise ValueError("--backend sandbox_fusion needs the server's address: --url or --sandbox-fusion-url")

@@ -11,9 +11,12 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -106,6 +109,28 @@ def test_server_started_by_the_script_is_stopped(tiny_run: Path) -> None:
         os.kill(summary["memory"]["root_pid"], 0)
 
 
+def test_a_server_from_another_checkout_serves_that_checkouts_code(tmp_path: Path) -> None:
+    """--checkout starts the server from that checkout's verl_sf (a baseline's), labelled with it."""
+    # World-readable, as a worktree is: the sandboxes' zygotes import the package from it too.
+    checkout = Path(tempfile.mkdtemp(prefix="verl-sf-baseline-"))
+    try:
+        checkout.chmod(0o755)
+        shutil.copytree(ROOT / "verl_sf", checkout / "verl_sf", ignore=shutil.ignore_patterns("__pycache__"))
+        init = checkout / "verl_sf" / "__init__.py"
+        init.write_text(re.sub(r'__version__ = "[^"]*"', '__version__ = "0.0.0+baseline"', init.read_text()))
+        out = tmp_path / "out"
+        result = run_script("--backend", "verl-sf", "--checkout", str(checkout), *TINY, SMALL_SERVER,
+                            "--output-root", str(out))
+        assert result.returncode == 0, result.stdout + result.stderr
+    finally:
+        shutil.rmtree(checkout)
+    summary = json.loads((only_subdir(out / "verl-sf") / "summary.json").read_text())
+    assert summary["server"]["version"] == "0.0.0+baseline"  # its /health: the copy's code answered
+    assert summary["label"] == f"verl-sf --slots=2 {checkout.name}"  # no git there: the directory names it
+    assert summary["config"]["checkout"] == str(checkout)
+    assert all(row["failure_count"] == 0 for row in summary["results"])
+
+
 def test_terminated_run_keeps_its_levels_and_stops_its_server(tmp_path: Path) -> None:
     log = (tmp_path / "script.log").open("w")
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--backend", "verl-sf", "--concurrency", "1", "128",
@@ -182,6 +207,9 @@ def test_compare_rejects_a_directory_it_did_not_write(tmp_path: Path) -> None:
     (["--pause-ms", "-1"], "--pause-ms must be >= 0"),
     (["--backend", "sandbox_fusion"], "sandbox_fusion needs the server's address"),
     (["--backend", "subprocess", "--server-arg=--no-fast-path"], "--server-arg only applies to --backend verl-sf"),
+    (["--backend", "subprocess", "--checkout", str(ROOT)], "--checkout needs --backend verl-sf"),
+    (["--url", "http://127.0.0.1:1", "--checkout", str(ROOT)], "--checkout needs --backend verl-sf and a server the script starts"),
+    (["--checkout", "/nonexistent"], "--checkout /nonexistent: no verl_sf package there"),
     (["--scenarios", "nosuch"], "invalid choice: 'nosuch'"),
     (["--scenarios"], "nothing to run: give --scenarios, --bursts, or both"),
     (["--bursts", "sleeps", "--burst-scale", "0"], "--burst-scale must be > 0"),
