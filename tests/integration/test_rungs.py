@@ -344,6 +344,19 @@ def test_files_under_workdir_are_the_runs_and_elsewhere_are_refused_naming_files
         opened = requests.post(server.url + "/sessions", json={"language": "python", "files": {path: "QQ=="}},
                                timeout=30)
         assert opened.status_code == 400 and opened.json()["field"] == "files", opened.text
+        cells = requests.post(server.url + "/run_jupyter", timeout=30, json={"cells": ["1"], "files": {path: "QQ=="}})
+        assert cells.status_code == 400 and cells.json()["field"] == "files", cells.text
+    # Red team, 2026-12-07: `.tmp` is the run's TMPDIR here; a file of that name was answered Failed,
+    # the code's failure ("Is a directory"). A file beneath it is the run's to write.
+    for path in (".tmp", "./.tmp", "/workdir/.tmp"):
+        for route, body in (("/run_code", {"code": "print(1)", "language": "python"}), ("/run_jupyter", {"cells": ["1"]}),
+                            ("/sessions", {"language": "python"})):
+            refused = requests.post(server.url + route, timeout=30, json={**body, "files": {path: "QQ=="}})
+            assert refused.status_code == 400 and refused.json()["field"] == "files", refused.text
+            assert "TMPDIR" in refused.text
+    beneath = run_code(server, "import os\nprint(open(os.environ['TMPDIR'] + '/a.txt').read())",
+                       files={".tmp/a.txt": "QQ=="})
+    assert beneath["run_result"]["stdout"] == "A\n", beneath
 
 
 def test_a_runs_files_are_capped_in_all(server: ServerHandle) -> None:

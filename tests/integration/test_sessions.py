@@ -176,6 +176,21 @@ def test_a_file_that_is_not_base64_is_named_with_the_reason_the_session_did_not_
                        language=language)) == "ok\n"  # the server serves on
 
 
+@pytest.mark.parametrize("route, body", [
+    ("/run_code", {"code": "import os\nprint(os.listdir('.'))", "language": "python"}),
+    ("/run_jupyter", {"cells": ["import os\nprint(os.listdir('.'))"]}),
+])
+def test_files_on_a_session_call_are_refused_naming_files(server: ServerHandle, route: str, body: dict) -> None:
+    """Red team, 2026-12-07: /run_jupyter in a session dropped a call's `files` and answered Success, so
+    the code ran without them; a session's files come with it (POST /sessions), on both routes."""
+    sid = create(server)
+    refused = requests.post(server.url + route, timeout=60,
+                            json={**body, "session_id": sid, "files": {"injected.txt": "eA=="}})
+    assert refused.status_code == 400 and refused.json()["field"] == "files", refused.text
+    assert "POST /sessions" in refused.text
+    assert stdout(call(server, sid, "import os\nprint(os.listdir('.'))")) == "[]\n"  # nothing written, it serves on
+
+
 def test_bash_sessions_fetch_files_from_their_own_directories(server: ServerHandle) -> None:
     import base64
 
@@ -320,6 +335,24 @@ def test_a_bash_session_ended_by_a_bare_exit_ended_its_call_as_a_success(server:
     assert body["session_alive"] is False and body["run_result"]["stdout"] == "bye\n", body
     if OWN_EXIT_CODES:
         assert body["status"] == "Success" and body["run_result"]["return_code"] == 0, body
+
+
+def test_a_call_cut_by_its_sessions_end_keeps_the_output_of_the_cells_that_ran(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: a /run_jupyter call in flight when its session was deleted answered no cell
+    at all, though its first had run and printed; a time-out keeps them, so does the session's end."""
+    sid = create(server)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(requests.post, server.url + "/run_jupyter", timeout=60, json={
+            "cells": ["print('start')\nheld = b'x' * (64 << 20)", "import time\ntime.sleep(30)", "print('never')"],
+            "total_timeout": 40, "session_id": sid})
+        # The first cell has run once the session holds what it wrote (its cgroup's count).
+        wait_until(lambda: requests.get(f"{server.url}/sessions/{sid}", timeout=60).json()["memory_bytes"] > 60 << 20,
+                   30, "the first cell run", every=0.2)
+        assert requests.delete(f"{server.url}/sessions/{sid}", timeout=60).status_code == 200
+        body = pending.result().json()
+    assert body["status"] == "Failed" and body["session_alive"] is False, body
+    assert "ended by DELETE /sessions" in body["message"], body
+    assert [cell["stdout"] for cell in body["cells"]] == ["start\n"], body
 
 
 def test_a_session_the_server_kills_reports_no_exit_code_of_its_own(server: ServerHandle) -> None:

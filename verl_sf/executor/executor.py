@@ -33,6 +33,7 @@ from verl_sf.executor.session_table import SessionRecord
 from verl_sf.executor.sessions import Sessions
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.status import ExecutorStats, ExecutorStatus
+from verl_sf.executor.zygote.paths import RUN_TMP
 from verl_sf.executor.zygote_process import Closed, Closing
 from verl_sf.models import (
     RunCodeRequest,
@@ -193,6 +194,7 @@ class Executor:
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         if request.session_id is not None:
             return await self._sessions.run_jupyter(request)
+        self._check_files(request.files)
         assert self._runs is not None, "Executor.start() first"
         return await self._runs.run_jupyter(request)
 
@@ -211,7 +213,8 @@ class Executor:
 
     def _check_files(self, files: dict[str, Optional[str]]) -> None:
         """Without a view of its own (the landlock rung) a run has one directory, which `/workdir`
-        names: a file elsewhere (`/tmp`, `/mnt/data`) is the request's to fix, not the code's failure."""
+        names: a file elsewhere (`/tmp`, `/mnt/data`), or one where its TMPDIR is, is the request's to fix,
+        not the code's failure."""
         if self.rung.isolated:
             return
         for path in files:
@@ -219,6 +222,10 @@ class Executor:
                 raise InvalidRequest("files", f"file path {path!r}: on the {self.rung.name} isolation rung a run has "
                                               "one directory, its working directory (no /tmp or /mnt/data of its "
                                               "own): name the file relative to it or under /workdir")
+            if [part for part in path.removeprefix("/workdir/").split("/") if part not in ("", ".")] == [RUN_TMP]:
+                raise InvalidRequest("files", f"file path {path!r}: on the {self.rung.name} isolation rung "
+                                              f"{RUN_TMP!r} in the working directory is the run's TMPDIR; "
+                                              "name the file otherwise")
 
     def session_info(self, session_id: str) -> SessionInfo:
         return self._sessions.info(session_id)

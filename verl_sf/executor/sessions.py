@@ -216,9 +216,7 @@ class Sessions:
         session = self.table.get(request.session_id)
         if request.language != session.language:
             raise InvalidRequest("language", f"session {session.id!r} runs {session.language}, not {request.language}")
-        if request.files:
-            raise InvalidRequest("files", "files are given when a session is created (POST /sessions); "
-                                          "later calls write them with code")
+        _refuse_files(request)
         if session.language == "bash":
             if "\x00" in request.code:
                 raise InvalidRequest("code", "bash code cannot contain NUL characters")
@@ -236,8 +234,16 @@ class Sessions:
         session = self.table.get(request.session_id)
         if session.language != "python":
             raise InvalidRequest("session_id", f"session {session.id!r} runs {session.language}: cells need python")
+        _refuse_files(request)
         reply, queue_wait = await self.call(session, request.total_timeout, jobs.cells_call(request, self.config))
         response = jupyter_response(reply, len(request.cells), request.total_timeout,
                                     ResponseContext.of(self.config, session.memory_mb, queue_wait, session.id))
         self.stats.count(response)
         return note_session_end(response, reply)
+
+
+def _refuse_files(request: Union[RunCodeRequest, RunJupyterRequest]) -> None:
+    """A session's files come with it (POST /sessions); a call that names some would run without them."""
+    if request.files:
+        raise InvalidRequest("files", "files are given when a session is created (POST /sessions); "
+                                      "later calls write them with code")

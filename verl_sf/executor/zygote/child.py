@@ -29,7 +29,7 @@ from .messages import (
     UnstartedRecord,
     ZygoteConfig,
 )
-from .paths import UnwritableFile, fetch, write_files
+from .paths import RUN_TMP, UnwritableFile, fetch, write_files
 from .python_runner import main_namespace, run_python
 from .run_groups import Groups, write
 from .seccomp import Filter
@@ -95,11 +95,12 @@ class Child:
             self._mounts()
         else:
             self.workdir = f"{self.cfg['workdir']}/run-{os.getpid()}"
-            os.makedirs(self.workdir + "/.tmp", exist_ok=True)
+            tmp = f"{self.workdir}/{RUN_TMP}"
+            os.makedirs(tmp, exist_ok=True)
             if self.run_uid is not None:
-                for directory in (self.workdir, self.workdir + "/.tmp"):
+                for directory in (self.workdir, tmp):
                     os.chown(directory, self.run_uid, self.run_uid)
-            os.environ["TMPDIR"] = self.workdir + "/.tmp"
+            os.environ["TMPDIR"] = tmp
             os.environ["HOME"] = self.workdir
             for key in SCRATCH_ENV:  # under /tmp, which is the host's here
                 if os.environ.get(key, "").startswith("/tmp/"):

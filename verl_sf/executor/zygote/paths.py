@@ -14,6 +14,9 @@ from typing import Optional
 
 from .linux import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, SYS_OPENAT2, OpenHow, libc
 
+RUN_TMP = ".tmp"
+"""Without a view of its own (the landlock rung) a run's TMPDIR: this entry of its working directory."""
+
 
 def split_path(path: str, roots: list[str]) -> tuple[str, list[str]]:
     """(root, components beneath it) of a request's path, or ValueError: absolute paths must be

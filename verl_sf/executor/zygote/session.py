@@ -354,6 +354,9 @@ class SessionJob(Job):
             stage = self.stage_result("TimeLimitExceeded" if self.timed_out else "Finished", own_exit, None)
             reply: CallReply = {**stage, **ended, "kind": "call", "id": self.call["id"], "session_alive": False,
                                 "session_end": reason}
+            cells = self.cells()  # those that ran before the end, as a time-out keeps them
+            if cells:
+                reply["cells"] = cells
             zygote.reply(reply)
             self.call = None
         zygote.reply({"kind": "session", "id": self.id, "session_alive": False, "session_end": reason,
