@@ -146,6 +146,27 @@ def test_a_lone_surrogate_is_refused_naming_its_field(server: ServerHandle, rout
     assert (refused.json()["code"], refused.json()["field"]) == ("invalid", field)
 
 
+@pytest.mark.parametrize("in_session", [False, True])
+def test_a_lone_surrogate_a_cell_makes_is_answered_escaped(server: ServerHandle, in_session: bool) -> None:
+    """Red team, 2026-12-07: a cell whose error or display held a lone surrogate (`chr(0xd800)`, what a
+    model's code may well print) was a 500, which clients take for a sandbox failure; it is the run's
+    own output, answered as JSON's escape."""
+    sources = ["raise ValueError(chr(0xd800))",
+               "display({'text/plain': 'a' + chr(0xd800)}, raw=True)",
+               "from IPython.display import HTML\ndisplay(HTML('<b>' + chr(0xdfff) + '</b>'))",
+               "class Shown:\n    def _repr_html_(self):\n        return chr(0xd800)\nShown()"]
+    for source in sources:
+        body = {"cells": [source]}
+        if in_session:
+            body["session_id"] = create(server)
+        answered = requests.post(server.url + "/run_jupyter", json=body, timeout=60)
+        assert answered.status_code == 200, (source, answered.text)
+        cell = answered.json()["cells"][0]
+        shown = json.dumps(cell)
+        assert ("\\ud800" in shown or "\\udfff" in shown) and "\\ufffd" not in shown, (source, cell)
+    assert cell["display"] and cell["display"][0]["text/html"] == chr(0xd800), cell
+
+
 def test_bash_state_persists_across_calls(server: ServerHandle) -> None:
     sid = create(server, "bash")
     body = call(server, sid, "mkdir -p sub && cd sub && echo data > f.txt\nexport GREETING=hello\n"

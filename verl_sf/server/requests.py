@@ -14,6 +14,7 @@ from typing import Any, Optional, TypeVar
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from verl_sf.byte_budget import BodiesFull, ByteBudget
 from verl_sf.errors import answer_of
@@ -66,7 +67,12 @@ async def _json_of(model: BaseModel) -> bytes:
     ~75 ms for a 32 MiB file)."""
     body = model.model_dump(mode="json")  # shares the model's strings
     size = text_size(body)
-    return await off_loop(size, json_bytes, body) if size >= OFF_LOOP_BYTES else model.model_dump_json().encode()
+    if size >= OFF_LOOP_BYTES:
+        return await off_loop(size, json_bytes, body)
+    try:
+        return model.model_dump_json().encode()
+    except PydanticSerializationError:  # a lone surrogate of the run's (a cell's `\\ud800`): escaped as json.dumps does
+        return json_bytes(body)
 
 
 def validation_detail(exc: ValidationError, where: str = "body") -> list[dict[str, Any]]:
