@@ -227,6 +227,32 @@ def test_an_idle_sessions_endless_output_costs_its_zygote_nothing(server: Server
             requests.delete(f"{server.url}/sessions/{sid}", timeout=30)
 
 
+def test_output_floods_past_their_limit_are_drained_slowly_and_runs_beside_them_answer(server: ServerHandle) -> None:
+    """Red team, 2026-12-07: four runs writing stdout as fast as they could, drained by their zygote at
+    full speed (their bytes past the output limit dropped anyway), froze the whole 2-core VM for up to
+    25 s (its kernel, with the runs and the zygote in cpu groups): a run beside them answered as its own
+    time-out. Past its limit a stream is now read once a pause; the floods still end at their time-out."""
+    floods = {"python": "import os\nchunk = b'x' * (1 << 20)\nwhile True:\n    os.write(1, chunk)\n",
+              "bash": "yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}
+    with ThreadPoolExecutor(4) as pool:
+        flooding = [pool.submit(run_code, server, code, language=language, run_timeout=8)
+                    for language in floods for code in [floods[language]] * 2]
+        time.sleep(2)  # each past its output limit
+        warm = zygotes(server.process.pid)
+        before = cpu_seconds(warm)
+        started = time.monotonic()
+        beside = run_code(server, "print('beside')", run_timeout=5)
+        assert beside["status"] == "Success" and beside["run_result"]["stdout"] == "beside\n", beside
+        assert time.monotonic() - started < 8, "a run beside the floods waited on them"
+        time.sleep(max(0.0, 3 - (time.monotonic() - started)))
+        spent = cpu_seconds(warm) - before
+        assert spent < 0.5 * (time.monotonic() - started), f"the zygote drained the floods at {spent:.2f} CPU-s"
+        for flood in flooding:
+            body = flood.result()
+            assert body["run_result"]["status"] == "TimeLimitExceeded" and body["truncated"] is True, body["message"]
+            assert body["run_result"]["stdout"].endswith("not shown]\n"), body["run_result"]["stdout"][-200:]
+
+
 def test_a_run_reads_nothing_of_the_sandbox_set_up_in_its_command_line(server: ServerHandle) -> None:
     """A run is a fork of the warm interpreter, so its /proc/<pid>/cmdline is the zygote's argv: the
     zygote's configuration (uids, host paths, limits) is read from a descriptor, never passed there."""

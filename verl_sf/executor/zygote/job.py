@@ -44,6 +44,9 @@ COUNT_SHARE = 0.05  # of the zygote's time one job's files counts may take
 MAX_DISPLAYS = 20_000  # display bundles a run (a session's call) sends the server: tens of ms of its parsing
 HIDDEN_SAMPLES = 3  # memory samples in a row a process may hide from (a fork not yet at its exec is undumpable)
 WAITS_READ = 32  # processes whose wait a sample reads, where a cgroup counts the job's CPU
+# Past its output limit a stream is read once a pause (~30 MB/s): its bytes are dropped anyway, and four
+# runs' floods drained at full speed between cpu groups froze a whole 2-core VM for up to 25 s (red team).
+DRAIN_PAUSE = 0.002
 MEMORY_KILLS: dict[MemoryScope, str] = {
     "own": "killed for exceeding its memory limit",
     "shared": "killed for memory: the runs and sessions of this server together reached its memory cap "
@@ -95,6 +98,7 @@ class Job:
         self.unsent = memoryview(b"")  # what of its job or call its socket has not taken yet (send)
         self.killed_at: Optional[float] = None
         self.open_fds: set[int] = set()
+        self.throttled: dict[int, float] = {}  # output pipes past their limit, not watched until then (DRAIN_PAUSE)
         self.records: list[dict[str, Any]] = []
         self.displays = 0  # display bundles its records carried (a session's: this call's)
         self.meta = Lines()
@@ -204,9 +208,8 @@ class Job:
         return min(self.stage_started + self.stage_timeout + self.wait_seen, self.hard_deadline)
 
     def next_timer(self) -> Optional[float]:
-        if self.killed_at is not None:
-            return self.killed_at + KILL_WAIT
-        return self.next_tick()
+        due = self.killed_at + KILL_WAIT if self.killed_at is not None else self.next_tick()
+        return min((time for time in (due, *self.throttled.values()) if time is not None), default=None)
 
     def next_tick(self) -> Optional[float]:
         """When the running stage next needs looking at: its slice, its samples, its deadline."""
@@ -230,6 +233,21 @@ class Job:
             self._take_meta(zygote, chunk)
         else:
             self._keep(fd, chunk)
+            if len(self.buffers[fd]) >= self.limits["output_limit"] and fd not in self.throttled:
+                zygote.unwatch(fd)
+                self.throttled[fd] = time.monotonic() + DRAIN_PAUSE
+
+    def resume_drains(self, zygote: JobHost, now: float) -> None:
+        """Watch again the pipes past their limit whose pause is over (one more read each, then another pause)."""
+        for fd, due in list(self.throttled.items()):
+            if now >= due:
+                del self.throttled[fd]
+                if fd in self.open_fds and fd not in self.paused_fds():
+                    zygote.watch(self, [fd])
+
+    def paused_fds(self) -> set[int]:
+        """Pipes left unread on purpose (a session's, between its calls)."""
+        return set()
 
     def _close(self, zygote: JobHost, fd: int) -> None:
         zygote.unwatch(fd)
@@ -273,6 +291,8 @@ class Job:
         raise NotImplementedError
 
     def on_time(self, zygote: JobHost, now: float) -> None:
+        if self.throttled:
+            self.resume_drains(zygote, now)
         if self.killed_at is not None:
             if not self.exited and now >= self.killed_at + KILL_WAIT:
                 self.end_reason += f"; its processes were still exiting {KILL_WAIT:g} s after SIGKILL"

@@ -229,6 +229,7 @@ class SessionJob(Job):
                 and len(self.buffers[fd]) >= self.limits["output_limit"]:
             zygote.unwatch(fd)
             self.paused.add(fd)
+            self.throttled.pop(fd, None)
 
     def _end_call(self, zygote: JobHost, record: dict[str, Any]) -> None:
         assert self.call is not None
@@ -257,6 +258,9 @@ class SessionJob(Job):
             for pid in self.background():
                 procfs.renice_all(procfs.tree(pid, 256))
         zygote.groups.weigh(self.groups, DEMOTED)
+
+    def paused_fds(self) -> set[int]:
+        return self.paused
 
     def _alone(self, zygote: JobHost) -> bool:
         """Whether the session's group holds none but its own processes: one read of it, where
