@@ -33,7 +33,7 @@ from verl_sf.executor.session_table import SessionRecord
 from verl_sf.executor.sessions import Sessions
 from verl_sf.executor.slots import CpuSlots
 from verl_sf.executor.status import ExecutorStats, ExecutorStatus
-from verl_sf.executor.zygote.paths import RUN_TMP
+from verl_sf.executor.zygote.paths import RUN_TMP, split_path
 from verl_sf.executor.zygote_process import Closed, Closing
 from verl_sf.models import (
     RunCodeRequest,
@@ -222,7 +222,7 @@ class Executor:
                 raise InvalidRequest("files", f"file path {path!r}: on the {self.rung.name} isolation rung a run has "
                                               "one directory, its working directory (no /tmp or /mnt/data of its "
                                               "own): name the file relative to it or under /workdir")
-            if [part for part in path.removeprefix("/workdir/").split("/") if part not in ("", ".")] == [RUN_TMP]:
+            if split_path(path, ["/workdir"])[1] == [RUN_TMP]:
                 raise InvalidRequest("files", f"file path {path!r}: on the {self.rung.name} isolation rung "
                                               f"{RUN_TMP!r} in the working directory is the run's TMPDIR; "
                                               "name the file otherwise")

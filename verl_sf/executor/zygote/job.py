@@ -209,7 +209,7 @@ class Job:
 
     def next_timer(self) -> Optional[float]:
         due = self.killed_at + KILL_WAIT if self.killed_at is not None else self.next_tick()
-        return min((time for time in (due, *self.throttled.values()) if time is not None), default=None)
+        return min((when for when in (due, *self.throttled.values()) if when is not None), default=None)
 
     def next_tick(self) -> Optional[float]:
         """When the running stage next needs looking at: its slice, its samples, its deadline."""
@@ -242,12 +242,8 @@ class Job:
         for fd, due in list(self.throttled.items()):
             if now >= due:
                 del self.throttled[fd]
-                if fd in self.open_fds and fd not in self.paused_fds():
+                if fd in self.open_fds:  # a session's pause between calls takes it out of `throttled` first
                     zygote.watch(self, [fd])
-
-    def paused_fds(self) -> set[int]:
-        """Pipes left unread on purpose (a session's, between its calls)."""
-        return set()
 
     def _close(self, zygote: JobHost, fd: int) -> None:
         zygote.unwatch(fd)

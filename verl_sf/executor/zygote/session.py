@@ -259,9 +259,6 @@ class SessionJob(Job):
                 procfs.renice_all(procfs.tree(pid, 256))
         zygote.groups.weigh(self.groups, DEMOTED)
 
-    def paused_fds(self) -> set[int]:
-        return self.paused
-
     def _alone(self, zygote: JobHost) -> bool:
         """Whether the session's group holds none but its own processes: one read of it, where
         `background` reads two directories and two files of /proc (after each call)."""
