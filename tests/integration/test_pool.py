@@ -210,6 +210,61 @@ async def test_cancellation_returns_the_permit(make_pool, limiter_name: str, tmp
     assert await pool.execute.remote(sorted, "ba") == ["a", "b"]
 
 
+@ray.remote
+class ToolCaller:
+    """An async actor calling tools under the limiter, as verl's agent-loop workers do."""
+
+    def __init__(self, limiter_name: str) -> None:
+        self.client = LimiterClient(rate_limit=1, name=limiter_name)
+        self.cancelled = False
+
+    async def call_tool_then_generate(self) -> None:
+        async with self.client.permit():
+            pass
+        try:
+            await asyncio.sleep(300)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    async def call_tool(self) -> str:
+        async with self.client.permit():
+            return "ran"
+
+    def saw_cancel(self) -> bool:
+        return self.cancelled
+
+
+async def test_cancelling_a_call_leaves_the_limiter_clients_round_trips_alone(limiter_name: str) -> None:
+    # Ray cancels with a call every Ray call its asyncio tasks make. The client's long poll
+    # starts in the first acquire's call; cancelling that call must not end it, or grants
+    # for the process's later calls never arrive.
+    holder = LimiterClient(rate_limit=1, name=limiter_name)
+    await holder.connect()
+    caller = ToolCaller.remote(limiter_name)  # type: ignore[attr-defined]
+    try:
+        first = caller.call_tool_then_generate.remote()
+        await wait_until_async(lambda: _stat_is(limiter_name, "released_total", 1), 60, "the first tool call done")
+        ray.cancel(first)
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            await first
+        await wait_until_async(lambda: caller.saw_cancel.remote(), 60, "the cancel seen by the actor")
+        permit = await holder.acquire()
+        second = caller.call_tool.remote()
+        await wait_until_async(lambda: _queue_is(limiter_name, 1), 60, "the second tool call queued")
+        await asyncio.sleep(1)  # the cancel's reach into the call's children, given time to land
+        holder.release(permit)
+        # Its grant comes by the long poll; without one it waits for ever.
+        assert await asyncio.wait_for(_result(second), 45) == "ran"
+    finally:
+        await holder.close()
+        ray.kill(caller)
+
+
+async def _result(ref: Any) -> Any:
+    return await ref
+
+
 async def _cancel_seen(pool) -> bool:
     return (await pool.stats.remote())["cancelled_waiting_for_thread"] == 1
 
