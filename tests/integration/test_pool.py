@@ -405,6 +405,68 @@ async def test_close_hands_everything_back(make_pool, limiter_name: str) -> None
     assert await _all_gone(pids)
 
 
+class GrantsLost:
+    """The limiter's handle, with the reply of the first `method` call that carries a grant lost
+    on its way back, as Ray reports one: ActorUnavailableError (the call may or may not have run;
+    this one ran)."""
+
+    def __init__(self, handle: Any, method: str) -> None:
+        self.handle = handle
+        self.method = method
+        self.calls = 0
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name != self.method:
+            return getattr(self.handle, name)
+        return self
+
+    def remote(self, *args: Any) -> Any:
+        self.calls += 1
+        return self._reply(getattr(self.handle, self.method).remote(*args))
+
+    async def _reply(self, ref: Any) -> Any:
+        grants, contended = await ref
+        if grants and not self.lost:
+            self.lost += 1
+            raise ray.exceptions.ActorUnavailableError("the reply was lost (injected)", None)
+        return grants, contended
+
+
+async def test_a_grant_whose_reply_was_lost_is_granted_again(limiter_name: str) -> None:
+    client = LimiterClient(rate_limit=1, name=limiter_name)
+    try:
+        await client.connect()
+        client._handle = lost = GrantsLost(client._handle, "update")
+        permit = await asyncio.wait_for(client.acquire(), 30)  # before, it waited for ever
+        assert lost.lost == 1
+        assert (await limiter_stats(limiter_name))["in_flight"] == 1
+        client.release(permit)
+    finally:
+        await client.close()
+    assert (await limiter_stats(limiter_name))["in_flight"] == 0
+
+
+async def test_a_grant_whose_long_poll_reply_was_lost_is_granted_again(limiter_name: str) -> None:
+    holder = LimiterClient(rate_limit=1, name=limiter_name)
+    client = LimiterClient(rate_limit=1, name=limiter_name, lease_ttl_s=3)  # a poll returns within 1 s
+    try:
+        held = await holder.acquire()
+        await client.connect()
+        client._handle = lost = GrantsLost(client._handle, "poll")
+        await wait_until_async(lambda: lost.calls >= 1, 30, "a long poll through the lossy handle")
+        waiter = asyncio.ensure_future(client.acquire())
+        await wait_until_async(lambda: _queue_is(limiter_name, 1), 60, "the request queued")
+        holder.release(held)  # the grant goes to the waiting client on its long poll
+        permit = await asyncio.wait_for(waiter, 30)  # before, it waited for ever
+        assert lost.lost == 1
+        client.release(permit)
+    finally:
+        await client.close()
+        await holder.close()
+    assert (await limiter_stats(limiter_name))["in_flight"] == 0
+
+
 async def test_requests_per_second_is_a_token_bucket(limiter_name: str) -> None:
     client = LimiterClient(rate_limit=100, requests_per_second=5, name=limiter_name)
     before = time.monotonic()

@@ -301,9 +301,10 @@ class LimiterClient:
             try:
                 reply = await self._handle.update.remote(lease, enqueue, release)
             except ActorUnavailableError:
-                # Transient; the batch may or may not have landed, and resending is safe
-                # (the limiter ignores known permit ids and unknown releases).
-                self._to_enqueue[:0] = enqueue
+                # Transient; the batch may or may not have landed, and its reply may have carried
+                # grants of earlier requests. Resending is safe: the limiter queues a permit id
+                # once, grants again what this lease holds, and ignores unknown releases.
+                self._to_enqueue = list(self._pending)
                 self._to_release[:0] = release
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
                 continue
@@ -319,7 +320,9 @@ class LimiterClient:
             lease = self._lease
             try:
                 reply = await self._handle.poll.remote(lease, timeout, self._contended)
-            except ActorUnavailableError:
+            except ActorUnavailableError:  # its reply may have carried grants: as in _send_forever
+                self._to_enqueue = list(self._pending)
+                self._kick()
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
                 continue
             except (LeaseExpired, RayActorError) as exc:
@@ -333,6 +336,8 @@ class LimiterClient:
         if self._contended:
             self._give_back_idle()
         for permit in grants:
+            if permit in self._held:
+                continue  # granted again, for a request resent after a lost reply: already delivered
             self._held.add(permit)
             future = self._pending.pop(permit, None)
             if future is None or future.done():

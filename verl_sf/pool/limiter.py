@@ -184,14 +184,19 @@ class TokenBucketWorker:
         """Return `release`d permits, queue `enqueue` requests.
 
         Replies `(grants ready now, contended)`; `contended` says someone is waiting, so
-        clients must hand back idle permits instead of keeping them (see LimiterClient)."""
+        clients must hand back idle permits instead of keeping them (see LimiterClient).
+        A request sent again is queued once, and granted again if this lease holds it: a
+        client resends what it still waits for when a reply was lost, grants and all."""
         lease = self._touch(lease_id)
         for permit in release:
             self._return(lease, permit)
         now = time.monotonic()
         for permit in enqueue:
             if permit in self._waiting or permit in self._holders:
-                continue  # a resent batch (the first attempt's reply was lost): already queued
+                # Sent again because a reply was lost: still queued, or granted in that reply.
+                if self._holders.get(permit) is lease and permit not in lease.undelivered:
+                    lease.undelivered.append(permit)
+                continue
             waiter = _Waiter(permit, lease, now)
             self._queue.append(waiter)
             self._waiting[permit] = waiter
