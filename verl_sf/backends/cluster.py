@@ -46,6 +46,7 @@ from verl_sf.backends.http import (
     SandboxUnreachable,
 )
 from verl_sf.backends.sessions import ServerSessionBackend
+from verl_sf.detached import detached_task
 from verl_sf.errors import SessionGone, SnapshotGone
 from verl_sf.models import (
     RunCodeRequest,
@@ -385,7 +386,7 @@ class ClusterSandboxBackend(ServerSessionBackend):
         if not force and time.monotonic() - state.refreshed_at < self.config.refresh_s and state.servers:
             return
         if state.refreshing is None:  # one refresh at a time; concurrent callers wait for it
-            state.refreshing = asyncio.ensure_future(self._read_directory(state))
+            state.refreshing = detached_task(self._read_directory(state))  # shared: no caller's cancel ends it
         refreshing = state.refreshing
         try:
             await asyncio.shield(refreshing)

@@ -20,18 +20,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import contextvars
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any, Optional, cast
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from verl_sf.detached import detached_task
 from verl_sf.pool.limiter import (
     DEFAULT_IDLE_EXIT_S,
     DEFAULT_LEASE_TTL_S,
@@ -90,12 +90,6 @@ def shutdown_global_limiter(name: str = DEFAULT_LIMITER_NAME, namespace: Optiona
             return True
         time.sleep(0.05)
     raise TimeoutError(f"limiter {name!r} was killed but its name is still registered after {timeout_s:g} s")
-
-
-def _start(work: Coroutine[Any, Any, None]) -> asyncio.Task:
-    """A task of the client's own: in an empty context, not the caller's, because Ray cancels
-    with a call (`ray.cancel`, recursive) every Ray call made from its context, tasks included."""
-    return contextvars.Context().run(asyncio.get_running_loop().create_task, work)
 
 
 class LimiterClient:
@@ -243,7 +237,7 @@ class LimiterClient:
                            self.name, reply["reconfigured_from"], self.rate_limit, self.requests_per_second)
         self._lease = reply["lease"]
         if self._poller is None or self._poller.done():
-            self._poller = _start(self._poll_forever())
+            self._poller = detached_task(self._poll_forever())
         return reply
 
     async def _recover(self, failed_lease: Optional[str], error: BaseException) -> bool:
@@ -290,7 +284,7 @@ class LimiterClient:
 
     def _kick(self) -> None:
         if self._lease is not None and (self._sender is None or self._sender.done()):
-            self._sender = _start(self._send_forever())
+            self._sender = detached_task(self._send_forever())
 
     async def _send_forever(self) -> None:
         """Carry queued enqueues/releases, one round trip at a time (so order is preserved)."""
