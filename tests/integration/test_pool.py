@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import sys
 import time
 import urllib.request
 import uuid
@@ -29,6 +31,7 @@ from verl_sf.backends.http import HttpSandboxBackend
 from verl_sf.models import RunCodeRequest, RunCodeResponse, RunStatus
 from verl_sf.pool import (
     ExecutionCrashed,
+    ExecutionExited,
     LimiterClient,
     PoolMode,
     init_execution_pool,
@@ -78,6 +81,37 @@ def own_pid() -> int:
 
 def exit_hard(code: int) -> None:
     os._exit(code)
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)
+
+
+async def exit_async(code: int) -> None:
+    await asyncio.sleep(0)
+    raise SystemExit(code)
+
+
+def interrupt() -> None:
+    raise KeyboardInterrupt("by fn")
+
+
+def fork_then_crash(pid_file: str) -> None:
+    pid = os.fork()
+    if pid == 0:  # keeps the pool process's ends of its pipes
+        time.sleep(300)
+        os._exit(0)
+    Path(pid_file).write_text(str(pid))
+    os._exit(9)
+
+
+class TwoArguments(Exception):
+    def __init__(self, first: int, second: int) -> None:
+        super().__init__(f"{first} and {second}")
+
+
+def raise_two_arguments() -> None:
+    raise TwoArguments(1, 2)
 
 
 def sleep_then_pid(seconds: float) -> int:
@@ -310,6 +344,48 @@ async def test_process_mode_runs_in_child_processes_and_survives_crashes(make_po
     await wait_until_async(lambda: _all_gone(pids), 30, "pool processes to exit with their actor")
 
 
+@pytest.mark.parametrize("mode", [PoolMode.ThreadMode, PoolMode.ProcessMode])
+async def test_sys_exit_in_fn_fails_its_call_and_the_pool_goes_on(make_pool, limiter_name: str, mode) -> None:
+    """Red team, 2026-12-07: Ray takes a SystemExit raised by an actor's method for the actor's own end;
+    fn's `sys.exit()` ended the whole pool, every call in it and, for lease_ttl_s, their permits."""
+    pool = make_pool(2, mode=mode, rate_limit=2)
+    survivor = pool.execute.remote(sleep_then_pid, 1.0)
+    with pytest.raises(ExecutionExited, match=r"exit_with raised SystemExit\(4\)") as exited:
+        await pool.execute.remote(exit_with, 4)
+    assert exited.value.code == 4
+    with pytest.raises(ExecutionExited, match=r"SystemExit\(5\)"):
+        await pool.execute.remote(exit_async, 5)
+    with pytest.raises(ExecutionExited, match="KeyboardInterrupt"):
+        await pool.execute.remote(interrupt)
+    assert await survivor > 0
+    assert await pool.execute.remote(sorted, "ba") == ["a", "b"]
+    assert (await pool.stats.remote())["failed"] == 3
+    await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "the permits back at the limiter")
+
+
+async def test_a_pool_process_that_forked_and_crashed_fails_its_call_at_once(make_pool, tmp_path: Path) -> None:
+    """Red team, 2026-12-07: the call waited for its pipe's end, which the crashed process's fork held:
+    for as long as that fork lived (here 300 s)."""
+    pool = make_pool(1, mode=PoolMode.ProcessMode, rate_limit=1)
+    pid_file = tmp_path / "fork"
+    try:
+        with pytest.raises(ExecutionCrashed, match="exit code 9"):
+            await asyncio.wait_for(_result(pool.execute.remote(fork_then_crash, str(pid_file))), 60)
+        assert await pool.execute.remote(sorted, "ba") == ["a", "b"]
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+async def test_an_exception_that_cannot_be_rebuilt_is_named_in_process_mode(make_pool) -> None:
+    """An exception whose pickle cannot be loaded (its __init__ takes other arguments) is named, as
+    ThreadMode names it, not replaced by the TypeError of loading it."""
+    pool = make_pool(1, mode=PoolMode.ProcessMode, rate_limit=1)
+    with pytest.raises(TypeError, match="TwoArguments: 1 and 2"):
+        await pool.execute.remote(raise_two_arguments)
+    assert await pool.execute.remote(sorted, "ba") == ["a", "b"]
+
+
 async def _all_gone(pids: list[int]) -> bool:
     return not any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in pids)
 
@@ -403,6 +479,31 @@ async def test_close_hands_everything_back(make_pool, limiter_name: str) -> None
     stats = await limiter_stats(limiter_name)
     assert stats["leases"] == 0 and stats["in_flight"] == 0
     assert await _all_gone(pids)
+
+
+async def test_a_grant_for_a_request_cancelled_on_its_way_goes_back(limiter_name: str) -> None:
+    """Red team, 2026-12-07: the request was withdrawn (a release sent) while the grant was on its way,
+    and the grant was then kept as an idle permit the limiter no longer counted: two holders at once
+    under a cap of 1."""
+    client = LimiterClient(rate_limit=1, name=limiter_name, keep_idle=4)
+    try:
+        await client.connect()
+        cancelled = asyncio.ensure_future(client.acquire())
+        for _ in range(3):  # the request leaves in a round trip of its own
+            await asyncio.sleep(0)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await wait_until_async(lambda: _stat_is(limiter_name, "granted_total", 1), 60, "the grant made")
+        await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "the grant back at the limiter")
+        first = await client.acquire()
+        second = asyncio.ensure_future(client.acquire())
+        await wait_until_async(lambda: second.done() or _queue_is(limiter_name, 1), 60, "the second request queued")
+        assert not second.done(), "two permits held under a cap of 1"
+        client.release(first)
+        client.release(await asyncio.wait_for(second, 30))
+    finally:
+        await client.close()
 
 
 class GrantsLost:

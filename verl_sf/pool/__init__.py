@@ -9,12 +9,13 @@ See docs/pool.md.  Needs Ray (`pip install verl-sf[ray]`).
 from verl_sf.pool.client import LimiterClient, shutdown_global_limiter
 from verl_sf.pool.limiter import DEFAULT_LEASE_TTL_S, DEFAULT_LIMITER_NAME, LeaseExpired, TokenBucketWorker
 from verl_sf.pool.process_runner import ExecutionCrashed
-from verl_sf.pool.worker import ExecutionWorker, PoolMode, init_execution_pool
+from verl_sf.pool.worker import ExecutionExited, ExecutionWorker, PoolMode, init_execution_pool
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
     "DEFAULT_LIMITER_NAME",
     "ExecutionCrashed",
+    "ExecutionExited",
     "ExecutionWorker",
     "LeaseExpired",
     "LimiterClient",

@@ -37,7 +37,10 @@ def read_frame(stream: BinaryIO) -> bytes | None:
 
 def encode_reply(fn: object, outcome: str, value: object) -> bytes:
     try:
-        return cloudpickle.dumps((outcome, value))
+        reply = cloudpickle.dumps((outcome, value))
+        if outcome == "err":  # an exception whose __init__ takes other arguments pickles, and fails to load
+            cloudpickle.loads(reply)
+        return reply
     except Exception as exc:  # the result or exception itself does not pickle
         what = "result" if outcome == "ok" else f"exception {type(value).__name__}: {value}"
         error = TypeError(f"the {what} of {getattr(fn, '__qualname__', fn)!r} cannot be pickled: {exc}")
@@ -54,7 +57,7 @@ def run(payload: bytes, loop: asyncio.AbstractEventLoop) -> bytes:
             # are reused across calls.
             result = loop.run_until_complete(result)
         return encode_reply(fn, "ok", result)
-    except (Exception, SystemExit) as exc:  # sys.exit() in fn is fn's failure, not ours
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() in fn is fn's failure, not ours
         if sys.version_info >= (3, 11):  # notes are 3.11+; on 3.10 the caller sees the exception alone
             exc.add_note("Traceback in the pool process:\n" + traceback.format_exc())
         return encode_reply(fn, "err", exc)

@@ -332,11 +332,14 @@ class LimiterClient:
         for permit in grants:
             if permit in self._held:
                 continue  # granted again, for a request resent after a lost reply: already delivered
-            self._held.add(permit)
             future = self._pending.pop(permit, None)
             if future is None or future.done():
-                self.release(permit)  # its waiter gave up while the grant was on its way
+                # Its waiter gave up while the grant was on its way, and may have withdrawn the request
+                # already (the limiter then counts it no more): given back, never kept idle.
+                self._to_release.append(permit)
+                self._kick()
             else:
+                self._held.add(permit)
                 future.set_result(permit)
 
     def _abandon(self, permit: str, future: asyncio.Future) -> None:

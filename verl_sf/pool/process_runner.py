@@ -35,9 +35,25 @@ class _Child:
         return self.proc.pid
 
     async def call(self, payload: bytes) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        """The reply; IncompleteReadError once the process has exited without one, though a
+        process `fn` forked may hold the pipe open after it."""
+        assert self.proc.stdin is not None
         self.proc.stdin.write(_child.HEADER.pack(len(payload)) + payload)
         await self.proc.stdin.drain()
+        reply = asyncio.ensure_future(self._reply())
+        exited = asyncio.ensure_future(self.proc.wait())
+        try:
+            await asyncio.wait((reply, exited), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+            if not reply.done():
+                reply.cancel()
+        if not reply.done() or reply.cancelled():
+            raise asyncio.IncompleteReadError(b"", None)
+        return reply.result()
+
+    async def _reply(self) -> Any:
+        assert self.proc.stdout is not None
         (size,) = _child.HEADER.unpack(await self.proc.stdout.readexactly(_child.HEADER.size))
         return cloudpickle.loads(await self.proc.stdout.readexactly(size))
 
@@ -83,7 +99,7 @@ class ProcessRunner:
             await child.reap()
             await self._discard(child)
             raise ExecutionCrashed(
-                f"pool process {child.pid} running {_name(fn)} exited with "
+                f"pool process {child.pid} running {function_name(fn)} exited with "
                 f"{_describe_exit(child.proc.returncode)} before returning a result") from exc
         except BaseException:
             # Cancelled (or worse) mid-call: the child is in an unknown state; stop it.
@@ -158,7 +174,7 @@ async def _spawn() -> asyncio.subprocess.Process:
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
 
 
-def _name(fn: Callable[..., Any]) -> str:
+def function_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 

@@ -29,15 +29,29 @@ from typing import Any, Optional, TypeVar, Union
 import ray
 from pydantic import BaseModel, ConfigDict, Field
 
+from verl_sf.errors import VerlSfError
 from verl_sf.pool.client import LimiterClient
 from verl_sf.pool.limiter import DEFAULT_LEASE_TTL_S, DEFAULT_LIMITER_NAME, LimiterSettings
-from verl_sf.pool.process_runner import ProcessRunner
+from verl_sf.pool.process_runner import ProcessRunner, function_name
 
 T = TypeVar("T")
 
 # Ray's default for async actors; calls beyond it queue inside Ray, which is fine because
 # our own slots (num_workers) decide what runs.
 _MIN_ACTOR_CONCURRENCY = 1000
+
+
+class ExecutionExited(VerlSfError, RuntimeError):
+    """`fn` raised SystemExit (`sys.exit()`) or KeyboardInterrupt: its call fails with this one, and
+    the pool goes on.  Ray takes either, raised by an actor's method, for the end of the actor and of
+    every call in it.  `code` is SystemExit's code (None for KeyboardInterrupt)."""
+
+    def __init__(self, message: str, code: object = None):
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt with its code where Ray delivers it
+        return (type(self), (str(self), self.code))
 
 
 class PoolMode(Enum):
@@ -97,6 +111,10 @@ class ExecutionWorker:
                 self._counts["running"] += 1
                 try:
                     result = await self._run(fn, fn_args, fn_kwargs)
+                except (SystemExit, KeyboardInterrupt) as exc:
+                    code = exc.code if isinstance(exc, SystemExit) else None
+                    raise ExecutionExited(f"{function_name(fn)} raised {exc!r}: its call failed, the pool goes on",
+                                          code) from None
                 finally:
                     self._counts["running"] -= 1
         except BaseException:
