@@ -506,6 +506,75 @@ async def test_a_grant_for_a_request_cancelled_on_its_way_goes_back(limiter_name
         await client.close()
 
 
+async def test_a_pace_set_later_reaches_the_idle_permits_of_every_pool(make_pool, limiter_name: str) -> None:
+    """Red team, 2026-12-07: a pool registered without a pace kept reusing its idle permits after
+    another client set one: 40 calls in 0.6 s under requests_per_second=2, one grant counted."""
+    pool = make_pool(4, rate_limit=10)
+    for _ in range(3):
+        assert await pool.execute.remote(sorted, "ba") == ["a", "b"]
+    paced = LimiterClient(rate_limit=10, requests_per_second=4, name=limiter_name)
+    try:
+        await paced.connect()
+        await wait_until_async(lambda: _in_flight_is(limiter_name, 0), 60, "the pool's idle permits handed back")
+        granted = (await limiter_stats(limiter_name))["granted_total"]
+        started = time.monotonic()
+        for _ in range(10):
+            await pool.execute.remote(sorted, "ba")
+        elapsed = time.monotonic() - started
+    finally:
+        await paced.close()
+    assert (await limiter_stats(limiter_name))["granted_total"] - granted == 10  # the bucket saw every call
+    assert elapsed >= 1.4, elapsed  # 4 tokens at once, 6 more at 4/s: a lower bound, it cannot flake
+
+
+async def test_a_faster_pace_is_not_held_up_by_the_slower_ones_refill(limiter_name: str) -> None:
+    """Red team, 2026-12-07: the refill timer set for the old pace stood, and requests queued under
+    the new one waited for it (here 100 s)."""
+    slow = LimiterClient(rate_limit=10, requests_per_second=0.01, name=limiter_name)
+    fast = LimiterClient(rate_limit=10, requests_per_second=2, name=limiter_name)
+    try:
+        slow.release(await slow.acquire())  # the bucket's one token
+        waiting = asyncio.ensure_future(slow.acquire())  # its refill is 100 s away at 0.01/s
+        await wait_until_async(lambda: _queue_is(limiter_name, 1), 60, "a request waiting for a token")
+        await fast.connect()  # the new pace for everyone: two tokens a second
+        slow.release(await asyncio.wait_for(waiting, 30))
+        for _ in range(3):  # more than a bucket at the new pace holds
+            slow.release(await asyncio.wait_for(slow.acquire(), 30))
+    finally:
+        await slow.close()
+        await fast.close()
+
+
+async def test_a_new_pace_does_not_refill_the_bucket(limiter_name: str) -> None:
+    """Red team, 2026-12-07: every change of requests_per_second refilled the bucket, so clients
+    registering in turn with two paces let bursts through: 10 grants in one second at 2.5/s."""
+    first = LimiterClient(rate_limit=10, requests_per_second=3, name=limiter_name)
+    second = LimiterClient(rate_limit=10, requests_per_second=2, name=limiter_name)
+    try:
+        for _ in range(3):  # the bucket emptied
+            first.release(await first.acquire())
+        await second.connect()  # 3/s -> 2/s: the tokens carry over, none added
+        started = time.monotonic()
+        for _ in range(2):
+            second.release(await second.acquire())
+        elapsed = time.monotonic() - started
+    finally:
+        await first.close()
+        await second.close()
+    assert elapsed >= 0.6, elapsed  # two tokens earned at 2/s from an empty bucket: a lower bound
+
+
+async def test_an_abandoned_client_does_not_register_again(limiter_name: str) -> None:
+    """Red team, 2026-12-07: after abandon(), the long poll's LeaseExpired made the client register
+    a new lease that nobody polled, held until it expired."""
+    client = LimiterClient(rate_limit=1, name=limiter_name)
+    client.release(await client.acquire())  # its long poll sent, ahead of the hand-back
+    client.abandon()
+    await wait_until_async(lambda: _stat_is(limiter_name, "leases", 0), 60, "the lease handed back")
+    await asyncio.sleep(1)  # the long poll ended by the hand-back is answered in milliseconds
+    assert (await limiter_stats(limiter_name))["leases"] == 0
+
+
 class GrantsLost:
     """The limiter's handle, with the reply of the first `method` call that carries a grant lost
     on its way back, as Ray reports one: ActorUnavailableError (the call may or may not have run;

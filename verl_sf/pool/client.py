@@ -247,6 +247,9 @@ class LimiterClient:
         and returns.  Returns False (with every waiter failed) if no limiter could be reached.
         """
         async with self._lock():
+            if self._closed:  # abandoned (its lease handed back): not registered again
+                self._fail_waiters(RuntimeError("LimiterClient closed while waiting for a permit"))
+                return False
             if self._lease is not None and self._lease != failed_lease:
                 return True
             logger.warning("limiter %r: %s; registering again (%d waiter(s) re-queued)",

@@ -146,6 +146,7 @@ class TokenBucketWorker:
         self._rps: Optional[float] = None
         self._tokens = 0.0
         self._refilled_at = time.monotonic()
+        self._refill_timer: Optional[asyncio.TimerHandle] = None
         self._set_rps(requests_per_second)
         self._idle_exit_s = idle_exit_s
         self._leases: dict[str, _Lease] = {}
@@ -155,7 +156,6 @@ class TokenBucketWorker:
         self._waits: collections.deque[float] = collections.deque(maxlen=_WAIT_SAMPLES)
         self._counts: collections.Counter[str] = collections.Counter()
         self._contention_signalled = False
-        self._refill_timer: Optional[asyncio.TimerHandle] = None
         self._sweeper: Optional[asyncio.Task] = None
         self._idle_since = time.monotonic()
         self._started_at = time.time()
@@ -183,8 +183,9 @@ class TokenBucketWorker:
     async def update(self, lease_id: str, enqueue: list[str], release: list[str]) -> tuple[list[str], bool]:
         """Return `release`d permits, queue `enqueue` requests.
 
-        Replies `(grants ready now, contended)`; `contended` says someone is waiting, so
-        clients must hand back idle permits instead of keeping them (see LimiterClient).
+        Replies `(grants ready now, contended)`; `contended` says someone is waiting, or a pace
+        is in force, so clients must hand back idle permits instead of keeping them (see
+        LimiterClient).
         A request sent again is queued once, and granted again if this lease holds it: a
         client resends what it still waits for when a reply was lost, grants and all."""
         lease = self._touch(lease_id)
@@ -212,7 +213,7 @@ class TokenBucketWorker:
         Also the lease's heartbeat: a live client always has a poll outstanding.
         """
         lease = self._touch(lease_id)
-        if not lease.undelivered and bool(self._waiting) == contended_seen:
+        if not lease.undelivered and self._contended() == contended_seen:
             lease.wake.clear()
             lease.polling += 1
             try:
@@ -287,13 +288,16 @@ class TokenBucketWorker:
         return True
 
     def _set_rps(self, rps: Optional[float]) -> None:
+        now = time.monotonic()
+        if self._rps is not None and rps is not None:  # a new pace: the tokens earned so far carry over
+            self._tokens = min(_burst(rps), self._tokens + (now - self._refilled_at) * self._rps)
+        else:  # a pace starts full: the first second of work is not throttled below its rate
+            self._tokens = _burst(rps)
         self._rps = float(rps) if rps is not None else None
-        # Start full: the first second of work is not throttled below the configured rate.
-        self._tokens = self._burst()
-        self._refilled_at = time.monotonic()
-
-    def _burst(self) -> float:
-        return max(1.0, self._rps) if self._rps else 0.0
+        self._refilled_at = now
+        if self._refill_timer is not None:  # set for the old pace: _dispatch sets one for the new
+            self._refill_timer.cancel()
+            self._refill_timer = None
 
     def _touch(self, lease_id: str) -> _Lease:
         lease = self._leases.get(lease_id)
@@ -314,11 +318,16 @@ class TokenBucketWorker:
             lease.queued.discard(permit)
         # Anything else was already reclaimed with an expired lease: nothing to return.
 
+    def _contended(self) -> bool:
+        """Whether clients must hand idle permits back: someone waits, or a pace is in force (its
+        bucket must count every execution)."""
+        return bool(self._waiting) or self._rps is not None
+
     def _dispatch(self) -> None:
         """Grant from the head of the queue while the cap (and the bucket) allows; when
-        requests are left waiting for the first time, wake every client's poll."""
+        requests are left waiting for the first time, or a pace is set, wake every client's poll."""
         self._grant()
-        if not self._waiting:
+        if not self._contended():
             self._contention_signalled = False
         elif not self._contention_signalled:
             self._contention_signalled = True
@@ -350,7 +359,7 @@ class TokenBucketWorker:
     def _take_token(self) -> bool:
         assert self._rps is not None  # only called with a requests_per_second limit
         now = time.monotonic()
-        self._tokens = min(self._burst(), self._tokens + (now - self._refilled_at) * self._rps)
+        self._tokens = min(_burst(self._rps), self._tokens + (now - self._refilled_at) * self._rps)
         self._refilled_at = now
         if self._tokens >= 1.0:
             self._tokens -= 1.0
@@ -369,7 +378,7 @@ class TokenBucketWorker:
 
     def _reply(self, lease: _Lease) -> tuple[list[str], bool]:
         grants, lease.undelivered = lease.undelivered, []
-        return grants, bool(self._waiting)
+        return grants, self._contended()
 
     def _drop(self, lease: _Lease, *, reclaimed: bool) -> None:
         del self._leases[lease.id]
@@ -409,6 +418,11 @@ class TokenBucketWorker:
                 logger.info("limiter %r: no client for %.0f s, exiting", self._name, self._idle_exit_s)
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
                 return
+
+
+def _burst(rps: Optional[float]) -> float:
+    """The tokens a bucket of this pace holds at most: one second's worth, and at least one."""
+    return max(1.0, rps) if rps else 0.0
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
