@@ -575,6 +575,32 @@ async def test_an_abandoned_client_does_not_register_again(limiter_name: str) ->
     assert (await limiter_stats(limiter_name))["leases"] == 0
 
 
+async def test_a_long_poll_sent_before_a_reply_that_changed_its_view_returns_at_once(limiter_name: str) -> None:
+    """Red team, 2026-12-07 (read in the code): a client's poll saying "contended" reached the limiter
+    after an update's reply had told the client "not contended", and contention had come back
+    meanwhile: the poll waited its whole time-out while the client kept idle permits ahead of the
+    queue."""
+    holder = LimiterClient(rate_limit=1, name=limiter_name)
+    try:
+        held = await holder.acquire()
+        limiter = ray.get_actor(limiter_name)
+        lease = (await limiter.register.remote("a client", 1))["lease"]
+        _, contended = await limiter.update.remote(lease, [], [])
+        assert contended is False  # what this client was last told
+        waiting = asyncio.ensure_future(holder.acquire())  # contention comes back
+        await wait_until_async(lambda: _queue_is(limiter_name, 1), 60, "a request queued")
+        started = time.monotonic()
+        # Sent, say, before the update's reply arrived: the client then still believed "contended".
+        grants, contended = await limiter.poll.remote(lease, 20.0, True)
+        assert (grants, contended) == ([], True)
+        assert time.monotonic() - started < 10  # at once; it waited the whole 20 s before
+        holder.release(held)
+        holder.release(await asyncio.wait_for(waiting, 30))
+        await limiter.unregister.remote(lease)
+    finally:
+        await holder.close()
+
+
 class GrantsLost:
     """The limiter's handle, with the reply of the first `method` call that carries a grant lost
     on its way back, as Ray reports one: ActorUnavailableError (the call may or may not have run;

@@ -82,6 +82,7 @@ class _Lease:
     held: set[str] = dataclasses.field(default_factory=set)
     queued: set[str] = dataclasses.field(default_factory=set)
     undelivered: list[str] = dataclasses.field(default_factory=list)
+    told: bool = True  # the `contended` of its last reply (a new client assumes contention)
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def expired(self, now: float) -> bool:
@@ -213,7 +214,9 @@ class TokenBucketWorker:
         Also the lease's heartbeat: a live client always has a poll outstanding.
         """
         lease = self._touch(lease_id)
-        if not lease.undelivered and self._contended() == contended_seen:
+        # It waits only while what the client saw is what it was last told and still holds: a reply of
+        # another call may have told it otherwise since this poll was sent.
+        if not lease.undelivered and self._contended() == contended_seen == lease.told:
             lease.wake.clear()
             lease.polling += 1
             try:
@@ -378,7 +381,8 @@ class TokenBucketWorker:
 
     def _reply(self, lease: _Lease) -> tuple[list[str], bool]:
         grants, lease.undelivered = lease.undelivered, []
-        return grants, self._contended()
+        lease.told = self._contended()
+        return grants, lease.told
 
     def _drop(self, lease: _Lease, *, reclaimed: bool) -> None:
         del self._leases[lease.id]
