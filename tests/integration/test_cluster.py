@@ -149,6 +149,40 @@ def test_one_server_per_node_and_down_leaves_nothing(ray_cluster: Any) -> None:
     assert cgroups == []
 
 
+def test_servers_that_cannot_start_fail_up_and_leave_nothing(ray_cluster: Any) -> None:
+    """Red team, 2026-12-07: `up` with serve flags no server starts with answered 0 and an empty table;
+    the servers' start errors were only in Ray's logs, a server actor was placed again every 2 s, and
+    each left its state directory behind."""
+    namespace = "verl-sf-cluster-test-bad"
+    before = state_dirs()
+    up = cli(ray_cluster, "up", "--namespace", namespace, "--resource", "sandbox", *SERVE_FLAGS,
+             "--python", "/nonexistent/python")
+    assert up.returncode == 2, up.stdout + up.stderr[-3000:]
+    nodes = node_ids(ray_cluster)
+    for tag in ("node_a", "node_b"):
+        assert f"the server on node {nodes[tag]} did not start" in up.stderr, up.stderr[-3000:]
+    assert nodes["node_c"] not in up.stderr
+    assert "verl-sf cluster down" in up.stderr
+    assert state_dirs() == before
+    down = cli(ray_cluster, "down", "--namespace", namespace)
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert status(ray_cluster, namespace) == []
+
+
+def test_the_fleet_is_joined_once_from_many_threads(ray_cluster: Any) -> None:
+    """Red team, 2026-12-07: the cluster backend joins Ray from each event loop's thread, and two threads
+    raced to `ray.init` ("Perhaps you called ray.init twice by accident?"), a sandbox failure to callers."""
+    code = ("import sys, threading\nfrom verl_sf.cluster import fleet\nerrors = []\n"
+            "def join():\n    try:\n        fleet.connect(sys.argv[1], 'verl-sf-cluster-test-driver')\n"
+            "    except Exception as exc:\n        errors.append(repr(exc))\n"
+            "threads = [threading.Thread(target=join) for _ in range(6)]\n"
+            "for thread in threads:\n    thread.start()\nfor thread in threads:\n    thread.join()\n"
+            "print(errors)\n")
+    proc = subprocess.run([sys.executable, "-c", code, ray_cluster.address], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def fleet(ray_cluster: Any) -> Any:
     up = cli(ray_cluster, "up", "--namespace", NAMESPACE, "--resource", "sandbox", *SERVE_FLAGS)

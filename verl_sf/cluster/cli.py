@@ -87,7 +87,7 @@ def _up(args: argparse.Namespace, serve: argparse.ArgumentParser) -> int:
         print(f"verl-sf cluster up: {exc}", file=sys.stderr)
         return 2
     print(format_table(rows))
-    return 0 if all(row.health == "ok" for row in rows) else 1
+    return 0 if rows and all(row.health == "ok" for row in rows) else 1
 
 
 def _status(args: argparse.Namespace) -> int:

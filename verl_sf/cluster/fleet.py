@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
+import time
 from typing import Any, Optional, cast
 
 from verl_sf.cluster.names import DEFAULT_NAMESPACE, SUPERVISOR_NAME, node_of
@@ -42,13 +44,17 @@ class ServerStatus:
     isolation: Optional[str] = None  # the rung the server isolates with
 
 
+_CONNECTING = threading.Lock()  # the cluster backend connects from each event loop's thread
+
+
 def connect(address: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE) -> None:
     """Join the Ray cluster as Ray's own commands do: `address`, else RAY_ADDRESS, else `auto`."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=namespace,
-                 log_to_driver=False, include_dashboard=False)
+    with _CONNECTING:
+        if not ray.is_initialized():
+            ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=namespace,
+                     log_to_driver=False, include_dashboard=False)
 
 
 def _supervisor(namespace: str) -> Optional[Any]:
@@ -77,11 +83,23 @@ def up(namespace: str, resource: Optional[str], serve_args: list[str], *, poll_s
             name=SUPERVISOR_NAME, namespace=namespace, get_if_exists=True, lifetime="detached",
             max_restarts=-1, max_task_retries=-1, num_cpus=0,
         ).remote(namespace, resource, list(serve_args), poll_s)
+    deadline = time.monotonic() + timeout_s
     nodes = ray.get(supervisor.reconcile.remote(), timeout=timeout_s)
     if not nodes:
         raise FleetError(f"no live Ray node carries the resource {resource!r}" if resource
                          else "the Ray cluster has no live node")
-    return status(namespace, timeout_s=timeout_s)
+    while True:  # until each node's server answers, or its start failed
+        rows = status(namespace, timeout_s=max(1.0, deadline - time.monotonic()))
+        errors = ray.get(supervisor.start_errors.remote(), timeout=INFO_TIMEOUT_S)
+        failed = {node: error for node, error in errors.items() if node in nodes}
+        answering = {row.node_id for row in rows if row.health == "ok"}
+        if set(nodes) <= answering | set(failed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if failed:
+        why = "; ".join(f"the server on node {node} did not start: {error}" for node, error in failed.items())
+        raise FleetError(f"{why} (the fleet tries again, less and less often: `verl-sf cluster down` stops it)")
+    return rows
 
 
 def _server_actors(namespace: str) -> list[tuple[str, Any]]:

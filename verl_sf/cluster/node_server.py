@@ -72,6 +72,8 @@ class NodeServer:
         self._thread = threading.Thread(target=self._supervise, name="verl-sf-node-server", daemon=True)
         self._thread.start()
         if not self._first_start.wait(START_TIMEOUT_S) or self._url is None:
+            self._stopping.set()  # no actor is left to stop it: nothing of it may stay behind
+            shutil.rmtree(self._directory.parent, ignore_errors=True)
             raise RuntimeError(f"verl-sf serve did not start on node {self.node_id}: {self._error}")
 
     def _supervise(self) -> None:

@@ -11,8 +11,10 @@ Ray itself restarts a server actor that dies (`max_restarts=-1`) and this actor 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
+import time
 from typing import Any, Optional
 
 from verl_sf.cluster.names import SERVER_PREFIX, node_of, server_name
@@ -22,6 +24,16 @@ from verl_sf.server.fleet import node_tag
 log = logging.getLogger(__name__)
 DEFAULT_POLL_S = 2.0
 INFO_WAIT_S = 2.0  # a server actor still starting is left out of this pass's directory
+MAX_RETRY_S = 60.0  # a node whose server keeps failing to start is tried again at most this far apart
+
+
+@dataclasses.dataclass
+class _Failure:
+    """Why a node's server did not start, and when to place one there again."""
+
+    error: str
+    retry_at: float
+    backoff_s: float
 
 
 def eligible_nodes(resource: Optional[str]) -> list[dict[str, Any]]:
@@ -63,6 +75,8 @@ class FleetSupervisor:
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._starting: dict[str, Any] = {}  # node -> its new server actor's ready ref
+        self._failed: dict[str, _Failure] = {}
         self._thread = threading.Thread(target=self._loop, name="verl-sf-fleet", daemon=True)
         self._thread.start()
 
@@ -74,17 +88,51 @@ class FleetSupervisor:
         import ray
 
         with self._lock:
+            self._collect()
             nodes = {node["NodeID"] for node in eligible_nodes(self.resource)}
             placed = {node_of(name) for name in server_actor_names(self.namespace)}
+            now = time.monotonic()
             for node_id in sorted(nodes - placed):
+                failure = self._failed.get(node_id)
+                if node_id in self._starting or (failure is not None and now < failure.retry_at):
+                    continue
                 log.info("placing a sandbox server on node %s", node_id)
-                place_server(node_id, self.namespace, self.serve_args)
+                self._starting[node_id] = place_server(node_id, self.namespace, self.serve_args).__ray_ready__.remote()
             for node_id in sorted(placed - nodes):
                 log.info("node %s left (or lost its resource): releasing its server actor", node_id)
                 with contextlib.suppress(ValueError):  # already gone
                     ray.kill(ray.get_actor(server_name(node_id), namespace=self.namespace), no_restart=True)
             self._publish()
             return sorted(nodes)
+
+    def start_errors(self) -> dict[str, str]:
+        """Node -> why its server did not start, for the nodes whose last start failed."""
+        with self._lock:
+            self._collect()
+            return {node_id: failure.error for node_id, failure in self._failed.items()}
+
+    def _collect(self) -> None:
+        """The outcome of every start that has one (a server actor whose constructor raised is gone)."""
+        import ray
+
+        if not self._starting:
+            return
+        ready, _ = ray.wait(list(self._starting.values()), num_returns=len(self._starting), timeout=0)
+        for node_id, ref in list(self._starting.items()):
+            if ref not in ready:
+                continue
+            del self._starting[node_id]
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                backoff = min(MAX_RETRY_S, 2 * self._failed[node_id].backoff_s if node_id in self._failed
+                              else self.poll_s)
+                error = _start_error(exc)
+                log.error("the sandbox server on node %s did not start (trying again in %.0f s): %s",
+                          node_id, backoff, error)
+                self._failed[node_id] = _Failure(error, time.monotonic() + backoff, backoff)
+            else:
+                self._failed.pop(node_id, None)
 
     def _publish(self) -> None:
         """Every server actor gets the URLs of the servers listening now."""
@@ -117,3 +165,9 @@ class FleetSupervisor:
                 self.reconcile()
             except Exception:  # a GCS hiccup must not end supervision: the next pass retries
                 log.exception("fleet reconcile failed")
+
+
+def _start_error(error: Exception) -> str:
+    """The line of a failed constructor's error that says why (Ray's message holds its traceback)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if "did not start" in line), lines[-1] if lines else "")[:500]
