@@ -298,10 +298,8 @@ class LimiterClient:
             try:
                 reply = await self._handle.update.remote(lease, enqueue, release)
             except ActorUnavailableError:
-                # Transient; the batch may or may not have landed, and its reply may have carried
-                # grants of earlier requests. Resending is safe: the limiter queues a permit id
-                # once, grants again what this lease holds, and ignores unknown releases.
-                self._to_enqueue = list(self._pending)
+                # Transient; the batch may or may not have landed (resending is safe).
+                self._ask_again()
                 self._to_release[:0] = release
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
                 continue
@@ -317,9 +315,8 @@ class LimiterClient:
             lease = self._lease
             try:
                 reply = await self._handle.poll.remote(lease, timeout, self._contended)
-            except ActorUnavailableError:  # its reply may have carried grants: as in _send_forever
-                self._to_enqueue = list(self._pending)
-                self._kick()
+            except ActorUnavailableError:
+                self._ask_again()
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
                 continue
             except (LeaseExpired, RayActorError) as exc:
@@ -327,6 +324,13 @@ class LimiterClient:
                     return
                 continue
             self._deliver(reply)
+
+    def _ask_again(self) -> None:
+        """After a reply Ray reported lost, which may have carried grants: every permit still waited for
+        is asked for again.  The limiter queues an id once, grants again what this lease holds, and
+        ignores unknown releases."""
+        self._to_enqueue = list(self._pending)
+        self._kick()
 
     def _deliver(self, reply: tuple[list[str], bool]) -> None:
         grants, self._contended = reply

@@ -291,13 +291,13 @@ class TokenBucketWorker:
         return True
 
     def _set_rps(self, rps: Optional[float]) -> None:
-        now = time.monotonic()
         if self._rps is not None and rps is not None:  # a new pace: the tokens earned so far carry over
-            self._tokens = min(_burst(rps), self._tokens + (now - self._refilled_at) * self._rps)
+            self._refill()
+            self._tokens = min(_burst(rps), self._tokens)
         else:  # a pace starts full: the first second of work is not throttled below its rate
             self._tokens = _burst(rps)
+            self._refilled_at = time.monotonic()
         self._rps = float(rps) if rps is not None else None
-        self._refilled_at = now
         if self._refill_timer is not None:  # set for the old pace: _dispatch sets one for the new
             self._refill_timer.cancel()
             self._refill_timer = None
@@ -360,14 +360,18 @@ class TokenBucketWorker:
             self._metrics.granted(wait_s)
 
     def _take_token(self) -> bool:
-        assert self._rps is not None  # only called with a requests_per_second limit
-        now = time.monotonic()
-        self._tokens = min(_burst(self._rps), self._tokens + (now - self._refilled_at) * self._rps)
-        self._refilled_at = now
+        self._refill()
         if self._tokens >= 1.0:
             self._tokens -= 1.0
             return True
         return False
+
+    def _refill(self) -> None:
+        """The tokens earned at the current pace since the last refill, up to its bucket."""
+        assert self._rps is not None  # only called with a requests_per_second limit
+        now = time.monotonic()
+        self._tokens = min(_burst(self._rps), self._tokens + (now - self._refilled_at) * self._rps)
+        self._refilled_at = now
 
     def _schedule_refill(self) -> None:
         if self._refill_timer is None:
